@@ -1,0 +1,153 @@
+"""The KV-cache manager: which blocks each request holds, paged or reserved up front."""
+from __future__ import annotations
+
+from sarathi_lab.kv.block_pool import Block, BlockPool
+from sarathi_lab.request import Request
+
+ROOT = (-1, 0)  # parent of a request's first block
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    """Paged mode allocates blocks on demand as tokens are computed (vLLM). Reservation mode
+    holds a request's maximum possible length from its first allocation (Orca,
+    FasterTransformer): prompt + its `max_tokens` cap, or `max_model_len` without one."""
+
+    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False,
+                 reserve: bool = False, max_model_len: int | None = None):
+        if block_size < 1 or block_size & (block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {block_size}")
+        if reserve and enable_prefix_caching:
+            raise ValueError("enable_prefix_caching needs paged KV; reservation mode "
+                             "(request_level, orca) holds whole sequences")
+        if reserve and not max_model_len:
+            raise ValueError("reservation mode needs max_model_len")
+        self.block_size = block_size
+        self.pool = BlockPool(num_blocks, enable_prefix_caching)
+        self.reserve = reserve
+        self.max_model_len = max_model_len
+        self.enable_prefix_caching = enable_prefix_caching
+        self.req_blocks: dict[object, list[Block]] = {}
+        self.num_stored_tokens = 0  # logical tokens whose KV is held (shared ones counted per request)
+        self._stored: dict[object, int] = {}
+
+    # -- sizes ---------------------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.pool.num_used
+
+    def reserved_len(self, req: Request) -> int:
+        cap = self.max_model_len
+        if req.max_tokens is not None:
+            cap = min(cap, req.num_prompt_tokens + req.max_tokens)
+        return cap
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return cdiv(num_tokens, self.block_size)
+
+    def min_blocks(self, req: Request) -> int:
+        """Blocks a request holds at the least to make progress (for admission checks)."""
+        n = self.reserved_len(req) if self.reserve else req.num_prompt_tokens + 1
+        return self.blocks_needed(n)
+
+    # -- prefix cache ----------------------------------------------------------------------
+    def get_computed_blocks(self, req: Request) -> tuple[list[Block], int]:
+        """Longest cached prefix of a new request's prompt, in full blocks. The last prompt
+        token is always left to compute: the model must run on it to sample."""
+        if not self.enable_prefix_caching or req.prompt_token_ids is None:
+            return [], 0
+        assert req.num_computed_tokens == 0 and req.request_id not in self.req_blocks
+        bs, ids = self.block_size, req.prompt_token_ids
+        hits, parent = [], ROOT
+        for i in range((req.num_prompt_tokens - 1) // bs):
+            b = self.pool.lookup((parent, tuple(ids[i * bs:(i + 1) * bs])))
+            if b is None:
+                break
+            hits.append(b)
+            parent = (b.block_id, b.gen)
+        return hits, len(hits) * bs
+
+    # -- allocation --------------------------------------------------------------------------
+    def allocate_slots(self, req: Request, num_new_tokens: int,
+                       computed: list[Block] | None = None) -> list[int] | None:
+        """Make room for `num_new_tokens` after the request's computed tokens (plus `computed`,
+        the blocks of a prefix hit, which become the head of its table). Returns the ids of the
+        newly allocated blocks (possibly empty) or None, with nothing changed, when they don't fit."""
+        rid = req.request_id
+        held = self.req_blocks.get(rid)
+        if held is None:
+            held = self.req_blocks[rid] = []
+            self._stored[rid] = 0
+        n_hit = len(computed) * self.block_size if computed else 0
+        upto = req.num_computed_tokens + n_hit + num_new_tokens
+        if self.reserve:
+            upto = max(upto, self.reserved_len(req))
+        need = cdiv(upto, self.block_size) - len(held) - (len(computed) if computed else 0)
+        if need > 0:
+            # cached free blocks we are about to share are not available to allocate
+            busy = sum(1 for b in computed if b.ref_cnt == 0) if computed else 0
+            if need > self.pool.num_free - busy:
+                if not held:
+                    del self.req_blocks[rid], self._stored[rid]
+                return None
+        if computed:
+            self.pool.touch(computed)
+            held.extend(computed)
+        new = self.pool.allocate(need) if need > 0 else []
+        held.extend(new)
+        added = n_hit + num_new_tokens
+        self._stored[rid] += added
+        self.num_stored_tokens += added
+        if self.enable_prefix_caching and req.prompt_token_ids is not None:
+            self._cache_full_blocks(req, held, req.num_computed_tokens + added)
+        return [b.block_id for b in new]
+
+    def _cache_full_blocks(self, req: Request, held: list[Block], num_tokens: int) -> None:
+        # Blocks become cacheable once the tokens that fill them are being computed.
+        bs = self.block_size
+        done = len(req.block_hashes)
+        full = num_tokens // bs
+        if full <= done:
+            return
+        ids = req.all_token_ids()
+        parent = ROOT if done == 0 else req.block_hashes[done - 1]
+        for i in range(done, full):
+            b = held[i]
+            key = (parent, tuple(ids[i * bs:(i + 1) * bs]))
+            if b.key is None:
+                self.pool.cache(b, key)
+            req.block_hashes.append((b.block_id, b.gen))
+            parent = (b.block_id, b.gen)
+
+    def free(self, req: Request) -> None:
+        held = self.req_blocks.pop(req.request_id, None)
+        if held is None:
+            return
+        self.pool.release(reversed(held))
+        self.num_stored_tokens -= self._stored.pop(req.request_id)
+        req.block_hashes = []
+
+    def block_table(self, req: Request) -> list[int]:
+        return [b.block_id for b in self.req_blocks.get(req.request_id, ())]
+
+    def usage(self) -> dict:
+        used = self.pool.num_used
+        slots = used * self.block_size
+        return {
+            "kv_blocks_total": self.pool.num_blocks,
+            "kv_blocks_used": used,
+            "kv_tokens_stored": self.num_stored_tokens,
+            # slots held but holding no token; negative with prefix sharing, so clip
+            "kv_internal_waste": max(0.0, 1 - self.num_stored_tokens / slots) if slots else 0.0,
+        }

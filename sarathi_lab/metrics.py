@@ -1,0 +1,156 @@
+"""Per-request and per-iteration tables, and the summary (definitions as in DESIGN.md).
+
+TTFT  first output token - arrival            TBT  every gap between consecutive output tokens,
+TPOT  (E2E - TTFT) / (output tokens - 1)           pooled across requests for percentiles
+E2E   finish - arrival                         scheduling delay  first scheduled - arrival
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from sarathi_lab.engine import ITER_COLUMNS
+from sarathi_lab.request import Request
+
+PCTS = (50, 90, 99)
+
+
+def requests_table(reqs: list[Request]) -> pd.DataFrame:
+    n = len(reqs)
+    first = np.array([r.token_times[0] if r.token_times else np.nan for r in reqs], float)
+    arrival = np.array([r.arrival_time for r in reqs], float)
+    finish = np.array([np.nan if r.finish_time is None else r.finish_time for r in reqs], float)
+    sched = np.array([np.nan if r.first_scheduled_time is None else r.first_scheduled_time
+                      for r in reqs], float)
+    n_out = np.array([r.num_output_tokens for r in reqs], np.int64)
+    e2e = finish - arrival
+    ttft = first - arrival
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(n_out > 1, (e2e - ttft) / (n_out - 1), np.nan)
+        norm_e2e = np.where(n_out > 0, e2e / n_out, np.nan)
+    df = pd.DataFrame({
+        "request_id": [r.request_id for r in reqs],
+        "status": [r.status.name.lower() for r in reqs],
+        "rejection_reason": [r.rejection_reason for r in reqs],
+        "arrival_time": arrival,
+        "num_prompt_tokens": np.array([r.num_prompt_tokens for r in reqs], np.int64),
+        "num_output_tokens": n_out,
+        "target_output_tokens": np.array([r._stop_len for r in reqs], np.int64),
+        "first_scheduled_time": sched,
+        "first_token_time": first,
+        "finish_time": finish,
+        "ttft": ttft,
+        "tpot": tpot,
+        "e2e": e2e,
+        "normalized_e2e": norm_e2e,
+        "scheduling_delay": sched - arrival,
+        "num_preemptions": np.array([r.num_preemptions for r in reqs], np.int64),
+        "token_times": [r.token_times for r in reqs],
+    }, index=pd.RangeIndex(n))
+    if any(r.prompt_token_ids is not None for r in reqs):
+        df["prompt_token_ids"] = [r.prompt_token_ids for r in reqs]
+        df["output_token_ids"] = [r.output_token_ids for r in reqs]
+    return df
+
+
+def iterations_table(iters: dict) -> pd.DataFrame:
+    return pd.DataFrame({c: iters[c] for c in ITER_COLUMNS})
+
+
+def tbt_gaps(req_df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """All TBT gaps pooled, and the request row each belongs to."""
+    lens = req_df["token_times"].map(len).to_numpy()
+    if lens.sum() == 0:
+        return np.empty(0), np.empty(0, np.int64)
+    flat = np.concatenate([np.asarray(t, float) for t in req_df["token_times"] if len(t)])
+    owner = np.repeat(np.arange(len(lens)), lens)
+    gaps = np.diff(flat)
+    same = owner[1:] == owner[:-1]
+    return gaps[same], owner[1:][same]
+
+
+def request_p99_tbt(req_df: pd.DataFrame) -> np.ndarray:
+    gaps, owner = tbt_gaps(req_df)
+    out = np.full(len(req_df), np.nan)
+    if len(gaps):
+        s = pd.Series(gaps).groupby(owner).quantile(0.99)
+        out[s.index.to_numpy()] = s.to_numpy()
+    return out
+
+
+def _stats(x) -> dict:
+    x = np.asarray(x, float)
+    x = x[~np.isnan(x)]
+    if not len(x):
+        return {"mean": None, **{f"p{p}": None for p in PCTS}, "max": None}
+    q = np.percentile(x, PCTS)
+    return {"mean": float(x.mean()), **{f"p{p}": float(v) for p, v in zip(PCTS, q)},
+            "max": float(x.max())}
+
+
+def slo_met(req_df: pd.DataFrame, slo: dict) -> np.ndarray:
+    """Per request: meets every per-request SLO that is set (rejected ones never do)."""
+    ok = (req_df["status"] == "finished").to_numpy().copy()
+    if slo.get("ttft") is not None:
+        ok &= (req_df["ttft"] <= slo["ttft"]).to_numpy()
+    if slo.get("tpot") is not None:
+        # a one-token request has no TPOT; it cannot miss it
+        ok &= (req_df["tpot"].fillna(0) <= slo["tpot"]).to_numpy()
+    if slo.get("request_p99_tbt") is not None:
+        ok &= np.nan_to_num(request_p99_tbt(req_df), nan=0.0) <= slo["request_p99_tbt"]
+    return ok
+
+
+def summarize(req_df: pd.DataFrame, it_df: pd.DataFrame, *, slo: dict | None = None,
+              kv_blocks_total: int = 0, block_size: int = 16, stall_factor: float = 5.0) -> dict:
+    slo = dict(slo or {})
+    fin = req_df[req_df["status"] == "finished"]
+    gaps, _ = tbt_gaps(req_df)
+    span = float(np.nanmax(req_df["finish_time"]) - req_df["arrival_time"].min()) \
+        if len(fin) else 0.0
+    out = {
+        "num_requests": int(len(req_df)),
+        "num_finished": int(len(fin)),
+        "num_rejected": int((req_df["status"] == "rejected").sum()),
+        "num_iterations": int(len(it_df)),
+        "makespan_s": span,
+        "throughput_rps": len(fin) / span if span > 0 else 0.0,
+        "throughput_tok_s": float(fin["num_output_tokens"].sum()) / span if span > 0 else 0.0,
+        "preemptions": int(req_df["num_preemptions"].sum()),
+    }
+    for col in ("ttft", "tpot", "e2e", "normalized_e2e", "scheduling_delay"):
+        out[col] = _stats(req_df[col])
+    out["tbt"] = _stats(gaps)
+    # stall: a gap far above the time of a decode-only iteration
+    dec_only = it_df.loc[it_df["prefill_tokens"] == 0, "duration"]
+    base = float(dec_only.median()) if len(dec_only) else float(it_df["duration"].median() or 0)
+    thresh = stall_factor * base
+    out["stalls"] = {"threshold_s": thresh, "count": int((gaps > thresh).sum()),
+                     "worst_s": float(gaps.max()) if len(gaps) else 0.0}
+    if kv_blocks_total:
+        used = it_df["kv_blocks_used"].to_numpy(float)
+        slots = used * block_size
+        with np.errstate(invalid="ignore", divide="ignore"):
+            waste = np.where(slots > 0, 1 - it_df["kv_tokens_stored"] / slots, np.nan)
+        out["kv"] = {"blocks_total": kv_blocks_total,
+                     "utilization_mean": float(used.mean() / kv_blocks_total) if len(used) else 0.0,
+                     "utilization_max": float(used.max() / kv_blocks_total) if len(used) else 0.0,
+                     "internal_waste_mean": float(np.nanmean(np.clip(waste, 0, 1)))
+                     if np.isfinite(waste).any() else 0.0}
+    if slo:
+        met = slo_met(req_df, slo)
+        n = len(req_df)
+        p99_tbt, med_delay = out["tbt"]["p99"], out["scheduling_delay"]["p50"]
+        max_delay = slo.get("max_median_scheduling_delay", 2.0)
+        out["slo"] = {
+            **slo,
+            "attainment": float(met.mean()) if n else 0.0,
+            "goodput_rps": float(met.sum()) / span if span > 0 else 0.0,
+            # Sarathi-Serve's capacity criterion for this run
+            "meets_tbt_slo": bool(slo.get("p99_tbt") is not None and p99_tbt is not None
+                                  and p99_tbt <= slo["p99_tbt"] and med_delay is not None
+                                  and med_delay <= max_delay and out["num_rejected"] == 0),
+            # DistServe's: share of requests meeting TTFT and TPOT
+            "meets_attainment": bool(n and met.mean() >= slo.get("attainment_target", 0.9)),
+        }
+    return out

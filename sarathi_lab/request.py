@@ -1,0 +1,88 @@
+"""A request and its one progress counter.
+
+There is no prefill or decode phase: ``num_computed_tokens`` catches up with ``num_tokens``
+(prompt + output so far). A prefill chunk, a whole prompt, a decode step and the recompute after a
+preemption are all "compute the next n tokens"; whenever the counter reaches ``num_tokens`` the
+model emits one output token.
+"""
+from __future__ import annotations
+
+import enum
+
+
+class Status(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    FINISHED = 2
+    REJECTED = 3
+
+
+class Request:
+    __slots__ = (
+        "request_id", "arrival_time", "num_prompt_tokens", "prompt_token_ids", "max_tokens",
+        "_stop_len", "num_output_tokens", "output_token_ids", "num_computed_tokens", "status",
+        "first_scheduled_time", "finish_time", "token_times", "num_preemptions",
+        "rejection_reason", "block_hashes", "extra",
+    )
+
+    def __init__(self, request_id, arrival_time: float, num_prompt_tokens: int, output_len: int,
+                 prompt_token_ids: list[int] | None = None, max_tokens: int | None = None):
+        self.request_id = request_id
+        self.arrival_time = float(arrival_time)
+        self.num_prompt_tokens = int(num_prompt_tokens)
+        self.prompt_token_ids = prompt_token_ids
+        # The user's cap, as a real API call carries it; schedulers may read it.
+        self.max_tokens = max_tokens
+        # When the request stops (its EOS, in effect). Hidden from policies: no real scheduler
+        # knows a request's output length. Read only through `oracle_output_len`.
+        self._stop_len = int(output_len)
+        self.num_output_tokens = 0
+        self.output_token_ids: list[int] = []
+        self.num_computed_tokens = 0
+        self.status = Status.WAITING
+        self.first_scheduled_time: float | None = None
+        self.finish_time: float | None = None
+        self.token_times: list[float] = []
+        self.num_preemptions = 0
+        self.rejection_reason: str | None = None
+        self.block_hashes: list = []  # prefix-cache hashes of full blocks, filled lazily
+        self.extra: dict = {}         # policy plugins keep per-request state here
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    @property
+    def num_tokens_to_compute(self) -> int:
+        return self.num_prompt_tokens + self.num_output_tokens - self.num_computed_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        """True when the next step computes exactly the last emitted token."""
+        return self.num_computed_tokens == self.num_prompt_tokens + self.num_output_tokens - 1 \
+            and self.num_output_tokens > 0
+
+    @property
+    def first_token_time(self) -> float | None:
+        return self.token_times[0] if self.token_times else None
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status >= Status.FINISHED
+
+    def oracle_output_len(self, policy) -> int:
+        """The true output length, for research policies that declare ``oracle = True``."""
+        if not getattr(policy, "oracle", False):
+            raise PermissionError(
+                f"{type(policy).__name__} read a request's true output length; only a policy that "
+                "declares `oracle = True` may (no real scheduler knows it)")
+        return self._stop_len
+
+    def all_token_ids(self) -> list[int]:
+        assert self.prompt_token_ids is not None
+        return self.prompt_token_ids + self.output_token_ids
+
+    def __repr__(self):
+        return (f"Request({self.request_id}, prompt={self.num_prompt_tokens}, "
+                f"out={self.num_output_tokens}, computed={self.num_computed_tokens}, "
+                f"{self.status.name})")

@@ -1,0 +1,32 @@
+"""What a policy's `schedule()` returns: the requests that advance this iteration, and by how much."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sarathi_lab.request import Request
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    reqs: list[Request] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)   # aligned with reqs
+    preempted: list[Request] = field(default_factory=list)    # preempted while building this batch
+    rejected: list[Request] = field(default_factory=list)     # outgrew the whole KV cache
+
+    def add(self, req: Request, n: int) -> None:
+        assert n > 0, (req, n)
+        self.reqs.append(req)
+        self.num_new_tokens.append(n)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    def split_counts(self) -> tuple[int, int]:
+        """(prefill tokens, decode tokens). A decode computes exactly the last emitted token;
+        everything else (prompt chunks, recompute after preemption) counts as prefill."""
+        dec = sum(1 for r, n in zip(self.reqs, self.num_new_tokens) if n == 1 and r.is_decoding)
+        return self.total_tokens - dec, dec
+
+    def __len__(self) -> int:
+        return len(self.reqs)

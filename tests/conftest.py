@@ -1,0 +1,48 @@
+import os
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRITON_INTERPRET", "1")   # before any @triton.jit runs
+
+import pytest  # noqa: E402
+
+from sarathi_lab.executors.base import Executor, StepResult  # noqa: E402
+from sarathi_lab.kv import KVCacheManager  # noqa: E402
+from sarathi_lab.registry import policy_class  # noqa: E402
+from sarathi_lab.request import Request  # noqa: E402
+from sarathi_lab.runner import scheduler_config  # noqa: E402
+
+
+class LinearCost(Executor):
+    """A toy executor for exact scenarios: a fixed cost per iteration plus a cost per token."""
+    supports_fast_forward = True
+
+    def __init__(self, base=0.01, per_token=0.001, per_ctx=0.0):
+        self.base, self.per_token, self.per_ctx = base, per_token, per_ctx
+
+    def execute(self, out):
+        ctx = sum(r.num_computed_tokens for r in out.reqs)
+        return StepResult(self.base + self.per_token * out.total_tokens + self.per_ctx * ctx)
+
+    def decode_run(self, contexts, k):
+        import numpy as np
+        steps = np.arange(k)
+        B = len(contexts)
+        return self.base + self.per_token * B + self.per_ctx * (contexts.sum() + B * steps)
+
+
+def make_policy(name, *, num_blocks=1000, block_size=4, max_model_len=256, **kw):
+    sc = scheduler_config({"name": name, "block_size": block_size, **kw}, max_model_len)
+    cls = policy_class(name)
+    kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=sc.enable_prefix_caching,
+                        reserve=cls.reserves_kv, max_model_len=sc.max_model_len)
+    return cls(sc, kv)
+
+
+def req(i, prompt, out, t=0.0, ids=None, max_tokens=None):
+    return Request(i, t, prompt, out, prompt_token_ids=ids, max_tokens=max_tokens)
+
+
+@pytest.fixture
+def linear_cost():
+    return LinearCost()

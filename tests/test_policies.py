@@ -1,0 +1,184 @@
+import random
+
+import numpy as np
+import pytest
+from conftest import LinearCost, make_policy, req
+
+from sarathi_lab.engine import Engine
+from sarathi_lab.request import Status
+
+POLICIES = ["request_level", "orca", "vllm", "sarathi"]
+
+
+def step(policy, ex, now=0.0):
+    out = policy.schedule(now)
+    batch = [(r.request_id, n) for r, n in zip(out.reqs, out.num_new_tokens)]
+    policy.update(out, None, now, now + ex.execute(out).duration)
+    return batch
+
+
+def test_sarathi_decodes_first_then_partial_then_new_chunk():
+    p, ex = make_policy("sarathi", token_budget=8, max_model_len=64), LinearCost()
+    for i, n in enumerate([6, 6, 20]):
+        p.add_request(req(i, n, 5))
+    assert step(p, ex) == [(0, 6), (1, 2)]            # C waits: budget spent
+    assert step(p, ex) == [(0, 1), (1, 4), (2, 3)]    # A decodes, B's next chunk, C's first
+    assert step(p, ex) == [(0, 1), (1, 1), (2, 6)]    # two decodes, C chunked to what is left
+    assert step(p, ex) == [(0, 1), (1, 1), (2, 6)]
+    assert step(p, ex) == [(0, 1), (1, 1), (2, 5)]    # C's last chunk: 20 = 3 + 6 + 6 + 5
+
+
+def test_vllm_prefill_only_batch_stalls_decodes():
+    p, ex = make_policy("vllm", max_num_batched_tokens=12, max_model_len=12), LinearCost()
+    p.add_request(req(0, 6, 5))
+    p.add_request(req(1, 6, 5))
+    assert step(p, ex) == [(0, 6), (1, 6)]
+    assert step(p, ex) == [(0, 1), (1, 1)]
+    p.add_request(req(2, 7, 5))
+    assert step(p, ex) == [(2, 7)]                    # decodes of 0 and 1 stall
+    assert step(p, ex) == [(0, 1), (1, 1), (2, 1)]
+
+
+def test_vllm_prefill_batch_respects_token_cap():
+    p, ex = make_policy("vllm", max_num_batched_tokens=12, max_model_len=12), LinearCost()
+    for i in range(3):
+        p.add_request(req(i, 5, 3))
+    assert step(p, ex) == [(0, 5), (1, 5)]            # 15 tokens would exceed 12
+    assert step(p, ex) == [(2, 5)]
+
+
+def test_orca_hybrid_batch_with_whole_prefills():
+    p, ex = make_policy("orca", max_model_len=64), LinearCost()
+    p.add_request(req(0, 6, 5))
+    p.add_request(req(1, 6, 5))
+    assert step(p, ex) == [(0, 6), (1, 6)]
+    p.add_request(req(2, 30, 5))
+    assert step(p, ex) == [(0, 1), (1, 1), (2, 30)]   # whole prompt beside the decodes
+    # KV reserved up front: max_model_len per request (no max_tokens cap)
+    assert p.kv.num_used_blocks == 3 * 64 // 4
+
+
+def test_request_level_no_admission_while_batch_runs():
+    p, ex = make_policy("request_level", max_model_len=32), LinearCost()
+    p.add_request(req(0, 4, 2))
+    p.add_request(req(1, 4, 4))
+    assert step(p, ex) == [(0, 4), (1, 4)]
+    p.add_request(req(2, 4, 1))
+    assert step(p, ex) == [(0, 1), (1, 1)]            # 0 finishes here
+    assert step(p, ex) == [(1, 1)]                    # 2 still waits
+    assert step(p, ex) == [(1, 1)]                    # 1 finishes
+    assert step(p, ex) == [(2, 4)]
+
+
+@pytest.mark.parametrize("name", ["vllm", "sarathi"])
+def test_preemption_by_recompute_under_tiny_kv(name):
+    # 6 blocks of 4 tokens: two 8-token prompts fit, but not both at 16+ tokens
+    p = make_policy(name, num_blocks=6, max_model_len=24, token_budget=32,
+                    max_num_batched_tokens=32)
+    reqs = [req(0, 8, 10), req(1, 8, 10)]
+    Engine(p, LinearCost(), fast_forward=False).run(reqs)
+    assert all(r.status is Status.FINISHED and r.num_output_tokens == 10 for r in reqs)
+    assert reqs[1].num_preemptions >= 1 and reqs[0].num_preemptions == 0   # newest goes first
+    assert p.kv.num_free_blocks == 6
+
+
+def test_request_too_large_is_rejected_not_looped():
+    p = make_policy("sarathi", num_blocks=4, max_model_len=64)
+    big, ok = req(0, 20, 3), req(1, 4, 3)
+    Engine(p, LinearCost()).run([big, ok])
+    assert big.status is Status.REJECTED and "KV blocks" in big.rejection_reason
+    assert ok.status is Status.FINISHED
+    # one that fits at first but outgrows the whole cache while decoding
+    p = make_policy("vllm", num_blocks=4, max_model_len=64, max_num_batched_tokens=64)
+    grow = req(0, 10, 30)
+    Engine(p, LinearCost()).run([grow])
+    assert grow.status is Status.REJECTED and "grew" in grow.rejection_reason
+    assert grow.num_output_tokens == 7 and p.kv.num_free_blocks == 4
+
+
+def test_prompt_beyond_max_model_len_rejected():
+    p = make_policy("orca", max_model_len=16)
+    r = req(0, 16, 2)
+    Engine(p, LinearCost()).run([r])
+    assert r.status is Status.REJECTED and "max_model_len" in r.rejection_reason
+
+
+def test_output_stops_at_max_model_len_and_max_tokens():
+    p = make_policy("sarathi", max_model_len=16)
+    a, b = req(0, 10, 50), req(1, 4, 50, max_tokens=3)
+    Engine(p, LinearCost()).run([a, b])
+    assert a.num_output_tokens == 6 and b.num_output_tokens == 3
+
+
+def test_policy_may_not_read_true_output_length():
+    p = make_policy("sarathi")
+    r = req(0, 4, 9)
+    with pytest.raises(PermissionError):
+        r.oracle_output_len(p)
+    p.oracle = True
+    assert r.oracle_output_len(p) == 9
+
+
+def random_trace(rng, n=40):
+    t, out = 0.0, []
+    for i in range(n):
+        t += rng.expovariate(20.0)
+        out.append(req(i, rng.randint(1, 60), rng.randint(1, 40), t))
+    return out
+
+
+@pytest.mark.parametrize("name", POLICIES)
+@pytest.mark.parametrize("seed", range(4))
+def test_random_traces_invariants(name, seed):
+    rng = random.Random(seed)
+    blocks = rng.choice([33, 60, 400])  # >= one max_model_len reservation
+    budget = rng.choice([8, 32, 128])
+    p = make_policy(name, num_blocks=blocks, block_size=4, max_model_len=128, token_budget=budget,
+                    max_num_batched_tokens=128, max_num_seqs=rng.choice([2, 8, 64]))
+    reqs = random_trace(rng)
+    eng = Engine(p, LinearCost(per_ctx=1e-5), fast_forward=False)
+    eng.run(reqs)
+    it = eng.iters
+    tokens = np.add(it["prefill_tokens"], it["decode_tokens"])
+    cap = budget if name == "sarathi" else 128
+    assert tokens.max() <= cap
+    assert max(it["num_requests"]) <= p.cfg.max_num_seqs
+    for r in reqs:
+        if r.status is Status.REJECTED:
+            assert r.rejection_reason
+            continue
+        assert r.status is Status.FINISHED
+        assert r.num_output_tokens == min(r._stop_len, 128 - r.num_prompt_tokens)
+        assert len(r.token_times) == r.num_output_tokens
+        assert all(a < b for a, b in zip(r.token_times, r.token_times[1:]))
+        assert r.arrival_time <= r.first_scheduled_time < r.token_times[0] <= r.finish_time
+    assert not p.waiting and not p.running and p.kv.num_free_blocks == blocks
+    assert sum(r.status is Status.REJECTED for r in reqs) <= 5
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_fast_forward_is_exact(name):
+    def go(ff):
+        p = make_policy(name, num_blocks=300, max_model_len=128, token_budget=32,
+                        max_num_batched_tokens=128)
+        reqs = random_trace(random.Random(7), 30)
+        eng = Engine(p, LinearCost(per_ctx=1e-5), fast_forward=ff)
+        eng.run(reqs)
+        return reqs, eng.iters
+    (a, ia), (b, ib) = go(False), go(True)
+    for x, y in zip(a, b):
+        assert x.num_output_tokens == y.num_output_tokens
+        np.testing.assert_allclose(x.token_times, y.token_times, rtol=1e-12)
+    for col in ia:
+        np.testing.assert_allclose(ia[col], ib[col], rtol=1e-12, err_msg=col)
+
+
+def test_invalid_configs_name_the_setting():
+    with pytest.raises(ValueError, match="token_budget"):
+        make_policy("sarathi", token_budget=0)
+    with pytest.raises(ValueError, match="block_size"):
+        make_policy("sarathi", block_size=12)
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        make_policy("vllm", max_num_batched_tokens=100, max_model_len=256)
+    with pytest.raises(ValueError, match="unknown scheduler 'fcfs'.*sarathi"):
+        make_policy("fcfs")

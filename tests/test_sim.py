@@ -1,0 +1,218 @@
+"""The simulator executor and its roofline cost model."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from sarathi_lab.executors.base import Executor, StepResult
+from sarathi_lab.executors.roofline import RooflineCostModel
+from sarathi_lab.executors.sim import SimExecutor
+from sarathi_lab.request import Request
+from sarathi_lab.schedulers.output import SchedulerOutput
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+MODELS = ["llama-3-8b", "mistral-7b", "yi-34b", "llama-2-7b", "llama-2-70b"]
+HARDWARE = ["a100-80gb", "h100-sxm", "h200"]
+
+
+def preset(group, name):
+    return yaml.safe_load((CONFIGS / group / f"{name}.yaml").read_text())
+
+
+def sim(model="llama-2-7b", hw="a100-80gb", **executor):
+    cfg = preset("executor", "sim")
+    cfg.update(executor)
+    return SimExecutor(preset("model", model), preset("hardware", hw), cfg)
+
+
+def decode_req(rid, context, prompt=4):
+    """A running request whose next step decodes, with `context` tokens in its KV cache."""
+    r = Request(rid, 0.0, prompt, 10_000)
+    r.num_output_tokens = context + 1 - prompt
+    r.num_computed_tokens = context
+    assert r.is_decoding
+    return r
+
+
+# ---- presets -------------------------------------------------------------------------------
+
+# Parameter counts of the Hugging Face checkpoints (no biases: weights = these x 2 bytes).
+PARAMS = {"llama-2-7b": 6_738_415_616, "llama-2-70b": 68_976_648_192,
+          "llama-3-8b": 8_030_261_248, "mistral-7b": 7_241_732_096, "yi-34b": 34_388_917_248}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_model_presets_share_a_schema_and_match_parameter_counts(name):
+    cfg = preset("model", name)
+    assert set(cfg) == set(preset("model", "mistral-7b"))
+    assert cfg["name"] == name and cfg["hidden_size"] == cfg["num_heads"] * cfg["head_dim"]
+    tp = 4 if name == "llama-2-70b" else 1
+    cm = RooflineCostModel(cfg, preset("hardware", "h200"), tp)
+    assert cm.weight_bytes * tp == pytest.approx(2 * PARAMS[name], rel=1e-3 if tp > 1 else 1e-12)
+
+
+@pytest.mark.parametrize("name", HARDWARE)
+def test_hardware_presets_load_with_calibrated_factors(name):
+    cfg = preset("hardware", name)
+    assert cfg["name"] == name
+    for key in ("peak_flops", "mem_bandwidth", "link_bandwidth"):
+        assert isinstance(cfg[key], float) and cfg[key] > 1e11
+    for key in ("compute_eff", "attn_eff", "mem_eff", "link_eff"):
+        assert 0.1 < cfg[key] <= 1.0
+    assert 0 < cfg["layer_overhead_s"] < 1e-3 and 0 < cfg["iteration_overhead_s"] < 1e-2
+
+
+# ---- the roofline's shape ------------------------------------------------------------------
+
+def test_decode_batch1_is_the_weight_read_plus_overheads():
+    ex = sim()
+    hw = preset("hardware", "a100-80gb")
+    out = SchedulerOutput()
+    out.add(decode_req(0, 100), 1)
+    expected = ex.cost_model.weight_bytes / (hw["mem_bandwidth"] * hw["mem_eff"]) \
+        + hw["iteration_overhead_s"] + 32 * hw["layer_overhead_s"]
+    got = ex.execute(out).duration
+    assert got == pytest.approx(expected, rel=0.10)
+    assert 8e-3 < got < 15e-3     # Llama-2-7B on an A100: ~13.5 GB at ~1.5 TB/s + overheads
+
+
+def test_linear_time_is_flat_when_memory_bound_and_linear_when_compute_bound():
+    cm = sim().cost_model
+    assert cm.linear_time(1) == cm.linear_time(32) == cm.lin_weights
+    assert cm.linear_time(8192) / cm.linear_time(4096) == pytest.approx(2.0, rel=1e-9)
+    assert cm.linear_time(2048) > cm.linear_time(1)
+
+
+def test_decode_time_grows_with_context():
+    cm = sim().cost_model
+    times = [cm.iteration_time([], [k] * 16) for k in (16, 512, 2048, 4000)]
+    assert times == sorted(times) and times[-1] > times[0] * 1.2
+    # attention reads k + 1 tokens of KV per decode
+    assert cm.attention_time([], [99]) == pytest.approx(100 * cm.decode_per_kv_token)
+
+
+def test_chunked_prefill_re_reads_the_earlier_chunks():
+    cm = sim().cost_model
+    for n in (64, 512, 2048):
+        one = cm.attention_time([(2 * n, 0)], [])
+        two = cm.attention_time([(n, 0)], []) + cm.attention_time([(n, n)], [])
+        # the causal FLOPs are identical; chunking can only add the re-read of earlier KV
+        assert two >= one * (1 - 1e-12)
+        # ... and as two iterations it pays the per-iteration terms twice
+        assert cm.iteration_time([(n, 0)], [], 0) + cm.iteration_time([(n, n)], []) \
+            > cm.iteration_time([(2 * n, 0)], [])
+    # where the chunks are short against their context, the KV re-read dominates
+    one = cm.attention_time([(64, 4000)], [])
+    two = cm.attention_time([(32, 4000)], []) + cm.attention_time([(32, 4032)], [])
+    assert two > one * 1.5
+    assert cm.chunk_attention_time(32, 4000) == pytest.approx(4032 * cm.attn_per_kv_token)
+
+
+def test_tensor_parallel_halves_the_weight_read_and_adds_all_reduces():
+    one, two = sim().cost_model, sim(tensor_parallel=2).cost_model
+    assert two.linear_time(1) == pytest.approx(one.linear_time(1) / 2, rel=1e-12)
+    assert two.kv_bytes_per_token * 2 == one.kv_bytes_per_token
+    assert one.allreduce_time(256) == 0.0
+    hw = preset("hardware", "a100-80gb")
+    # ring all-reduce: each GPU moves 2 (tp - 1) / tp = 1 x the message at tp = 2
+    per = hw["link_latency_s"] + 1.0 * 256 * 4096 * 2 / (hw["link_bandwidth"] * hw["link_eff"])
+    assert two.allreduce_time(256) == pytest.approx(2 * 32 * per, rel=1e-12)
+    b1, b2 = one.breakdown([(256, 0)], []), two.breakdown([(256, 0)], [])
+    assert b2["allreduce"] > 0 and b2["linear"] < b1["linear"]
+
+
+def test_tensor_parallel_must_divide_the_heads():
+    with pytest.raises(ValueError, match="tensor_parallel=3"):
+        sim(tensor_parallel=3)
+
+
+def test_efficiency_overrides_from_the_executor_config():
+    base, slow = sim(), sim(mem_eff=0.375)
+    assert slow.cost_model.lin_weights == pytest.approx(2 * base.cost_model.lin_weights)
+    assert sim(mem_eff=None).cost_model.lin_weights == base.cost_model.lin_weights
+
+
+# ---- the executor --------------------------------------------------------------------------
+
+def test_execute_on_real_requests_equals_iteration_time():
+    ex = sim("mistral-7b", "h100-sxm", tensor_parallel=2)
+    assert isinstance(ex, Executor) and ex.supports_fast_forward
+    first = Request("a", 0.0, 1000, 50)            # first chunk of a long prompt: no sample
+    last = Request("b", 0.0, 700, 50)              # last chunk: samples
+    last.num_computed_tokens = 512
+    recompute = Request("c", 0.0, 300, 50)         # preempted after 20 outputs: recomputes all
+    recompute.num_output_tokens = 20
+    decodes = [decode_req(i, 100 + 37 * i) for i in range(5)]
+    out = SchedulerOutput()
+    for r in decodes[:3]:
+        out.add(r, 1)
+    out.add(first, 256)
+    out.add(last, 188)
+    for r in decodes[3:]:
+        out.add(r, 1)
+    out.add(recompute, 320)
+    step = ex.execute(out)
+    assert isinstance(step, StepResult) and step.sampled is None
+    expected = ex.cost_model.iteration_time(
+        [(256, 0), (188, 512), (320, 0)], [r.num_computed_tokens for r in decodes], num_sampled=7)
+    assert step.duration == pytest.approx(expected, rel=1e-12)
+    parts = ex.cost_model.breakdown([(256, 0), (188, 512), (320, 0)],
+                                    [r.num_computed_tokens for r in decodes], num_sampled=7)
+    assert parts["total"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_decode_run_equals_repeated_steps():
+    ex = sim("llama-3-8b", "a100-80gb", tensor_parallel=2)
+    reqs = [decode_req(i, c) for i, c in enumerate([5, 80, 1023, 4000, 17])]
+    ctx = np.array([r.num_computed_tokens for r in reqs])
+    k = 50
+    fast = ex.decode_run(ctx, k)
+    slow = []
+    for _ in range(k):
+        out = SchedulerOutput()
+        for r in reqs:
+            out.add(r, 1)
+        slow.append(ex.execute(out).duration)
+        for r in reqs:                       # what the engine does after a decode step
+            r.num_computed_tokens += 1
+            r.num_output_tokens += 1
+    assert fast.shape == (k,)
+    np.testing.assert_allclose(fast, slow, rtol=1e-12, atol=0)
+    assert np.all(np.diff(fast) > 0)
+
+
+def test_num_kv_blocks_mistral_on_a100_by_hand():
+    ex = sim("mistral-7b", "a100-80gb")
+    weights = 7_241_732_096 * 2                         # bf16 parameters
+    kv_per_token = 32 * 2 * 8 * 128 * 2                 # layers x (K, V) x kv heads x dim x bytes
+    activations = 8192 * 2 * (2 * 4096 + 48 * 128 + 3 * 14336) + 256 * 32000 * 4
+    free = 81920 * 2**20 * 0.9 - weights - 2**30 - activations
+    assert ex.num_kv_blocks(16) == int(free // (16 * kv_per_token))
+    assert 26_000 < ex.num_kv_blocks(16) < 30_000      # ~440k tokens, ~55 GiB of KV
+    assert ex.max_model_len() == 32768
+
+
+def test_num_kv_blocks_rejects_a_model_that_does_not_fit():
+    with pytest.raises(ValueError, match=r"llama-2-70b.*a100-80gb.*tensor_parallel=1") as e:
+        sim("llama-2-70b", "a100-80gb").num_kv_blocks(16)
+    assert "tensor_parallel=2" in str(e.value)          # the suggestion
+    assert sim("llama-2-70b", "a100-80gb", tensor_parallel=4).num_kv_blocks(16) > 10_000
+
+
+def test_accepts_dictconfigs_and_stays_fast():
+    from omegaconf import OmegaConf
+    ex = SimExecutor(OmegaConf.load(CONFIGS / "model/yi-34b.yaml"),
+                     OmegaConf.load(CONFIGS / "hardware/h200.yaml"),
+                     OmegaConf.create({"name": "sim", "tensor_parallel": 2}))
+    out = SchedulerOutput()
+    for i in range(29):
+        out.add(decode_req(i, 200 + i), 1)
+    out.add(Request("p", 0.0, 2000, 10), 512)
+    import time
+    n = 2000
+    t0 = time.perf_counter()
+    for _ in range(n):
+        ex.execute(out)
+    per_call = (time.perf_counter() - t0) / n
+    assert per_call < 100e-6          # a few µs in practice; loose for busy CI machines

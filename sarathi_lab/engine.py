@@ -24,12 +24,18 @@ class Engine:
         # skipping steady decode runs needs predicted durations and no real tokens
         self.fast_forward = fast_forward and executor.supports_fast_forward
         self.progress = progress          # callable(num_done) or None
-        self.iters = {c: [] for c in ITER_COLUMNS}
+        self.rows: list[tuple] = []       # one per iteration, fields as ITER_COLUMNS
         self.now = 0.0
+
+    @property
+    def iters(self) -> dict[str, list]:
+        cols = list(zip(*self.rows)) if self.rows else [()] * len(ITER_COLUMNS)
+        return {c: list(v) for c, v in zip(ITER_COLUMNS, cols)}
 
     def run(self, requests: list[Request]) -> list[Request]:
         reqs = sorted(requests, key=lambda r: r.arrival_time)
-        policy, kv, ex, it = self.policy, self.kv, self.executor, self.iters
+        policy, kv, ex = self.policy, self.kv, self.executor
+        record = self.rows.append
         i, n_total, n_done = 0, len(reqs), 0
         while True:
             while i < n_total and reqs[i].arrival_time <= self.now:   # admit
@@ -58,7 +64,8 @@ class Engine:
             start, end = self.now, self.now + step.duration
             n_pre, n_dec = out.split_counts()
             done = policy.update(out, step.sampled, start, end)
-            self._record(start, step.duration, n_pre, n_dec, len(out), len(out.preempted))
+            record((start, step.duration, n_pre, n_dec, len(out), kv.pool.num_used,
+                    kv.num_stored_tokens, len(out.preempted)))
             self.now = end
             if done or out.rejected:
                 n_done += len(done) + len(out.rejected)
@@ -71,17 +78,6 @@ class Engine:
                 self._skip_decodes(reqs[i].arrival_time if i < n_total else float("inf"))
         return reqs
 
-    def _record(self, start, duration, n_pre, n_dec, n_reqs, preemptions):
-        it = self.iters
-        it["start"].append(start)
-        it["duration"].append(duration)
-        it["prefill_tokens"].append(n_pre)
-        it["decode_tokens"].append(n_dec)
-        it["num_requests"].append(n_reqs)
-        it["kv_blocks_used"].append(self.kv.num_used_blocks)
-        it["kv_tokens_stored"].append(self.kv.num_stored_tokens)
-        it["preemptions"].append(preemptions)
-
     def _skip_decodes(self, next_arrival: float) -> None:
         """Run k identical decode-only iterations at once: same requests, contexts +1 each step,
         stopping before any request finishes, an arrival is due, or KV would run out. Produces
@@ -89,7 +85,7 @@ class Engine:
         policy, kv = self.policy, self.kv
         running = policy.running
         # no request may finish inside the run: the last of it is taken by the normal loop
-        k = min(self._tokens_left(r) for r in running) - 1
+        k = min(r._stop_at - r.num_output_tokens for r in running) - 1
         if k < 2:
             return
         ctx = np.fromiter((r.num_computed_tokens for r in running), np.int64, len(running))
@@ -117,21 +113,11 @@ class Engine:
             r.num_computed_tokens += k
             r.num_output_tokens += k
             r.token_times.extend(times)
-        it, B = self.iters, len(running)
-        used0 = kv.num_used_blocks - int(extra[-1])
-        stored0 = kv.num_stored_tokens - B * k
-        it["start"].extend([start0] + times[:-1])
-        it["duration"].extend(durs.tolist())
-        it["prefill_tokens"].extend([0] * k)
-        it["decode_tokens"].extend([B] * k)
-        it["num_requests"].extend([B] * k)
-        it["kv_blocks_used"].extend((used0 + extra).tolist())
-        it["kv_tokens_stored"].extend((stored0 + B * np.arange(1, k + 1)).tolist())
-        it["preemptions"].extend([0] * k)
+        B = len(running)
+        used = (kv.num_used_blocks - int(extra[-1]) + extra).tolist()
+        stored = (kv.num_stored_tokens - B * k + B * np.arange(1, k + 1)).tolist()
+        starts = [start0] + times[:-1]
+        self.rows.extend(zip(starts, durs.tolist(), [0] * k, [B] * k, [B] * k, used, stored,
+                             [0] * k))
         self.now = times[-1]
 
-    def _tokens_left(self, r: Request) -> int:
-        left = r._stop_len - r.num_output_tokens
-        if r.max_tokens is not None:
-            left = min(left, r.max_tokens - r.num_output_tokens)
-        return min(left, self.policy.max_model_len - r.num_tokens)

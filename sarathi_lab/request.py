@@ -22,7 +22,7 @@ class Request:
         "request_id", "arrival_time", "num_prompt_tokens", "prompt_token_ids", "max_tokens",
         "_stop_len", "num_output_tokens", "output_token_ids", "num_computed_tokens", "status",
         "first_scheduled_time", "finish_time", "token_times", "num_preemptions",
-        "rejection_reason", "block_hashes", "extra",
+        "rejection_reason", "block_hashes", "extra", "_stop_at",
     )
 
     def __init__(self, request_id, arrival_time: float, num_prompt_tokens: int, output_len: int,
@@ -36,6 +36,7 @@ class Request:
         # When the request stops (its EOS, in effect). Hidden from policies: no real scheduler
         # knows a request's output length. Read only through `oracle_output_len`.
         self._stop_len = int(output_len)
+        self._stop_at = self._stop_len  # min of that, max_tokens and max_model_len; set on admission
         self.num_output_tokens = 0
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0

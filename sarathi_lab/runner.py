@@ -103,7 +103,7 @@ def run(cfg, run_dir: str | Path, requests=None) -> dict:
     if bar is not None:
         bar.close()
     wall = time.perf_counter() - t0
-    req_df, it_df = requests_table(requests), iterations_table(engine.iters)
+    req_df, it_df = requests_table(requests), iterations_table(engine.rows)
     summary = summarize(req_df, it_df, slo=c.get("slo"), kv_blocks_total=policy.kv.num_blocks,
                         block_size=policy.kv.block_size)
     summary["wall_time_s"] = wall

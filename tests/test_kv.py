@@ -17,7 +17,9 @@ def test_allocate_free_no_leak():
     assert kv.allocate_slots(a, 9) == [0, 1, 2]
     a.num_computed_tokens = 9
     assert kv.allocate_slots(a, 3) == []          # fits in block 2
+    a.num_computed_tokens = 12
     assert kv.allocate_slots(a, 4) == [3]
+    a.num_computed_tokens = 16
     assert kv.num_used_blocks == 4 and kv.num_stored_tokens == 16
     kv.free(a)
     assert kv.num_free_blocks == 10 and kv.num_stored_tokens == 0 and not kv.req_blocks

@@ -31,8 +31,9 @@ class KVCacheManager:
         self.max_model_len = max_model_len
         self.enable_prefix_caching = enable_prefix_caching
         self.req_blocks: dict[object, list[Block]] = {}
-        self.num_stored_tokens = 0  # logical tokens whose KV is held (shared ones counted per request)
-        self._stored: dict[object, int] = {}
+        # logical tokens whose KV is held (shared ones counted per request); a request holds
+        # exactly its num_computed_tokens whenever it is freed
+        self.num_stored_tokens = 0
 
     # -- sizes ---------------------------------------------------------------------------
     @property
@@ -80,17 +81,23 @@ class KVCacheManager:
 
     # -- allocation --------------------------------------------------------------------------
     def allocate_slots(self, req: Request, num_new_tokens: int,
-                       computed: list[Block] | None = None) -> list[int] | None:
+                       computed: list[Block] | None = None,
+                       lookahead: int = 0) -> list[int] | None:
         """Make room for `num_new_tokens` after the request's computed tokens (plus `computed`,
-        the blocks of a prefix hit, which become the head of its table). Returns the ids of the
-        newly allocated blocks (possibly empty) or None, with nothing changed, when they don't fit."""
+        the blocks of a prefix hit, which become the head of its table), and for `lookahead`
+        tokens beyond them that later steps will compute (a prompt's remaining chunks). Returns
+        the ids of the newly allocated blocks (possibly empty) or None, with nothing changed,
+        when they don't fit."""
         rid = req.request_id
         held = self.req_blocks.get(rid)
+        if held is not None and computed is None and not self.enable_prefix_caching \
+                and req.num_computed_tokens + num_new_tokens <= len(held) * self.block_size:
+            self.num_stored_tokens += num_new_tokens   # hot path: the last block has room
+            return []
         if held is None:
             held = self.req_blocks[rid] = []
-            self._stored[rid] = 0
         n_hit = len(computed) * self.block_size if computed else 0
-        upto = req.num_computed_tokens + n_hit + num_new_tokens
+        upto = req.num_computed_tokens + n_hit + num_new_tokens + lookahead
         if self.reserve:
             upto = max(upto, self.reserved_len(req))
         need = cdiv(upto, self.block_size) - len(held) - (len(computed) if computed else 0)
@@ -99,7 +106,7 @@ class KVCacheManager:
             busy = sum(1 for b in computed if b.ref_cnt == 0) if computed else 0
             if need > self.pool.num_free - busy:
                 if not held:
-                    del self.req_blocks[rid], self._stored[rid]
+                    del self.req_blocks[rid]
                 return None
         if computed:
             self.pool.touch(computed)
@@ -107,7 +114,6 @@ class KVCacheManager:
         new = self.pool.allocate(need) if need > 0 else []
         held.extend(new)
         added = n_hit + num_new_tokens
-        self._stored[rid] += added
         self.num_stored_tokens += added
         if self.enable_prefix_caching and req.prompt_token_ids is not None:
             self._cache_full_blocks(req, held, req.num_computed_tokens + added)
@@ -135,7 +141,7 @@ class KVCacheManager:
         if held is None:
             return
         self.pool.release(reversed(held))
-        self.num_stored_tokens -= self._stored.pop(req.request_id)
+        self.num_stored_tokens -= req.num_computed_tokens
         req.block_hashes = []
 
     def block_table(self, req: Request) -> list[int]:

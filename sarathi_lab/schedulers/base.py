@@ -18,6 +18,7 @@ class SchedulerConfig:
     block_size: int = 16
     num_kv_blocks: int | None = None           # None: what fits the executor's memory
     enable_prefix_caching: bool = False
+    kv_watermark: float = 0.01                 # share of KV blocks kept free when admitting (vLLM)
     max_model_len: int | None = None           # None: the model's
     extra: dict = field(default_factory=dict)  # plugin settings
 
@@ -34,6 +35,8 @@ class SchedulerConfig:
             bad("block_size", self.block_size, "must be a power of two")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             bad("num_kv_blocks", self.num_kv_blocks, "must be >= 1")
+        if not 0 <= self.kv_watermark < 1:
+            bad("kv_watermark", self.kv_watermark, "must be in [0, 1)")
         if self.max_model_len is not None and self.max_model_len < 2:
             bad("max_model_len", self.max_model_len, "must be >= 2")
 
@@ -64,6 +67,9 @@ class Policy:
                 "long prompt could never run (raise it or lower scheduler.max_model_len)")
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        # admissions leave this many blocks free, so running requests can grow without
+        # preempting each other at once (reserved KV never grows)
+        self.watermark = 0 if kv.reserve else int(cfg.kv_watermark * kv.num_blocks)
 
     # -- hooks --------------------------------------------------------------------------------
     def schedule(self, now: float) -> SchedulerOutput:
@@ -93,6 +99,10 @@ class Policy:
             req.status = Status.REJECTED
             req.rejection_reason = reason
             return False
+        stop = req._stop_len
+        if req.max_tokens is not None:
+            stop = min(stop, req.max_tokens)
+        req._stop_at = min(stop, self.max_model_len - req.num_prompt_tokens)
         self.waiting.append(req)
         return True
 
@@ -101,12 +111,20 @@ class Policy:
 
     def admit(self, req: Request, max_tokens: int, whole: bool = False) -> int:
         """Try to start the waiting request `req` (the head of `waiting`) with up to `max_tokens`
-        tokens (all it needs if `whole`). On success it moves to `running` and the number of
-        tokens to schedule is returned; on failure 0 and nothing changes."""
-        hit, n_hit = self.kv.get_computed_blocks(req)
+        tokens (all it needs if `whole`). Blocks for its whole prompt are taken now, as
+        Sarathi-Serve and vLLM do, so its later chunks cannot be starved by decodes. On success
+        it moves to `running` and the number of tokens to schedule is returned; on failure 0
+        and nothing changes."""
+        kv = self.kv
+        hit, n_hit = kv.get_computed_blocks(req)
         todo = req.num_tokens_to_compute - n_hit
         n = todo if whole else min(todo, max_tokens)
-        if n <= 0 or n > max_tokens or self.kv.allocate_slots(req, n, hit) is None:
+        if n <= 0 or n > max_tokens:
+            return 0
+        if self.watermark and kv.num_free_blocks - kv.blocks_needed(req.num_tokens) \
+                + len(hit) < self.watermark:
+            return 0
+        if kv.allocate_slots(req, n, hit, lookahead=todo - n) is None:
             return 0
         req.num_computed_tokens += n_hit
         req.status = Status.RUNNING
@@ -127,7 +145,8 @@ class Policy:
     def allocate_or_preempt(self, req: Request, n: int, out: SchedulerOutput) -> bool:
         """Room for `n` more tokens of the running `req`, preempting the newest running requests
         until it fits. False if `req` itself had to go (or can never fit)."""
-        while self.kv.allocate_slots(req, n) is None:
+        allocate = self.kv.allocate_slots
+        while allocate(req, n) is None:
             victim = self.running[-1]
             if victim is req and len(self.running) == 1:
                 # alone and still no room: its length outgrew the whole cache
@@ -144,12 +163,6 @@ class Policy:
                 return False
         return True
 
-    def is_done(self, req: Request) -> bool:
-        n = req.num_output_tokens
-        return (n >= req._stop_len
-                or (req.max_tokens is not None and n >= req.max_tokens)
-                or req.num_prompt_tokens + n >= self.max_model_len)
-
     def update(self, out: SchedulerOutput, sampled: list[int] | None, start: float,
                end: float) -> list[Request]:
         """Apply an executed batch: advance counters, emit tokens, finish and free."""
@@ -163,7 +176,8 @@ class Policy:
                 req.token_times.append(end)
                 if sampled is not None:
                     req.output_token_ids.append(sampled[i])
-                if self.is_done(req):
+                # stop: the trace's length (its EOS, in effect), max_tokens or max_model_len
+                if req.num_output_tokens >= req._stop_at:
                     req.status = Status.FINISHED
                     req.finish_time = end
                     self.kv.free(req)

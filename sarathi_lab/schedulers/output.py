@@ -12,6 +12,7 @@ class SchedulerOutput:
     num_new_tokens: list[int] = field(default_factory=list)   # aligned with reqs
     preempted: list[Request] = field(default_factory=list)    # preempted while building this batch
     rejected: list[Request] = field(default_factory=list)     # outgrew the whole KV cache
+    num_decodes: int | None = None   # set by policies that know it; else counted on demand
 
     def add(self, req: Request, n: int) -> None:
         assert n > 0, (req, n)
@@ -25,7 +26,10 @@ class SchedulerOutput:
     def split_counts(self) -> tuple[int, int]:
         """(prefill tokens, decode tokens). A decode computes exactly the last emitted token;
         everything else (prompt chunks, recompute after preemption) counts as prefill."""
-        dec = sum(1 for r, n in zip(self.reqs, self.num_new_tokens) if n == 1 and r.is_decoding)
+        dec = self.num_decodes
+        if dec is None:
+            dec = sum(1 for r, n in zip(self.reqs, self.num_new_tokens)
+                      if n == 1 and r.is_decoding)
         return self.total_tokens - dec, dec
 
     def __len__(self) -> int:

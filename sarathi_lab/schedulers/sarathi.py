@@ -9,19 +9,25 @@ class Sarathi(Policy):
 
     def schedule(self, now):
         out, budget = SchedulerOutput(), self.cfg.token_budget
+        reqs, toks = out.reqs, out.num_new_tokens
+        decodes, prefills = [], []
+        for req in self.running:
+            (decodes if req.num_computed_tokens == req.num_prompt_tokens + req.num_output_tokens
+             - 1 and req.num_output_tokens else prefills).append(req)
         # decodes first: a running decode is never stalled by a prefill
-        for req in list(self.running):
-            if budget == 0:
-                break
-            if req.is_decoding and req.status is Status.RUNNING:
-                if self.allocate_or_preempt(req, 1, out):
-                    out.add(req, 1)
-                    budget -= 1
+        alloc = self.kv.allocate_slots
+        for req in decodes[:budget]:
+            if req.status is Status.RUNNING and (alloc(req, 1) is not None
+                                                 or self.allocate_or_preempt(req, 1, out)):
+                reqs.append(req)
+                toks.append(1)
+        out.num_decodes = len(reqs)
+        budget -= len(reqs)
         # then ongoing (partial or recomputing) prefills, chunked to what is left
-        for req in list(self.running):
+        for req in prefills:
             if budget == 0:
                 break
-            if not req.is_decoding and req.status is Status.RUNNING:
+            if req.status is Status.RUNNING:
                 n = min(req.num_tokens_to_compute, budget)
                 if self.allocate_or_preempt(req, n, out):
                     out.add(req, n)

@@ -21,7 +21,9 @@ class VLLM(Policy):
             return out
         for req in list(self.running):
             if req.status is Status.RUNNING and self.allocate_or_preempt(req, 1, out):
-                out.add(req, 1)
+                out.reqs.append(req)
+                out.num_new_tokens.append(1)
+        out.num_decodes = len(out.reqs)
         return out
 
     def steady_decode(self):

@@ -1,0 +1,85 @@
+import pytest
+from conftest import LinearCost, make_policy, req
+
+from sarathi_lab.engine import Engine
+from sarathi_lab.metrics import iterations_table, requests_table, summarize
+from sarathi_lab.runner import build
+from sarathi_lab.schedulers.output import SchedulerOutput
+from sarathi_lab.schedulers.sarathi import Sarathi
+
+
+class Stuck(Sarathi):
+    name = "stuck"
+
+    def schedule(self, now):
+        return SchedulerOutput()
+
+
+def test_policy_that_schedules_nothing_is_an_error_not_a_hang():
+    p = make_policy("sarathi")
+    p.__class__ = Stuck
+    with pytest.raises(RuntimeError, match="scheduled nothing.*1 waiting"):
+        Engine(p, LinearCost()).run([req(0, 4, 2)])
+
+
+def test_clock_jumps_over_idle_gaps():
+    p = make_policy("sarathi", token_budget=64)
+    a, b = req(0, 4, 2, t=0.0), req(1, 4, 2, t=100.0)
+    eng = Engine(p, LinearCost(base=0.01, per_token=0.0), fast_forward=False)
+    eng.run([b, a])                       # unsorted input is fine
+    assert a.token_times == pytest.approx([0.01, 0.02])
+    assert b.first_scheduled_time == 100.0 and b.token_times == pytest.approx([100.01, 100.02])
+    assert len(eng.rows) == 4
+
+
+def test_metrics_follow_the_definitions():
+    p = make_policy("sarathi", token_budget=64)
+    a = req(0, 4, 3, t=0.0)
+    b = req(1, 8, 1, t=0.005)
+    eng = Engine(p, LinearCost(base=0.01, per_token=0.0), fast_forward=False)
+    eng.run([a, b])
+    rq, it = requests_table([a, b]), iterations_table(eng.rows)
+    # a: tokens at 0.01, 0.02, 0.03; b arrives at 0.005, first scheduled at 0.01, token at 0.02
+    assert rq.loc[0, "ttft"] == pytest.approx(0.01)
+    assert rq.loc[0, "tpot"] == pytest.approx((0.03 - 0.01) / 2)
+    assert rq.loc[1, "scheduling_delay"] == pytest.approx(0.005)
+    assert rq.loc[1, "ttft"] == pytest.approx(0.015) and rq.loc[1, "tpot"] != rq.loc[1, "tpot"]
+    s = summarize(rq, it, slo={"ttft": 0.012, "tpot": None}, kv_blocks_total=p.kv.num_blocks)
+    assert s["tbt"]["max"] == pytest.approx(0.01) and s["num_finished"] == 2
+    assert s["slo"]["attainment"] == 0.5                  # b misses the TTFT SLO
+    assert s["throughput_rps"] == pytest.approx(2 / 0.03)
+    assert list(it["prefill_tokens"]) == [4, 8, 0] and list(it["decode_tokens"]) == [0, 1, 1]
+
+
+def base_cfg(**over):
+    cfg = {"scheduler": {"name": "orca", "block_size": 16},
+           "executor": {"name": "sim", "tensor_parallel": 1},
+           "model": {"name": "llama-2-7b", "num_layers": 32, "hidden_size": 4096,
+                     "intermediate_size": 11008, "num_heads": 32, "num_kv_heads": 32,
+                     "head_dim": 128, "vocab_size": 32000, "max_model_len": 4096,
+                     "dtype": "bfloat16"},
+           "hardware": {"name": "a100", "peak_flops": 312e12, "mem_bandwidth": 2.039e12,
+                        "memory_bytes": 80e9, "link_bandwidth": 300e9, "link_latency_s": 3e-5,
+                        "compute_eff": 0.7, "attn_eff": 0.3, "mem_eff": 0.75,
+                        "iteration_overhead_s": 0.002}}
+    for k, v in over.items():
+        cfg[k].update(v)
+    return cfg
+
+
+def test_kv_too_small_for_one_max_length_request():
+    with pytest.raises(ValueError, match="num_kv_blocks=100 .*cannot hold one request"):
+        build(base_cfg(scheduler={"num_kv_blocks": 100}))
+    build(base_cfg(scheduler={"num_kv_blocks": 256}))    # exactly one 4096-token reservation
+
+
+def test_model_that_does_not_fit_the_gpu():
+    big = {"name": "llama-2-70b", "num_layers": 80, "hidden_size": 8192,
+           "intermediate_size": 28672, "num_heads": 64, "num_kv_heads": 8}
+    with pytest.raises(ValueError, match="does not fit"):
+        build(base_cfg(model=big))
+
+
+def test_unknown_executor_lists_known():
+    with pytest.raises(ValueError, match="unknown executor 'gpu'.*sim"):
+        build(base_cfg(executor={"name": "gpu"}))

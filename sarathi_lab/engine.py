@@ -108,8 +108,12 @@ class Engine:
         durs, ends, extra = durs[:k], ends[:k], extra[:k]
         start0 = self.now
         times = ends.tolist()
+        ok = kv.allocate_decodes(running, k)   # blocks for all k tokens: the end state of k steps
+        assert ok or kv.enable_prefix_caching
+        if not ok:
+            for r in running:
+                kv.allocate_slots(r, k)
         for r in running:
-            kv.allocate_slots(r, k)   # blocks for all k tokens; same end state as k steps
             r.num_computed_tokens += k
             r.num_output_tokens += k
             r.token_times.extend(times)

@@ -65,13 +65,14 @@ class BlockPool:
     def release(self, blocks: list[Block]) -> None:
         # Callers pass a request's blocks tail first: its last blocks are the least shared,
         # so among cached blocks they are evicted before the prefix.
+        free = self.free
         for b in blocks:
             b.ref_cnt -= 1
             assert b.ref_cnt >= 0, b
             if b.ref_cnt == 0:
-                self.free[b.block_id] = b
+                free[b.block_id] = b
                 if b.key is None:
-                    self.free.move_to_end(b.block_id, last=False)
+                    free.move_to_end(b.block_id, last=False)
 
     def lookup(self, key) -> Block | None:
         return self.cached.get(key)

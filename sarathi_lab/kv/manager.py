@@ -119,6 +119,28 @@ class KVCacheManager:
             self._cache_full_blocks(req, held, req.num_computed_tokens + added)
         return [b.block_id for b in new]
 
+    def allocate_decodes(self, reqs: list[Request], k: int = 1) -> bool:
+        """Room for `k` more tokens for each request, all or nothing: True if done, False (and
+        nothing changed) if the free blocks do not cover them all. The bulk form of
+        `allocate_slots(req, k)` for decode batches, the simulator's hot path."""
+        if self.enable_prefix_caching:   # full blocks must be hashed one request at a time
+            return False
+        bs, table = self.block_size, self.req_blocks
+        grow = []
+        for r in reqs:
+            held = table[r.request_id]
+            need = -(-(r.num_computed_tokens + k) // bs) - len(held)
+            if need > 0:
+                grow.append((held, need))
+        if grow:
+            if sum(n for _, n in grow) > self.pool.num_free:
+                return False
+            allocate = self.pool.allocate
+            for held, need in grow:
+                held.extend(allocate(need))
+        self.num_stored_tokens += k * len(reqs)
+        return True
+
     def _cache_full_blocks(self, req: Request, held: list[Block], num_tokens: int) -> None:
         # Blocks become cacheable once the tokens that fill them are being computed.
         bs = self.block_size

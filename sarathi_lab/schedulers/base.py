@@ -77,8 +77,8 @@ class Policy:
 
     def steady_decode(self) -> bool:
         """True if, while nothing arrives and nothing finishes, the next `schedule()` would again
-        be exactly one decode of every running request. Lets the simulator skip ahead; False is
-        always safe."""
+        be exactly one decode of every running request (the engine checks that this one was).
+        Lets the simulator skip ahead; False is always safe."""
         return False
 
     def rejection_reason(self, req: Request) -> str | None:
@@ -119,10 +119,7 @@ class Policy:
         hit, n_hit = kv.get_computed_blocks(req)
         todo = req.num_tokens_to_compute - n_hit
         n = todo if whole else min(todo, max_tokens)
-        if n <= 0 or n > max_tokens:
-            return 0
-        if self.watermark and kv.num_free_blocks - kv.blocks_needed(req.num_tokens) \
-                + len(hit) < self.watermark:
+        if n <= 0 or n > max_tokens or not self._fits_watermark(req, len(hit)):
             return 0
         if kv.allocate_slots(req, n, hit, lookahead=todo - n) is None:
             return 0
@@ -131,6 +128,28 @@ class Policy:
         self.waiting.popleft()
         self.running.append(req)
         return n
+
+    def _fits_watermark(self, req: Request, num_hit_blocks: int) -> bool:
+        kv = self.kv
+        return not self.watermark or \
+            kv.num_free_blocks - kv.blocks_needed(req.num_tokens) + num_hit_blocks >= self.watermark
+
+    def head_blocked(self, max_tokens: int, whole: bool = False) -> bool:
+        """True if `admit(self.waiting[0], max_tokens, whole)` would fail now and keep failing
+        while running requests only grow (free KV blocks only shrink). Conservative: False
+        when unsure (prefix caching, where hits can change)."""
+        if not self.waiting or self.kv.enable_prefix_caching:
+            return False
+        if len(self.running) >= self.cfg.max_num_seqs or max_tokens <= 0:
+            return True
+        req = self.waiting[0]
+        todo = req.num_tokens_to_compute
+        if whole and todo > max_tokens:
+            return True
+        if self.kv.reserve:
+            return self.kv.min_blocks(req) > self.kv.num_free_blocks
+        return not self._fits_watermark(req, 0) or \
+            self.kv.blocks_needed(req.num_tokens) > self.kv.num_free_blocks
 
     def preempt(self, req: Request, out: SchedulerOutput) -> None:
         """Preemption by recompute: drop the KV, start over from token 0 at the queue head."""

@@ -26,4 +26,5 @@ class Orca(Policy):
         return out
 
     def steady_decode(self):
-        return not self.waiting
+        return not self.waiting or self.head_blocked(
+            self.cfg.max_num_batched_tokens - len(self.running), whole=True)

@@ -15,12 +15,12 @@ class Sarathi(Policy):
             (decodes if req.num_computed_tokens == req.num_prompt_tokens + req.num_output_tokens
              - 1 and req.num_output_tokens else prefills).append(req)
         # decodes first: a running decode is never stalled by a prefill
-        alloc = self.kv.allocate_slots
-        for req in decodes[:budget]:
-            if req.status is Status.RUNNING and (alloc(req, 1) is not None
-                                                 or self.allocate_or_preempt(req, 1, out)):
-                reqs.append(req)
-                toks.append(1)
+        decodes = decodes[:budget]
+        if not self.kv.allocate_decodes(decodes):   # short of blocks: one by one, preempting
+            decodes = [r for r in decodes
+                       if r.status is Status.RUNNING and self.allocate_or_preempt(r, 1, out)]
+        reqs.extend(decodes)
+        toks.extend([1] * len(decodes))
         out.num_decodes = len(reqs)
         budget -= len(reqs)
         # then ongoing (partial or recomputing) prefills, chunked to what is left
@@ -42,4 +42,4 @@ class Sarathi(Policy):
         return out
 
     def steady_decode(self):
-        return not self.waiting
+        return not self.waiting or self.head_blocked(self.cfg.token_budget - len(self.running))

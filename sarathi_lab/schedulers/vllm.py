@@ -19,12 +19,13 @@ class VLLM(Policy):
             budget -= n
         if out:
             return out
-        for req in list(self.running):
-            if req.status is Status.RUNNING and self.allocate_or_preempt(req, 1, out):
-                out.reqs.append(req)
-                out.num_new_tokens.append(1)
-        out.num_decodes = len(out.reqs)
+        decodes = list(self.running)
+        if not self.kv.allocate_decodes(decodes):   # short of blocks: one by one, preempting
+            decodes = [r for r in decodes
+                       if r.status is Status.RUNNING and self.allocate_or_preempt(r, 1, out)]
+        out.reqs, out.num_new_tokens = decodes, [1] * len(decodes)
+        out.num_decodes = len(decodes)
         return out
 
     def steady_decode(self):
-        return not self.waiting
+        return not self.waiting or self.head_blocked(self.cfg.max_num_batched_tokens, whole=True)

@@ -45,6 +45,8 @@ def main():
     ap.add_argument("--requests", type=int, default=10_000)
     ap.add_argument("--qps", type=float, default=1.0)
     ap.add_argument("--policies", default="sarathi,vllm,orca,request_level")
+    ap.add_argument("--cli", action="store_true",
+                    help="also time the whole `sarathi-lab` command (start-up, trace, run, files)")
     ap.add_argument("--no-fast-forward", action="store_true",
                     help="also time the plain loop (every iteration through schedule/update)")
     args = ap.parse_args()
@@ -89,6 +91,21 @@ def main():
                   f"{(s['tbt']['p99'] or 0) * 1e3:>12.1f}")
     print("sim s: build + engine loop; out s: request/iteration tables + summary (per-token "
           "times kept); µs/iter: sim s / iterations; sched+upd: per schedule() call actually made")
+    if args.cli:
+        import subprocess
+        import sys
+        import tempfile
+        for policy in args.policies.split(","):
+            cmd = [sys.executable, "-m", "sarathi_lab.cli", f"scheduler={policy}",
+                   "trace=azure_conv", f"trace.num_requests={args.requests}",
+                   f"trace.qps={args.qps}", "trace.max_total_tokens=4096", "model=llama-2-70b",
+                   "executor.tensor_parallel=2", "scheduler.max_num_seqs=128",
+                   "scheduler.token_budget=512", "progress=false",
+                   f"hydra.run.dir={tempfile.mkdtemp()}"]
+            t0 = time.perf_counter()
+            subprocess.run(cmd, check=True, capture_output=True)
+            print(f"whole command, {policy}: {time.perf_counter() - t0:.2f} s "
+                  "(start-up, trace, simulation, requests/iterations parquet, summary)")
 
 
 if __name__ == "__main__":

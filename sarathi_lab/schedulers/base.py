@@ -129,6 +129,24 @@ class Policy:
         self.running.append(req)
         return n
 
+    def decode_reserved(self, out: SchedulerOutput) -> None:
+        """One decode for every running request whose KV was reserved up front (no growth, so
+        no preemption; whole-prompt admission leaves no partial prefill behind)."""
+        ok = self.kv.reserve and self.kv.allocate_decodes(self.running)
+        assert ok, "decode_reserved needs reserved KV"
+        out.add_decodes(list(self.running))
+
+    def admit_waiting(self, out: SchedulerOutput, budget: int, whole: bool = False) -> int:
+        """Admit waiting requests in FCFS order while they fit (`budget` tokens, max_num_seqs,
+        KV); add their tokens to `out`; return the budget left."""
+        while budget > 0 and self.waiting and len(self.running) < self.cfg.max_num_seqs:
+            n = self.admit(self.waiting[0], budget, whole)
+            if not n:
+                break
+            out.add(self.running[-1], n)
+            budget -= n
+        return budget
+
     def _fits_watermark(self, req: Request, num_hit_blocks: int) -> bool:
         kv = self.kv
         return not self.watermark or \

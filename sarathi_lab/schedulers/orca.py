@@ -11,18 +11,8 @@ class Orca(Policy):
 
     def schedule(self, now):
         out = SchedulerOutput()
-        for req in self.running:
-            n = req.num_tokens_to_compute
-            allocated = self.kv.allocate_slots(req, n)
-            assert allocated == [], "reserved up front"
-            out.add(req, n)
-        budget = self.cfg.max_num_batched_tokens - out.total_tokens
-        while self.waiting and len(self.running) < self.cfg.max_num_seqs and budget > 0:
-            n = self.admit(self.waiting[0], budget, whole=True)
-            if not n:
-                break
-            out.add(self.running[-1], n)
-            budget -= n
+        self.decode_reserved(out)
+        self.admit_waiting(out, self.cfg.max_num_batched_tokens - out.total_tokens, whole=True)
         return out
 
     def steady_decode(self):

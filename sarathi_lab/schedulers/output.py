@@ -19,6 +19,13 @@ class SchedulerOutput:
         self.reqs.append(req)
         self.num_new_tokens.append(n)
 
+    def add_decodes(self, reqs: list[Request]) -> None:
+        """One token for each request, all of them decodes (the first entries of the batch)."""
+        assert not self.reqs
+        self.reqs.extend(reqs)
+        self.num_new_tokens.extend([1] * len(reqs))
+        self.num_decodes = len(reqs)
+
     @property
     def total_tokens(self) -> int:
         return sum(self.num_new_tokens)

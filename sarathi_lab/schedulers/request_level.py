@@ -12,19 +12,9 @@ class RequestLevel(Policy):
     def schedule(self, now):
         out = SchedulerOutput()
         if self.running:
-            for req in self.running:
-                n = req.num_tokens_to_compute
-                allocated = self.kv.allocate_slots(req, n)
-                assert allocated == [], "reserved up front"
-                out.add(req, n)
+            self.decode_reserved(out)
             return out
-        budget = self.cfg.max_num_batched_tokens
-        while self.waiting and len(self.running) < self.cfg.max_num_seqs:
-            n = self.admit(self.waiting[0], budget, whole=True)
-            if not n:
-                break
-            out.add(self.running[-1], n)
-            budget -= n
+        self.admit_waiting(out, self.cfg.max_num_batched_tokens, whole=True)
         return out
 
     def steady_decode(self):

@@ -9,7 +9,6 @@ class Sarathi(Policy):
 
     def schedule(self, now):
         out, budget = SchedulerOutput(), self.cfg.token_budget
-        reqs, toks = out.reqs, out.num_new_tokens
         decodes, prefills = [], []
         for req in self.running:
             (decodes if req.num_computed_tokens == req.num_prompt_tokens + req.num_output_tokens
@@ -19,10 +18,8 @@ class Sarathi(Policy):
         if not self.kv.allocate_decodes(decodes):   # short of blocks: one by one, preempting
             decodes = [r for r in decodes
                        if r.status is Status.RUNNING and self.allocate_or_preempt(r, 1, out)]
-        reqs.extend(decodes)
-        toks.extend([1] * len(decodes))
-        out.num_decodes = len(reqs)
-        budget -= len(reqs)
+        out.add_decodes(decodes)
+        budget -= len(decodes)
         # then ongoing (partial or recomputing) prefills, chunked to what is left
         for req in prefills:
             if budget == 0:
@@ -32,13 +29,7 @@ class Sarathi(Policy):
                 if self.allocate_or_preempt(req, n, out):
                     out.add(req, n)
                     budget -= n
-        # then new prefills
-        while budget and self.waiting and len(self.running) < self.cfg.max_num_seqs:
-            n = self.admit(self.waiting[0], budget)
-            if not n:
-                break
-            out.add(self.running[-1], n)
-            budget -= n
+        self.admit_waiting(out, budget)   # then new prefills, chunked to what is left
         return out
 
     def steady_decode(self):

@@ -20,15 +20,17 @@ class Sarathi(Policy):
                        if r.status is Status.RUNNING and self.allocate_or_preempt(r, 1, out)]
         out.add_decodes(decodes)
         budget -= len(decodes)
-        # then ongoing (partial or recomputing) prefills, chunked to what is left
+        # then ongoing prefills, chunked to what is left; their blocks were taken at admission,
+        # so they never preempt the decodes already in this batch
         for req in prefills:
             if budget == 0:
                 break
             if req.status is Status.RUNNING:
                 n = min(req.num_tokens_to_compute, budget)
-                if self.allocate_or_preempt(req, n, out):
-                    out.add(req, n)
-                    budget -= n
+                new_blocks = self.kv.allocate_slots(req, n)
+                assert new_blocks == [], "prompt blocks are held from admission"
+                out.add(req, n)
+                budget -= n
         self.admit_waiting(out, budget)   # then new prefills, chunked to what is left
         return out
 

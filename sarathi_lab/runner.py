@@ -83,13 +83,15 @@ def _atomic_write(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
-def run(cfg, run_dir: str | Path, requests=None) -> dict:
+def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True) -> dict:
     """Simulate or execute the configured run; write requests.parquet, iterations.parquet and
-    summary.json (last, atomically: its presence marks a complete run). Returns the summary."""
+    summary.json (last, atomically: its presence marks a complete run). Returns the summary.
+    write=False (capacity probes) returns the summary and writes nothing."""
     from sarathi_lab.traces import build_trace, to_requests
     c = _plain(cfg)
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if write:
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     policy, executor = build(c)
     if requests is None:
@@ -108,6 +110,8 @@ def run(cfg, run_dir: str | Path, requests=None) -> dict:
                         block_size=policy.kv.block_size)
     summary["wall_time_s"] = wall
     summary["config"] = c
+    if not write:
+        return summary
     _atomic_write(run_dir / "requests.parquet", lambda p: req_df.to_parquet(p, index=False))
     _atomic_write(run_dir / "iterations.parquet", lambda p: it_df.to_parquet(p, index=False))
     _atomic_write(run_dir / "summary.json",

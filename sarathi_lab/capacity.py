@@ -1,0 +1,232 @@
+"""Capacity: the highest arrival rate a configuration serves within its SLO, found by bisection.
+
+Two criteria (DESIGN.md, Metrics):
+  tbt         Sarathi-Serve: P99 TBT <= slo.p99_tbt and median scheduling delay
+              <= slo.max_median_scheduling_delay, nothing rejected (summary["slo"]["meets_tbt_slo"])
+  attainment  DistServe: >= slo.attainment_target of the requests meet every per-request SLO
+              that is set: TTFT, TPOT, own P99 TBT (summary["slo"]["meets_attainment"]);
+              defined only for an SLO with a TTFT or TPOT target
+
+Every probe replays the same requests (the trace's lengths) with the same arrival pattern,
+stretched to the probed rate: arrival_i = u_i / qps for one fixed unit-rate sequence u. Common
+random numbers make the criteria (nearly) monotone in qps, which bisection relies on, and let
+the searches for both criteria share probes. Probes run in memory; `save_probes` writes each as a
+full run directory.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+CRITERIA = {
+    "tbt": ("meets_tbt_slo", "Sarathi-Serve"),
+    "attainment": ("meets_attainment", "DistServe"),
+}
+
+
+def criterion_defined(slo: dict, crit: str) -> bool:
+    if crit == "tbt":
+        return slo.get("p99_tbt") is not None
+    # DistServe's goodput is about TTFT and TPOT; an own-P99-TBT target alone ignores queueing
+    # (a request that waits a minute for its first token still streams smoothly) and would
+    # make any load "pass"
+    return slo.get("ttft") is not None or slo.get("tpot") is not None
+
+
+def describe(slo: dict, crit: str) -> str:
+    if crit == "tbt":
+        return (f"P99 TBT <= {slo.get('p99_tbt')} s and median scheduling delay <= "
+                f"{slo.get('max_median_scheduling_delay', 2.0)} s")
+    parts = [f"{k.upper() if k != 'request_p99_tbt' else 'own P99 TBT'} <= {slo[k]} s"
+             for k in ("ttft", "tpot", "request_p99_tbt") if slo.get(k) is not None]
+    return f">= {slo.get('attainment_target', 0.9):.0%} of requests meet " + " and ".join(parts)
+
+
+def unit_arrivals(n: int, kind: str, seed: int, trace_times: np.ndarray | None) -> np.ndarray:
+    """n arrival times at mean rate 1 req/s, the first at 0."""
+    if kind == "uniform":
+        return np.arange(n, dtype=float)
+    if kind == "trace":
+        t = np.asarray(trace_times, float)
+        t = t - t[0]
+        return t * ((n - 1) / t[-1]) if n > 1 and t[-1] > 0 else np.arange(n, dtype=float)
+    gaps = np.random.default_rng([int(seed), 0xCA9]).exponential(1.0, n - 1)
+    return np.concatenate([[0.0], np.cumsum(gaps)])
+
+
+def _probe_row(qps: float, s: dict, wall: float) -> dict:
+    slo = s.get("slo") or {}
+    return {
+        "qps": qps,
+        "meets_tbt_slo": bool(slo.get("meets_tbt_slo", False)),
+        "meets_attainment": bool(slo.get("meets_attainment", False)),
+        "tbt_p99": s["tbt"]["p99"], "scheduling_delay_p50": s["scheduling_delay"]["p50"],
+        "ttft_p50": s["ttft"]["p50"], "ttft_p99": s["ttft"]["p99"],
+        "tpot_p50": s["tpot"]["p50"], "tpot_p99": s["tpot"]["p99"],
+        "attainment": slo.get("attainment"), "goodput_rps": slo.get("goodput_rps"),
+        "throughput_rps": s["throughput_rps"], "num_rejected": s["num_rejected"],
+        "preemptions": s["preemptions"], "stalls": s["stalls"]["count"],
+        "wall_s": wall,
+    }
+
+
+class Prober:
+    """Runs (and remembers) probes of one configuration at given rates."""
+
+    def __init__(self, c: dict, out_dir: Path):
+        from sarathi_lab.traces import build_trace
+        cap = c["capacity"]
+        self.c, self.out_dir, self.save = c, Path(out_dir), bool(cap.get("save_probes"))
+        tc = dict(c["trace"])
+        if cap.get("num_requests"):
+            tc["num_requests"] = cap["num_requests"]
+        tc["qps"] = 1.0      # arrivals are replaced below; 1 req/s keeps a trace's own pattern
+        trace = build_trace(tc)
+        self.trace = trace
+        self.unit = unit_arrivals(len(trace), cap.get("arrivals", "poisson"),
+                                  c.get("seed", 0), trace["arrival_time"].to_numpy())
+        self.probes: list[dict] = []
+        self._seen: dict[float, dict] = {}
+
+    def __call__(self, qps: float, criterion: str) -> dict:
+        key = round(qps, 9)
+        if key in self._seen:
+            return self._seen[key]
+        from sarathi_lab.traces import to_requests
+        df = self.trace.copy()
+        df["arrival_time"] = self.unit / qps
+        c = {**self.c, "trace": {**self.c["trace"], "qps": qps, "num_requests": len(df)}}
+        from sarathi_lab.runner import run
+        t0 = time.perf_counter()
+        s = run({**c, "progress": False}, self.out_dir / "probes" / f"qps={qps:.4g}",
+                requests=to_requests(df), write=self.save)
+        row = {"probe": len(self.probes) + 1, "criterion": criterion,
+               **_probe_row(qps, s, time.perf_counter() - t0)}
+        self.probes.append(row)
+        self._seen[key] = row
+        return row
+
+
+def bisect(passes, lo: float, hi: float, precision: float, max_probes: int,
+           max_widen: int = 5) -> dict:
+    """Highest rate where `passes(rate)` holds, assuming it holds below some rate and not above.
+    Widens [lo, hi] by halving / doubling (at most `max_widen` times each way) until it
+    brackets, then bisects until hi - lo <= precision * lo."""
+    n = 0
+
+    def check(q):
+        nonlocal n
+        n += 1
+        return passes(q)
+    widen = 0
+    while not check(lo):              # even the low end fails: look lower
+        hi, lo, widen = lo, lo / 2, widen + 1
+        if n >= max_probes or widen > max_widen:
+            return {"capacity_qps": 0.0, "fails_at_qps": hi, "bracketed": False, "probes": n,
+                    "note": f"fails even at {hi:.4g} req/s; lower capacity.qps_low"}
+    widen = 0
+    while check(hi):                  # even the high end passes: look higher
+        lo, hi, widen = hi, hi * 2, widen + 1
+        if n >= max_probes or widen > max_widen:
+            # with few requests a queue never builds up: more of them may be needed too
+            return {"capacity_qps": lo, "fails_at_qps": None, "bracketed": False, "probes": n,
+                    "note": f"passes at {lo:.4g} req/s; raise capacity.qps_high "
+                            "(or capacity.num_requests)"}
+    note = ""
+    while hi - lo > precision * lo:
+        if n >= max_probes:
+            note = f"stopped after {n} probes (capacity.max_probes)"
+            break
+        mid = (lo + hi) / 2
+        if check(mid):
+            lo = mid
+        else:
+            hi = mid
+    return {"capacity_qps": lo, "fails_at_qps": hi, "bracketed": True, "probes": n,
+            "note": note}
+
+
+def search(c: dict, out_dir) -> dict:
+    """Capacity of the configuration `c` under each applicable criterion; writes capacity.json
+    (last, atomically: the marker of a finished search) and capacity_probes.csv in `out_dir`."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cap, slo = c["capacity"], dict(c.get("slo") or {})
+    prober = Prober(c, out_dir)
+    results, skipped = {}, {}
+    for crit in cap["criteria"]:
+        if not criterion_defined(slo, crit):
+            what = "p99_tbt" if crit == "tbt" else "ttft or tpot"
+            skipped[crit] = f"SLO {slo.get('name', '?')} sets no {what}"
+            continue
+        flag = CRITERIA[crit][0]
+        r = bisect(lambda q, crit=crit: prober(q, crit)[flag], cap["qps_low"], cap["qps_high"],
+                   cap["precision"], cap["max_probes"])
+        results[crit] = {**r, "source": CRITERIA[crit][1], "definition": describe(slo, crit)}
+    if not results:
+        raise ValueError(f"slo={slo.get('name')!r}: defines none of capacity.criteria="
+                         f"{list(cap['criteria'])} ({'; '.join(skipped.values())})")
+    out = {
+        "mode": "capacity",
+        "name": c.get("name"),
+        "policy": c["scheduler"]["name"],
+        "model": c["model"].get("name"),
+        "hardware": (c.get("hardware") or {}).get("name"),
+        "trace": c["trace"].get("name"),
+        "num_requests": len(prober.trace),
+        "arrivals": cap.get("arrivals", "poisson"),
+        "slo": slo,
+        "criteria": results,
+        "skipped_criteria": skipped,
+        "probes": prober.probes,
+        "config": c,
+    }
+    pd.DataFrame(prober.probes).to_csv(out_dir / "capacity_probes.csv", index=False)
+    tmp = out_dir / "capacity.json.tmp"
+    tmp.write_text(json.dumps(out, indent=2, default=str))
+    os.replace(tmp, out_dir / "capacity.json")
+    return out
+
+
+def _qps(r: dict) -> str:
+    if r["bracketed"]:
+        return f"{r['capacity_qps']:.4g} req/s"
+    if r['capacity_qps']:
+        return f">= {r['capacity_qps']:.4g} req/s"
+    return f"< {r['fails_at_qps']:.4g} req/s"
+
+
+def short_answer(result: dict) -> str:
+    return " | ".join(f"capacity ({CRITERIA[k][1]}) {_qps(r)}"
+                      for k, r in result["criteria"].items())
+
+
+def format_result(result: dict) -> str:
+    slo = result["slo"]
+    lines = [f"capacity of {result['policy']} | {result['model']} on {result['hardware']} | "
+             f"trace {result['trace']} ({result['num_requests']} requests, {result['arrivals']} "
+             f"arrivals) | SLO {slo.get('name', '?')}"]
+    for k, r in result["criteria"].items():
+        hi = "-" if r["fails_at_qps"] is None else f"{r['fails_at_qps']:.4g}"
+        lines.append(f"  {r['source']:<14} {_qps(r):>12}   (fails at {hi}; {r['probes']} probes)"
+                     f"  {r['definition']}" + (f"  [{r['note']}]" if r["note"] else ""))
+    for k, why in result["skipped_criteria"].items():
+        lines.append(f"  {CRITERIA[k][1]:<14} {'n/a':>12}   {why}")
+    lines.append(f"  {len(result['probes'])} simulations in "
+                 f"{sum(p['wall_s'] for p in result['probes']):.1f} s")
+    return "\n".join(lines)
+
+
+def capacity_rows(result: dict) -> list[dict]:
+    """Flat rows (one per criterion) for tables, reports and loggers."""
+    return [{"policy": result["policy"], "slo": result["slo"].get("name"), "criterion": k,
+             "source": r["source"], "capacity_qps": r["capacity_qps"],
+             "fails_at_qps": r["fails_at_qps"], "bracketed": r["bracketed"],
+             "probes": r["probes"], "model": result["model"], "hardware": result["hardware"],
+             "trace": result["trace"], "num_requests": result["num_requests"]}
+            for k, r in result["criteria"].items()]

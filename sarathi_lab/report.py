@@ -1,0 +1,343 @@
+"""`sarathi-lab-report PATH... [--out DIR] [--pdf]`: one table and the plots of a set of runs.
+
+PATH is a sweep directory, a run directory, or any directory above them: every `summary.json`
+below is a run (one row), every `capacity.json` a capacity search. The swept settings come from
+each job's `.hydra/overrides.yaml` (one column per overridden key), the metrics from the summary,
+flattened (`tbt_p99`, `ttft_p50`, `slo_goodput_rps`, ...). Only the plots the data supports are
+made; the others are listed with the reason.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+POLICY_ORDER = ["request_level", "orca", "vllm", "sarathi"]
+# what is not a "setting that varies" when labelling runs: the policy is named anyway
+_POLICY_KEYS = {"scheduler", "scheduler.name"}
+
+
+def flat_metrics(summary: dict, prefix: str = "") -> dict:
+    """{"tbt": {"p99": x}} -> {"tbt_p99": x}; the embedded config is left out."""
+    out = {}
+    for k, v in summary.items():
+        if k == "config" and not prefix:
+            continue
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flat_metrics(v, key + "_"))
+        elif isinstance(v, (list, tuple)):
+            out[key] = json.dumps(v)
+        else:
+            out[key] = v
+    return out
+
+
+def find(paths, filename: str) -> list[Path]:
+    """Directories below `paths` that hold `filename` (a path may also name the file itself)."""
+    found = set()
+    for p in map(Path, paths):
+        if p.is_file() and p.name == filename:
+            found.add(p.parent.resolve())
+        elif p.is_dir():
+            found.update(f.parent.resolve() for f in p.rglob(filename)
+                         if "probes" not in f.relative_to(p).parts[:-2])
+    return sorted(found)
+
+
+def _value(text: str):
+    import yaml
+    try:
+        v = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    return v if isinstance(v, (int, float, str, bool)) or v is None else text
+
+
+# how a job was run, not what it ran (as hydra.job.config.override_dirname.exclude_keys)
+_BOOKKEEPING = {"resume", "progress", "results_root", "name", "num_threads"}
+
+
+def read_overrides(run_dir: Path) -> dict:
+    """The job's command-line overrides, {key: value} (numbers as numbers)."""
+    import yaml
+    p = Path(run_dir) / ".hydra" / "overrides.yaml"
+    if not p.exists():
+        return {}
+    out = {}
+    for item in yaml.safe_load(p.read_text()) or []:
+        key, _, val = str(item).partition("=")
+        key = key.lstrip("+~")
+        if key in _BOOKKEEPING or key.split(".")[0] in ("logger", "hydra"):
+            continue
+        out[key] = _value(val)
+    return out
+
+
+def _offered_qps(cfg_qps, run_dir: Path):
+    """The configured rate, or (a trace replayed at its own times) the measured one."""
+    if cfg_qps is not None:
+        return float(cfg_qps)
+    try:
+        t = pd.read_parquet(run_dir / "requests.parquet", columns=["arrival_time"])["arrival_time"]
+    except Exception:
+        return np.nan
+    span = t.max() - t.min()
+    return (len(t) - 1) / span if len(t) > 1 and span > 0 else np.nan
+
+
+def _identity(cfg: dict) -> dict:
+    sch, tr = cfg.get("scheduler") or {}, cfg.get("trace") or {}
+    return {
+        "policy": sch.get("name"), "token_budget": sch.get("token_budget"),
+        "max_num_batched_tokens": sch.get("max_num_batched_tokens"),
+        "max_num_seqs": sch.get("max_num_seqs"),
+        "model": (cfg.get("model") or {}).get("name"),
+        "hardware": (cfg.get("hardware") or {}).get("name"),
+        "tensor_parallel": (cfg.get("executor") or {}).get("tensor_parallel"),
+        "trace": tr.get("name"), "qps": tr.get("qps"),
+        "slo": (cfg.get("slo") or {}).get("name"),
+    }
+
+
+def _rel(p: Path, roots) -> str:
+    for r in roots:
+        try:
+            rel = p.relative_to(Path(r).resolve())
+            return str(Path(Path(r).resolve().name) / rel)
+        except ValueError:
+            continue
+    return str(p)
+
+
+def _policy_rank(p) -> int:
+    return POLICY_ORDER.index(p) if p in POLICY_ORDER else len(POLICY_ORDER)
+
+
+def _finish(df: pd.DataFrame) -> pd.DataFrame:
+    """Order the rows and give every run a short label naming what distinguishes it."""
+    if df.empty:
+        return df
+    df = df.assign(_rank=df["policy"].map(_policy_rank))
+    sort = ["_rank", "policy"] + [c for c in ("trace", "offered_qps", "token_budget", "slo")
+                                  if c in df]
+    df = df.sort_values(sort, kind="stable").drop(columns="_rank").reset_index(drop=True)
+    varying = [k for k in df.attrs.get("override_keys", [])
+               if k not in _POLICY_KEYS and df[k].astype(str).nunique() > 1]
+
+    def label(row):
+        extra = ", ".join(f"{k.rsplit('.', 1)[-1]}={row[k]}" for k in varying
+                          if not pd.isna(row[k]))
+        return f"{row['policy']} ({extra})" if extra else str(row["policy"])
+    df.insert(0, "label", df.apply(label, axis=1))
+    # the same label for different runs (a capacity search has a row per criterion)
+    dup = df.groupby("label")["run_dir"].transform("nunique") > 1
+    df.loc[dup, "label"] = df.loc[dup, "label"] + " [" + \
+        df.loc[dup, "run_dir"].map(lambda p: Path(p).name) + "]"
+    df.attrs["varying"] = varying
+    return df
+
+
+def run_table(paths) -> pd.DataFrame:
+    """One row per run below `paths`."""
+    rows, keys = [], []
+    for d in find(paths, "summary.json"):
+        s = json.loads((d / "summary.json").read_text())
+        cfg = s.get("config") or {}
+        ov = read_overrides(d)
+        keys += [k for k in ov if k not in keys]
+        ident = _identity(cfg)
+        rows.append({"run_dir": str(d), "overrides": ",".join(f"{k}={v}" for k, v in ov.items()),
+                     **ident, "offered_qps": _offered_qps(ident["qps"], d), **ov,
+                     **flat_metrics(s)})
+    df = pd.DataFrame(rows)
+    df.attrs["override_keys"] = keys
+    return _finish(df)
+
+
+def capacity_table(paths) -> pd.DataFrame:
+    """One row per (capacity search, criterion) below `paths`."""
+    from sarathi_lab.capacity import capacity_rows
+    rows, keys = [], []
+    for d in find(paths, "capacity.json"):
+        res = json.loads((d / "capacity.json").read_text())
+        ov = read_overrides(d)
+        keys += [k for k in ov if k not in keys]
+        for r in capacity_rows(res):
+            rows.append({"run_dir": str(d),
+                         "overrides": ",".join(f"{k}={v}" for k, v in ov.items()), **ov, **r})
+    df = pd.DataFrame(rows)
+    df.attrs["override_keys"] = keys
+    return _finish(df)
+
+
+@dataclass
+class Report:
+    out: Path
+    table: pd.DataFrame
+    capacity: pd.DataFrame
+    plots: dict = field(default_factory=dict)     # name -> (files, the DataFrame drawn)
+    skipped: dict = field(default_factory=dict)   # name -> why not
+    tables: list = field(default_factory=list)
+
+
+def _write_tables(df: pd.DataFrame, out: Path, stem: str, roots) -> list[Path]:
+    df = df.copy()
+    df["run_dir"] = df["run_dir"].map(lambda p: _rel(Path(p), roots))
+    df.attrs = {}
+    # mixed-type object columns (e.g. an override that is a number in one job, null in another)
+    # must be one type for Parquet
+    for c in df.columns[df.dtypes == object]:
+        if df[c].map(type).nunique() > 1:
+            df[c] = df[c].map(lambda v: None if v is None or (isinstance(v, float) and np.isnan(v))
+                              else str(v))
+    files = [out / f"{stem}.csv", out / f"{stem}.parquet"]
+    df.to_csv(files[0], index=False)
+    df.to_parquet(files[1], index=False)
+    return files
+
+
+_KEY_COLUMNS = ["label", "policy", "token_budget", "offered_qps", "ttft_p50", "ttft_p99",
+                "tbt_p50", "tbt_p99", "stalls_count", "stalls_worst_s", "throughput_rps",
+                "slo_attainment", "slo_goodput_rps", "slo_meets_tbt_slo"]
+
+
+def _md_table(df: pd.DataFrame, cols) -> str:
+    cols = [c for c in cols if c in df]
+
+    def cell(v):
+        if isinstance(v, float):
+            return "" if np.isnan(v) else f"{v:.4g}"
+        return str(v)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in df[cols].itertuples(False)]
+    return "\n".join(lines)
+
+
+def _write_markdown(rep: Report, paths) -> Path:
+    lines = ["# Report", "", "Inputs: " + ", ".join(f"`{p}`" for p in paths), ""]
+    if not rep.table.empty:
+        lines += [f"## Runs ({len(rep.table)})", "", _md_table(rep.table, _KEY_COLUMNS), "",
+                  "Times in seconds; full table in `summary.csv`.", ""]
+    if not rep.capacity.empty:
+        lines += ["## Capacity", "", _md_table(rep.capacity, ["label", "policy", "slo",
+                                                              "criterion", "capacity_qps",
+                                                              "fails_at_qps", "probes"]), ""]
+    lines += ["## Plots", ""]
+    for name, (files, _) in rep.plots.items():
+        png = [f for f in files if f.suffix == ".png"]
+        lines += [f"### {name}", ""] + [f"![{name}]({f.name})" for f in png] + [""]
+    if rep.skipped:
+        lines += ["Not made:", ""] + [f"- {k}: {v}" for k, v in rep.skipped.items()] + [""]
+    p = rep.out / "report.md"
+    p.write_text("\n".join(lines))
+    return p
+
+
+def make_report(paths, out, *, pdf: bool = False, timeline: str = "auto",
+                window=None) -> Report:
+    from sarathi_lab import plots
+    paths = [Path(p) for p in paths]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rep = Report(out, run_table(paths), capacity_table(paths))
+    if rep.table.empty and rep.capacity.empty:
+        raise SystemExit(f"sarathi-lab-report: no summary.json or capacity.json below "
+                         f"{', '.join(map(str, paths))}")
+    formats = ("png", "pdf") if pdf else ("png",)
+    if not rep.table.empty:
+        rep.tables += _write_tables(rep.table, out, "summary", paths)
+    if not rep.capacity.empty:
+        rep.tables += _write_tables(rep.capacity, out, "capacity", paths)
+
+    def attempt(name, fn, *args, **kw):
+        try:
+            rep.plots[name] = fn(*args, out / name, formats, **kw)
+        except plots.Skip as why:
+            rep.skipped[name] = str(why)
+
+    no_runs = "no runs (summary.json) in the input"
+    for name, fn in (("ttft_cdf", plots.ttft_cdf), ("tbt_cdf", plots.tbt_cdf),
+                     ("budget_tradeoff", plots.budget_tradeoff), ("load", plots.load_curves)):
+        if rep.table.empty:
+            rep.skipped[name] = no_runs
+        else:
+            attempt(name, fn, rep.table)
+    if rep.capacity.empty:
+        rep.skipped["capacity"] = "no capacity searches (capacity.json) in the input"
+    else:
+        attempt("capacity", plots.capacity_bars, rep.capacity)
+    n = len(rep.table)
+    if timeline == "none" or n == 0:
+        rep.skipped["timeline"] = "--timeline none" if n else no_runs
+    elif timeline == "auto" and n > 4:
+        rep.skipped["timeline"] = (f"{n} runs; the iteration timeline is drawn for up to 4 "
+                                   "(--timeline all draws one per run)")
+    else:
+        for i, row in rep.table.iterrows():
+            name = "timeline" if n == 1 else f"timeline_{plots.slug(row['label'])}"
+            attempt(name, plots.timeline, row, window=window)
+    _write_markdown(rep, paths)
+    return rep
+
+
+def single_run_plots(run_dir, out) -> dict:
+    """The plots of one run as {name: PNG path} (for loggers)."""
+    rep = make_report([run_dir], out, timeline="all")
+    return {name: files[0] for name, (files, _) in rep.plots.items()}
+
+
+def _window(text):
+    if text is None:
+        return None
+    a, _, b = text.partition(":")
+    try:
+        return float(a), float(b)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--window {text!r}: expected START:END in seconds")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(
+        prog="sarathi-lab-report",
+        description="Tabulate and plot runs: every summary.json (and capacity.json) below PATH.")
+    ap.add_argument("paths", nargs="+", metavar="PATH", help="sweep or run directories")
+    ap.add_argument("--out", help="output directory (default: PATH/report for one PATH, "
+                                  "else ./report)")
+    ap.add_argument("--pdf", action="store_true", help="also write every plot as PDF")
+    ap.add_argument("--timeline", choices=("auto", "all", "none"), default="auto",
+                    help="iteration timelines: auto = one per run for up to 4 runs")
+    ap.add_argument("--window", type=_window, default=None, metavar="START:END",
+                    help="timeline zoom window in simulated seconds (default: around the "
+                         "worst TBT gap)")
+    a = ap.parse_args(argv)
+    for p in a.paths:
+        if not Path(p).exists():
+            ap.error(f"{p}: no such file or directory")
+    out = Path(a.out) if a.out else (Path(a.paths[0]) / "report" if len(a.paths) == 1
+                                     else Path("report"))
+    import matplotlib
+    matplotlib.use("Agg")
+    rep = make_report(a.paths, out, pdf=a.pdf, timeline=a.timeline, window=a.window)
+    n_cap = 0 if rep.capacity.empty else rep.capacity["run_dir"].nunique()
+    print(f"{len(rep.table)} runs, {n_cap} capacity searches -> {out}")
+    for f in rep.tables:
+        print(f"  table  {f}")
+    for name, (files, _) in rep.plots.items():
+        print(f"  plot   {', '.join(str(f) for f in files)}")
+    for name, why in rep.skipped.items():
+        print(f"  skipped {name}: {why}")
+    if not rep.table.empty:
+        with pd.option_context("display.width", 160, "display.max_columns", 20):
+            print()
+            print(rep.table[[c for c in _KEY_COLUMNS if c in rep.table]].to_string(index=False))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""Capacity search: bisection, and a case whose capacity is known in closed form.
+
+The case: one request at a time (request_level, max_num_seqs=1), every iteration takes c = 10 ms,
+every request has 100 prompt and 100 output tokens, so it is served in S = 100 iterations = 1 s
+(one prefill iteration that emits the first token, 99 decodes). With N evenly spaced arrivals at
+rate q, gap g = 1/q: below 1 req/s nothing waits; above, request k waits k (S - g).
+  Sarathi-Serve criterion (median scheduling delay <= 2 s; TBT is always c):
+      median_k k (S - g) = (N - 1)/2 (S - g) <= 2        ->  q* = 1 / (S - 4 / (N - 1))
+  DistServe criterion (>= 90% with TTFT = k (S - g) + c <= T): the first ceil(0.9 N) requests,
+      k <= K = ceil(0.9 N) - 1, must make it     ->  q* = 1 / (S - (T - c) / K)
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sarathi_lab.capacity import bisect, unit_arrivals
+from sarathi_lab.executors.base import Executor, StepResult
+
+TESTS = Path(__file__).resolve().parent
+C, S, N, T = 0.01, 1.0, 201, 1.81
+
+
+class ConstantStep(Executor):
+    """A test executor (by dotted path): every iteration takes `executor.step_s` seconds."""
+    supports_fast_forward = True
+
+    def __init__(self, model, hardware, executor=None):
+        self.c = float((executor or {}).get("step_s") or C)
+
+    def num_kv_blocks(self, block_size):
+        return 10_000
+
+    def max_model_len(self):
+        return 4096
+
+    def execute(self, out):
+        return StepResult(self.c)
+
+    def decode_run(self, contexts, k):
+        return np.full(k, self.c)
+
+
+def test_bisect_brackets_a_threshold():
+    for true in (0.07, 1.2345, 37.0):   # below, inside and above the first bracket
+        r = bisect(lambda q: q <= true, 0.25, 8.0, 0.01, 60)
+        assert r["bracketed"]
+        assert r["capacity_qps"] <= true < r["fails_at_qps"]
+        assert r["fails_at_qps"] - r["capacity_qps"] <= 0.01 * r["capacity_qps"]
+
+
+def test_bisect_gives_up_honestly():
+    r = bisect(lambda q: True, 1.0, 2.0, 0.01, 50)
+    assert r["capacity_qps"] == 64.0          # widened 5 times, then gave up
+    assert not r["bracketed"] and r["fails_at_qps"] is None and "qps_high" in r["note"]
+    r = bisect(lambda q: False, 1.0, 2.0, 0.01, 5)
+    assert not r["bracketed"] and r["capacity_qps"] == 0.0
+
+
+def test_unit_arrivals_have_rate_one():
+    for kind in ("poisson", "uniform"):
+        u = unit_arrivals(5001, kind, 0, None)
+        assert u[0] == 0 and np.all(np.diff(u) >= 0)
+        assert abs(u[-1] / 5000 - 1) < 0.05
+    u = unit_arrivals(4, "trace", 0, np.array([10.0, 10.0, 13.0, 16.0]))
+    assert np.allclose(u, [0, 0, 1.5, 3.0])
+
+
+def test_capacity_search_brackets_the_known_answer(tmp_path):
+    env = {**os.environ, "WANDB_MODE": "disabled",
+           "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    args = [f"hydra.run.dir={tmp_path}/cap", "mode=capacity",
+            "executor.name=test_capacity:ConstantStep", "scheduler=request_level",
+            "scheduler.max_num_seqs=1", "trace=synthetic",
+            "trace.prompt_len.low=100", "trace.prompt_len.high=100",
+            "trace.output_len.low=100", "trace.output_len.high=100",
+            f"capacity.num_requests={N}", "capacity.arrivals=uniform",
+            "capacity.qps_low=0.5", "capacity.qps_high=2", "capacity.precision=0.002",
+            f"slo.ttft={T}", "slo.tpot=0.05", "slo.request_p99_tbt=null"]
+    r = subprocess.run([sys.executable, "-c", "from sarathi_lab.cli import main; main()", *args],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Sarathi-Serve" in r.stdout and "DistServe" in r.stdout   # the answer is printed
+
+    res = json.loads((tmp_path / "cap" / "capacity.json").read_text())
+    expect = {"tbt": 1 / (S - 4 / (N - 1)),
+              "attainment": 1 / (S - (T - C) / (math.ceil(0.9 * N) - 1))}
+    for crit, q_star in expect.items():
+        got = res["criteria"][crit]
+        assert got["bracketed"]
+        assert got["capacity_qps"] <= q_star < got["fails_at_qps"], (crit, got, q_star)
+        assert got["fails_at_qps"] - got["capacity_qps"] <= 0.0021 * got["capacity_qps"]
+
+    # every probe is recorded, once per rate, in the JSON and the CSV
+    probes = pd.read_csv(tmp_path / "cap" / "capacity_probes.csv")
+    assert len(probes) == len(res["probes"]) == probes["qps"].nunique()
+    assert {"qps", "meets_tbt_slo", "meets_attainment", "tbt_p99",
+            "scheduling_delay_p50", "attainment"} <= set(probes.columns)
+    by_q = probes.set_index("qps")
+    for crit, flag in (("tbt", "meets_tbt_slo"), ("attainment", "meets_attainment")):
+        assert by_q.loc[res["criteria"][crit]["capacity_qps"], flag]
+        assert not by_q.loc[res["criteria"][crit]["fails_at_qps"], flag]
+    assert np.allclose(probes["tbt_p99"], C)          # the executor's constant step
+    # cheap probes: nothing but the result files
+    assert not (tmp_path / "cap" / "probes").exists()
+    assert not list((tmp_path / "cap").glob("*.parquet"))

@@ -193,10 +193,16 @@ def build_trace(cfg) -> pd.DataFrame:
 
 
 def to_requests(df: pd.DataFrame, max_tokens=None) -> list[Request]:
-    """One Request per row; request ids are row positions 0..N-1."""
+    """One Request per row; request ids are row positions 0..N-1. A row with 0 output tokens
+    becomes a 1-token request: the forward pass over a prompt always yields a first token
+    (a warning counts them)."""
     arrival = df["arrival_time"].to_numpy(dtype=np.float64)
     prompt = df["num_prompt_tokens"].to_numpy(dtype=np.int64)
     output = df["num_output_tokens"].to_numpy(dtype=np.int64)
+    if (output < 1).any():
+        logger.warning("%s: %d requests with 0 output tokens run as 1-token requests",
+                    df.attrs.get("source", "trace"), int((output < 1).sum()))
+        output = np.maximum(output, 1)
     ids = df["prompt_token_ids"].tolist() if "prompt_token_ids" in df else [None] * len(df)
     requests = []
     for i in range(len(df)):

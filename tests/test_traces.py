@@ -477,3 +477,11 @@ def test_build_trace_overrides():
     assert ((df["num_prompt_tokens"] + df["num_output_tokens"]) <= 3000).all()
     with pytest.raises(ValueError, match="qps"):
         build_trace({**cfg, "path": None, "qps": None, "prompt_len": 5, "output_len": 5})
+
+
+def test_zero_output_rows_become_one_token_requests(tmp_path, caplog):
+    path = tmp_path / "zero.csv"
+    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,10,0\n1.0,10,5\n")
+    reqs = to_requests(load_trace(str(path)))
+    assert [r._stop_len for r in reqs] == [1, 5]
+    assert "0 output tokens" in caplog.text

@@ -1,0 +1,196 @@
+"""The real executor: a Llama-family model with a paged KV cache, on a GPU or a CPU.
+
+Config (``configs/executor/torch.yaml``): ``device`` (auto: cuda if available), ``dtype`` (auto:
+bf16 on a GPU, fp32 on a CPU), ``attention_backend`` (auto: triton on a GPU, torch on a CPU;
+triton on a CPU needs TRITON_INTERPRET=1), ``kv_cache_gib`` (the KV budget on a CPU),
+``gpu_memory_utilization`` (share of the free GPU memory after the weights that the KV cache
+takes), ``temperature``/``top_p``/``seed`` (sampling), ``shared_prefix_len`` (random prompts of a
+length-only trace open with a common prefix of that many tokens).
+
+Each step flattens the scheduled tokens of all requests into one batch (no padding) and samples
+for the requests it catches up. Sampling with temperature > 0 draws from a generator seeded by
+(seed, request id, output index), so a request's tokens do not depend on what it was batched with.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+
+import numpy as np
+import torch
+
+from sarathi_lab.executors.base import Executor, StepResult
+from sarathi_lab.models.llama import AttnMetadata
+from sarathi_lab.models.loader import load_model, parse_dtype
+
+log = logging.getLogger(__name__)
+
+
+def _plain(cfg) -> dict:
+    if cfg is None:
+        return {}
+    if isinstance(cfg, dict):
+        return dict(cfg)
+    from omegaconf import OmegaConf
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def _auto(value, default):
+    return default if value in (None, "auto") else value
+
+
+class TorchExecutor(Executor):
+    def __init__(self, model, hardware=None, executor=None):
+        from sarathi_lab.kernels import get_backend
+        self.model_cfg, cfg = _plain(model), _plain(executor)   # hardware: unused, measured
+        cuda = torch.cuda.is_available()
+        self.device = torch.device(_auto(cfg.get("device"), "cuda" if cuda else "cpu"))
+        on_gpu = self.device.type == "cuda"
+        self.dtype = parse_dtype(_auto(cfg.get("dtype"), "bfloat16" if on_gpu else "float32"))
+        self.backend = _auto(cfg.get("attention_backend"), "triton" if on_gpu else "torch")
+        if self.backend == "triton" and not on_gpu and self.dtype == torch.bfloat16:
+            raise ValueError("executor.attention_backend=triton on a CPU runs the Triton "
+                             "interpreter, which computes bf16 wrongly: use executor.dtype=float32")
+        kernels = get_backend(self.backend)
+        self.kv_cache_gib = float(_auto(cfg.get("kv_cache_gib"), 1.0))
+        self.gpu_memory_utilization = float(_auto(cfg.get("gpu_memory_utilization"), 0.85))
+        self.temperature = float(cfg.get("temperature") or 0.0)
+        self.top_p = float(cfg.get("top_p") or 1.0)
+        self.seed = int(cfg.get("seed") or 0)
+        self.shared_prefix_len = int(cfg.get("shared_prefix_len") or 0)
+
+        self.model = load_model(self.model_cfg, self.device, self.dtype)
+        self.args = self.model.args
+        self.model.setup(kernels, self.device)
+        self.kv = None
+        # seconds spent per phase, summed over steps (read by benchmarks)
+        self.timers = {"prepare": 0.0, "forward": 0.0, "sample": 0.0, "steps": 0}
+
+    # -- sizing ---------------------------------------------------------------------------------
+    def block_bytes(self, block_size: int) -> int:
+        a = self.args
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * a.num_layers * block_size * a.num_kv_heads * a.head_dim * elem
+
+    def num_kv_blocks(self, block_size: int) -> int:
+        per_block = self.block_bytes(block_size)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+            free, _ = torch.cuda.mem_get_info(self.device)
+            budget, knob = free * self.gpu_memory_utilization, "executor.gpu_memory_utilization"
+        else:
+            budget, knob = self.kv_cache_gib * 2**30, "executor.kv_cache_gib"
+        n = int(budget // per_block)
+        if n < 1:
+            raise ValueError(
+                f"{knob}: the KV budget of {budget / 2**20:.3f} MiB holds no KV block "
+                f"({per_block / 2**20:.3f} MiB each at block_size={block_size}); raise it")
+        return n
+
+    def max_model_len(self) -> int:
+        n = self.args.max_position_embeddings
+        cap = self.model_cfg.get("max_model_len")
+        return min(n, int(cap)) if cap else n
+
+    def bind(self, kv) -> None:
+        a = self.args
+        self.kv = kv
+        # zeros, not empty: masked-out slots must never hold NaN (0 * NaN poisons the sum)
+        cache = torch.zeros(2, a.num_layers, kv.num_blocks, kv.block_size, a.num_kv_heads,
+                            a.head_dim, dtype=self.dtype, device=self.device)
+        self.kv_cache = cache
+        self.model.bind_cache(cache[0], cache[1])
+
+    def prepare_trace(self, df, trace_cfg=None):
+        """Give a length-only trace seeded random prompt ids (a trace with its own keeps them)."""
+        from sarathi_lab.traces import attach_prompt_ids
+        seed = (trace_cfg or {}).get("seed")
+        return attach_prompt_ids(df, self.args.vocab_size, seed=self.seed if seed is None else seed,
+                                 shared_prefix_len=self.shared_prefix_len)
+
+    # -- one step -------------------------------------------------------------------------------
+    def prepare(self, out):
+        """Flattened inputs of a scheduled batch: (input_ids, positions, metadata, sample rows)."""
+        reqs, ns = out.reqs, out.num_new_tokens
+        bs = self.kv.block_size
+        starts = [r.num_computed_tokens for r in reqs]
+        ids, tables, sample = [], [], []
+        for i, (r, s, n) in enumerate(zip(reqs, starts, ns)):
+            P = r.num_prompt_tokens
+            if r.prompt_token_ids is None:
+                raise ValueError(f"request {r.request_id!r} has no prompt_token_ids: the torch "
+                                 "executor runs a real model (prepare_trace gives a length-only "
+                                 "trace random ids)")
+            if s + n <= P:
+                ids += r.prompt_token_ids[s:s + n]
+            elif s >= P:
+                ids += r.output_token_ids[s - P:s - P + n]
+            else:
+                ids += r.prompt_token_ids[s:]
+                ids += r.output_token_ids[:s + n - P]
+            tables.append(self.kv.block_table(r))
+            if s + n == P + r.num_output_tokens:
+                sample.append(i)
+        B, T = len(reqs), len(ids)
+        n_t = torch.tensor(ns, dtype=torch.int64)
+        s_t = torch.tensor(starts, dtype=torch.int64)
+        cu = torch.zeros(B + 1, dtype=torch.int64)
+        torch.cumsum(n_t, 0, out=cu[1:])
+        row_req = torch.repeat_interleave(torch.arange(B), n_t)
+        positions = torch.arange(T) - (cu[:-1] - s_t)[row_req]
+        width = max(map(len, tables))
+        bt = np.zeros((B, width), dtype=np.int64)   # padding 0: never read past seq_lens
+        for i, t in enumerate(tables):
+            bt[i, :len(t)] = t
+        bt = torch.from_numpy(bt)
+        slots = bt.view(-1)[row_req * width + positions // bs] * bs + positions % bs
+        dev = self.device
+        meta = AttnMetadata(slot_mapping=slots.to(dev), block_tables=bt.to(dev, torch.int32),
+                            query_start_loc=cu.to(dev, torch.int32),
+                            seq_lens=(s_t + n_t).to(dev, torch.int32))
+        if self.backend == "triton":   # spares the kernel a device-to-host sync per layer
+            meta.attn_kwargs = {"max_query_len": max(ns)}
+        logits_rows = (cu[1:][sample] - 1).to(dev)
+        return torch.tensor(ids, device=dev), positions.to(dev), meta, sample, logits_rows
+
+    def execute(self, out) -> StepResult:
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        t0 = time.perf_counter()
+        input_ids, positions, meta, sample, rows = self.prepare(out)
+        t1 = time.perf_counter()
+        logits = self.model(input_ids, positions, meta, rows)
+        sync()
+        t2 = time.perf_counter()
+        sampled = [-1] * len(out.reqs)
+        if sample:
+            toks = self.sample(logits, [out.reqs[i] for i in sample])
+            for i, tok in zip(sample, toks):
+                sampled[i] = tok
+        t3 = time.perf_counter()
+        tm = self.timers
+        tm["prepare"] += t1 - t0
+        tm["forward"] += t2 - t1
+        tm["sample"] += t3 - t2
+        tm["steps"] += 1
+        return StepResult(duration=t3 - t0, sampled=sampled)
+
+    def sample(self, logits: torch.Tensor, reqs) -> list[int]:
+        if self.temperature <= 0:
+            return logits.argmax(dim=-1).tolist()
+        probs = torch.softmax(logits / self.temperature, dim=-1).cpu()
+        toks = []
+        for p, r in zip(probs, reqs):
+            g = torch.Generator().manual_seed(self._stream(r.request_id, r.num_output_tokens))
+            if self.top_p < 1.0:
+                p_sorted, idx = p.sort(descending=True)
+                # keep the smallest head whose mass reaches top_p (always the top token)
+                p_sorted[(p_sorted.cumsum(0) - p_sorted) >= self.top_p] = 0.0
+                toks.append(int(idx[torch.multinomial(p_sorted, 1, generator=g)]))
+            else:
+                toks.append(int(torch.multinomial(p, 1, generator=g)))
+        return toks
+
+    def _stream(self, request_id, index: int) -> int:
+        key = f"{self.seed}/{request_id!r}/{index}".encode()
+        return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1

@@ -1,0 +1,207 @@
+"""The real executor against the Hugging Face oracle: greedy output ids equal `transformers`
+`generate` exactly, under every policy, chunk size, block size, prefix caching and preemption."""
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import torch
+
+from sarathi_lab import runner
+from sarathi_lab.engine import Engine
+from sarathi_lab.request import Request, Status
+
+from test_model import make_hf_model
+
+transformers = pytest.importorskip("transformers")
+
+PREFIX = 24   # shared "system prompt": a full block at block_size 16, six at 4
+
+
+def make_specs(n=18, seed=0):
+    """(prompt ids, output length) of mixed lengths; even requests share a prefix."""
+    g = torch.Generator().manual_seed(seed)
+    prefix = torch.randint(0, 256, (PREFIX,), generator=g).tolist()
+    lens = [1, 2, 70, 5, 33, 16, 47, 9, 26, 64, 3, 40, 17, 55, 12, 29, 8, 36][:n]
+    outs = [1, 12, 5, 20, 9, 2, 16, 24, 7, 3, 18, 11, 6, 14, 22, 4, 10, 8][:n]
+    specs = []
+    for i, (p, o) in enumerate(zip(lens, outs)):
+        ids = torch.randint(0, 256, (p,), generator=g).tolist()
+        if i % 2 == 0 and p > PREFIX:
+            ids[:PREFIX] = prefix
+        specs.append((ids, o))
+    return specs
+
+
+def hf_generate(model, specs):
+    out = []
+    for ids, n in specs:
+        with torch.no_grad():
+            seq = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids)),
+                                 do_sample=False, max_new_tokens=n, min_new_tokens=n)
+        out.append(seq[0, len(ids):].tolist())
+    return out
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread, and the suite then no longer stalls on OpenMP
+    barriers when other processes share the cores."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def oracle(tmp_path_factory):
+    """A tiny HF Llama on disk, the requests, and HF's greedy outputs (computed once)."""
+    path = tmp_path_factory.mktemp("hf-llama")
+    model = make_hf_model(path)
+    specs = make_specs()
+    return path, specs, hf_generate(model, specs)
+
+
+def run_engine(path, specs, *, backend="torch", kv_cache_gib=0.01, **sched):
+    cfg = {"executor": {"name": "torch", "device": "cpu", "dtype": "float32",
+                        "attention_backend": backend, "kv_cache_gib": kv_cache_gib, "seed": 0},
+           "model": {"name": "hf-tiny", "path": str(path)},
+           "scheduler": {"name": "sarathi", **sched}}
+    policy, executor = runner.build(cfg)
+    reqs = [Request(i, 0.0, len(ids), n, prompt_token_ids=list(ids))
+            for i, (ids, n) in enumerate(specs)]
+    engine = Engine(policy, executor)
+    engine.run(reqs)
+    assert all(r.status is Status.FINISHED for r in reqs), reqs
+    return reqs, engine
+
+
+CASES = {
+    "request_level-b4": dict(name="request_level", block_size=4, max_num_seqs=6),
+    "request_level-b16": dict(name="request_level", block_size=16),
+    "orca-b4": dict(name="orca", block_size=4, max_num_seqs=8),
+    "orca-b16": dict(name="orca", block_size=16),
+    "vllm-b4": dict(name="vllm", block_size=4),
+    "vllm-b16": dict(name="vllm", block_size=16, max_num_seqs=5),
+    "sarathi-c1-b4": dict(token_budget=1, block_size=4),
+    "sarathi-c3-b16": dict(token_budget=3, block_size=16),
+    "sarathi-c16-b4": dict(token_budget=16, block_size=4, max_num_seqs=6),
+    "sarathi-c64-b16": dict(token_budget=64, block_size=16),
+    "sarathi-whole-b4": dict(token_budget=512, block_size=4),
+    "vllm-prefix-b4": dict(name="vllm", block_size=4, enable_prefix_caching=True),
+    "sarathi-prefix-b16": dict(token_budget=16, block_size=16, enable_prefix_caching=True),
+    "sarathi-prefix-b4": dict(token_budget=64, block_size=4, enable_prefix_caching=True),
+    # 96 tokens of KV for 18 requests of up to 75 tokens: preemption and recompute
+    "vllm-preempt-b4": dict(name="vllm", block_size=4, num_kv_blocks=24),
+    "sarathi-preempt-b4": dict(token_budget=16, block_size=4, num_kv_blocks=24),
+    "sarathi-preempt-prefix-b16": dict(token_budget=32, block_size=16, num_kv_blocks=6,
+                                       enable_prefix_caching=True),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_greedy_equals_hugging_face(oracle, case):
+    path, specs, ref = oracle
+    sched = CASES[case]
+    reqs, engine = run_engine(path, specs, **sched)
+    assert [r.output_token_ids for r in reqs] == ref
+    if "preempt" in case:
+        assert sum(r.num_preemptions for r in reqs) > 0
+    if sched.get("enable_prefix_caching") and "preempt" not in case:
+        # cache hits skip prompt tokens: fewer prefill tokens than prompts + nothing else
+        computed = sum(engine.iters["prefill_tokens"])
+        assert computed < sum(len(ids) for ids, _ in specs)
+
+
+def test_triton_backend_equals_hugging_face(oracle):
+    """The Triton kernels (TRITON_INTERPRET=1 on a CPU) on a few short requests, mixing a
+    chunked prefill with decodes in one batch."""
+    if not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"):
+        pytest.skip("needs a GPU or TRITON_INTERPRET=1")
+    pytest.importorskip("triton")
+    path, specs, ref = oracle
+    picks = [1, 3, 7]   # prompts of 2, 5 and 9 tokens; greedy prefixes of HF's outputs
+    reqs, _ = run_engine(path, [(specs[i][0], 4) for i in picks], backend="triton",
+                         token_budget=6, block_size=4)
+    assert [r.output_token_ids for r in reqs] == [ref[i][:4] for i in picks]
+
+
+def test_qwen2_tied_equals_hugging_face(tmp_path):
+    model = make_hf_model(tmp_path, "qwen2", tie_word_embeddings=True, seed=5)
+    specs = make_specs(6, seed=3)
+    reqs, _ = run_engine(tmp_path, specs, token_budget=16, block_size=4)
+    assert [r.output_token_ids for r in reqs] == hf_generate(model, specs)
+
+
+def test_sampling_is_seeded_per_request(oracle):
+    """temperature > 0: a request's tokens depend on (seed, request, index), not on batching."""
+    path, specs, _ = oracle
+    outs = []
+    for sched in (dict(token_budget=7, block_size=4), dict(name="vllm", block_size=16)):
+        cfg = {"executor": {"name": "torch", "device": "cpu", "dtype": "float32",
+                            "kv_cache_gib": 0.01, "temperature": 1.0, "top_p": 0.9, "seed": 7},
+               "model": {"path": str(path)}, "scheduler": {"name": "sarathi", **sched}}
+        policy, ex = runner.build(cfg)
+        reqs = [Request(i, 0.0, len(ids), n, prompt_token_ids=list(ids))
+                for i, (ids, n) in enumerate(specs[:6])]
+        Engine(policy, ex).run(reqs)
+        outs.append([r.output_token_ids for r in reqs])
+    assert outs[0] == outs[1]
+    assert all(0 <= t < 256 for o in outs[0] for t in o)
+
+
+def test_kv_budget_errors_name_the_setting(oracle):
+    path, _, _ = oracle
+    cfg = {"executor": {"name": "torch", "device": "cpu", "kv_cache_gib": 1e-7},
+           "model": {"path": str(path)}, "scheduler": {"name": "sarathi", "block_size": 16}}
+    with pytest.raises(ValueError, match="executor.kv_cache_gib"):
+        runner.build(cfg)
+    # room for a few blocks, but request_level reserves max_model_len (128 tokens) per request
+    cfg["executor"]["kv_cache_gib"] = 4 * 16 * 512 / 2**30
+    cfg["scheduler"]["name"] = "request_level"
+    with pytest.raises(ValueError, match="cannot hold one request"):
+        runner.build(cfg)
+
+
+def test_prepare_trace_attaches_seeded_ids():
+    from sarathi_lab.executors.torch_exec import TorchExecutor
+    preset = dict(name="t", num_layers=1, hidden_size=32, intermediate_size=64, num_heads=4,
+                  num_kv_heads=2, head_dim=8, vocab_size=100, max_model_len=64)
+    ex = TorchExecutor(preset, None, {"device": "cpu", "shared_prefix_len": 5, "seed": 1})
+    assert ex.max_model_len() == 64 and ex.dtype == torch.float32 and ex.backend == "torch"
+    df = pd.DataFrame({"arrival_time": [0.0, 1.0], "num_prompt_tokens": [8, 3],
+                       "num_output_tokens": [2, 2]})
+    a, b = ex.prepare_trace(df, {"seed": 3}), ex.prepare_trace(df, {"seed": 3})
+    ids = a["prompt_token_ids"].tolist()
+    assert ids == b["prompt_token_ids"].tolist()
+    assert [len(x) for x in ids] == [8, 3] and ids[0][:3] == ids[1]
+    assert all(0 <= t < 100 for x in ids for t in x)
+
+
+def test_cli_writes_token_ids(tmp_path):
+    # the installed console script, run outside the source tree (the configs are package data)
+    script = os.path.join(os.path.dirname(sys.executable), "sarathi-lab")
+    cmd = [script, "executor=torch", "model=tiny-llama",
+           "~hardware", "trace=synthetic", "trace.num_requests=6", "trace.qps=1000",
+           "trace.prompt_len.low=4", "trace.prompt_len.high=40", "trace.output_len.low=2",
+           "trace.output_len.high=6", "executor.kv_cache_gib=0.01", "progress=false",
+           f"hydra.run.dir={tmp_path}"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    df = pd.read_parquet(tmp_path / "requests.parquet")
+    assert (df["status"] == "finished").all()
+    assert [len(x) for x in df["prompt_token_ids"]] == df["num_prompt_tokens"].tolist()
+    assert [len(x) for x in df["output_token_ids"]] == df["num_output_tokens"].tolist()
+    assert all(0 <= t < 512 for x in df["output_token_ids"] for t in x)
+
+
+def test_requests_without_token_ids_are_refused():
+    preset = dict(name="t", num_layers=1, hidden_size=32, intermediate_size=64, num_heads=4,
+                  num_kv_heads=2, head_dim=8, vocab_size=100, max_model_len=64)
+    cfg = {"executor": {"name": "torch", "device": "cpu", "kv_cache_gib": 0.001},
+           "model": preset, "scheduler": {"name": "sarathi", "block_size": 4}, "hardware": None}
+    policy, ex = runner.build(cfg)
+    with pytest.raises(ValueError, match="request 0 has no prompt_token_ids"):
+        Engine(policy, ex).run([Request(0, 0.0, 5, 2)])

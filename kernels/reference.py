@@ -12,6 +12,7 @@ Layout (shared with the Triton kernels):
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 # Upper bound on the elements of one gathered K (or V) tensor in the batched decode path: keeps the
 # padded [B, Hkv, L, D] gather from blowing up memory for large batches of long contexts.
@@ -38,42 +39,31 @@ def write_kv_torch(
     v_cache[blocks, offsets] = value[keep].to(v_cache.dtype)
 
 
-def _gather(cache: torch.Tensor, blocks: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """Cache rows at (blocks, offsets) [..., L] as [..., Hkv, L, D].
+def _gather(cache: torch.Tensor, block_tables: torch.Tensor, length: int) -> torch.Tensor:
+    """The first `length` cached tokens of each sequence, [B, length, Hkv, D].
 
-    One advanced-indexing gather lays K/V out head-major, ready for batched matmuls, instead of
-    gathering [..., L, Hkv, D] and paying for a strided permute copy afterwards.
+    Whole blocks are copied with one index_select (a block is one contiguous run of
+    block_size * Hkv * D values): far cheaper on a CPU than indexing token by token. Padding
+    entries of a block table may be -1; the positions that reach them are masked by the caller,
+    so any valid block id will do.
     """
-    heads = torch.arange(cache.shape[2], device=cache.device)[:, None]
-    return cache[blocks[..., None, :], offsets[..., None, :], heads]
-
-
-def _slots(block_tables: torch.Tensor, length: int, block_size: int):
-    """(block ids, offsets) of positions 0..length-1 through block_tables [..., max_blocks]."""
-    pos = torch.arange(length, device=block_tables.device)
-    # Padding entries of a block table may be -1; positions that reach them are masked out by the
-    # caller, so any valid block id will do for the gather.
-    blocks = block_tables[..., pos // block_size].long().clamp_min(0)
-    return blocks, (pos % block_size).expand_as(blocks)
+    bs = cache.shape[1]
+    nb = -(-length // bs)
+    ids = block_tables[:, :nb].long().clamp_min(0).reshape(-1)
+    rows = cache.index_select(0, ids).view(block_tables.shape[0], nb * bs, *cache.shape[2:])
+    return rows[:, :length]
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float):
     """Masked softmax attention with GQA, computed in fp32.
 
-    q [..., Q, H, D]; k, v [..., Hkv, L, D]; mask [..., Q, L] (True = may attend).
-    Returns [..., Q, H, D] in fp32.
+    q [B, Q, H, D]; k, v [B, L, Hkv, D]; mask [B, Q, L] (True = may attend; every query row
+    has at least its own position). Returns [B, Q, H, D] in fp32.
     """
-    *batch, nq, nh, d = q.shape
-    nkv, length = k.shape[-3], k.shape[-2]
-    group = nh // nkv
-    # Rows of one kv head's matmul: its G query heads times the Q tokens, so K/V are never repeated.
-    qg = q.float().reshape(*batch, nq, nkv, group, d).movedim(-4, -2).reshape(*batch, nkv, group * nq, d)
-    scores = torch.matmul(qg, k.float().transpose(-1, -2)).mul_(scale)
-    scores = scores.view(*batch, nkv, group, nq, length)
-    scores.masked_fill_(~mask[..., None, None, :, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).view(*batch, nkv, group * nq, length)
-    out = torch.matmul(probs, v.float()).view(*batch, nkv, group, nq, d)
-    return out.movedim(-2, -4).reshape(*batch, nq, nh, d)
+    out = F.scaled_dot_product_attention(
+        q.float().transpose(1, 2), k.float().transpose(1, 2), v.float().transpose(1, 2),
+        attn_mask=mask[:, None], scale=scale, enable_gqa=True)
+    return out.transpose(1, 2)
 
 
 def _decode_batch(q, k_cache, v_cache, block_tables, seq_lens, scale):
@@ -82,9 +72,7 @@ def _decode_batch(q, k_cache, v_cache, block_tables, seq_lens, scale):
     q [B, H, D]; block_tables [B, max_blocks]; seq_lens [B] (host list of ints).
     """
     max_len = max(seq_lens)
-    blocks, offsets = _slots(block_tables, max_len, k_cache.shape[1])
-    k = _gather(k_cache, blocks, offsets)  # [B, Hkv, L, D]
-    v = _gather(v_cache, blocks, offsets)
+    k, v = _gather(k_cache, block_tables, max_len), _gather(v_cache, block_tables, max_len)
     lens = torch.tensor(seq_lens, device=q.device)
     mask = torch.arange(max_len, device=q.device)[None, :] < lens[:, None]  # [B, L]
     return _attend(q[:, None], k, v, mask[:, None, :], scale)[:, 0]
@@ -145,9 +133,10 @@ def paged_attention_torch(
         if n <= 1:
             continue
         length = lens[i]
-        blocks, offsets = _slots(block_tables[i], length, k_cache.shape[1])
-        k, v = _gather(k_cache, blocks, offsets), _gather(v_cache, blocks, offsets)
+        table = block_tables[i : i + 1]
+        k, v = _gather(k_cache, table, length), _gather(v_cache, table, length)
         q_pos = torch.arange(length - n, length, device=q.device)
         mask = torch.arange(length, device=q.device)[None, :] <= q_pos[:, None]
-        out[starts[i] : starts[i + 1]] = _attend(q[starts[i] : starts[i + 1]], k, v, mask, scale).to(q.dtype)
+        res = _attend(q[None, starts[i] : starts[i + 1]], k, v, mask[None], scale)[0]
+        out[starts[i] : starts[i + 1]] = res.to(q.dtype)
     return out

@@ -36,7 +36,8 @@ def decode_batch(ex: TorchExecutor, kv: KVCacheManager, batch: int, context: int
     for i in range(batch):
         r = Request(f"b{batch}-{i}", 0.0, context, 10**6, prompt_token_ids=[1] * context)
         r.output_token_ids, r.num_output_tokens = [2], 1
-        assert kv.allocate_slots(r, context + 1) is not None, "KV cache too small"
+        if kv.allocate_slots(r, context + 1) is None:
+            raise SystemExit("KV cache too small for the batch")
         r.num_computed_tokens = context          # the prompt is "in" the cache; decode token 2
         out.add(r, 1)
     return out

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from sarathi_lab.config import plain
 from sarathi_lab.engine import Engine
 from sarathi_lab.kv import KVCacheManager
 from sarathi_lab.metrics import iterations_table, requests_table, summarize
@@ -17,15 +18,6 @@ from sarathi_lab.schedulers.base import SchedulerConfig
 
 log = logging.getLogger(__name__)
 _FIELDS = {f.name for f in dataclasses.fields(SchedulerConfig)} - {"extra"}
-
-
-def _plain(cfg) -> dict:
-    if cfg is None:
-        return {}
-    if isinstance(cfg, dict):
-        return dict(cfg)
-    from omegaconf import OmegaConf
-    return OmegaConf.to_container(cfg, resolve=True)
 
 
 def scheduler_config(sched: dict, model_max_len: int) -> SchedulerConfig:
@@ -44,7 +36,7 @@ def scheduler_config(sched: dict, model_max_len: int) -> SchedulerConfig:
 
 def build(cfg):
     """(policy, executor) from a full config (Hydra DictConfig or nested dict)."""
-    c = _plain(cfg)
+    c = plain(cfg)
     ex_cfg = c["executor"]
     executor = executor_class(ex_cfg["name"])(c["model"], c.get("hardware"), ex_cfg)
     sc = scheduler_config(c["scheduler"], executor.max_model_len() or c["model"]["max_model_len"])
@@ -88,7 +80,7 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True) -> d
     summary.json (last, atomically: its presence marks a complete run). Returns the summary.
     write=False (capacity probes) returns the summary and writes nothing."""
     from sarathi_lab.traces import build_trace, to_requests
-    c = _plain(cfg)
+    c = plain(cfg)
     if write:
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sarathi_lab.config import plain
 from sarathi_lab.request import Request
 
 logger = logging.getLogger(__name__)
@@ -560,7 +561,7 @@ def _arrival_times(n, qps, arrival, cv, rng) -> np.ndarray:
 
 def _length_sampler(prompt_spec, output_spec, seed):
     """A function n -> (prompt lengths, output lengths) for the two specs."""
-    prompt_spec, output_spec = _plain(prompt_spec), _plain(output_spec)
+    prompt_spec, output_spec = plain(prompt_spec), plain(output_spec)
     rng_p, rng_o = _rng(seed, _PROMPT_STREAM), _rng(seed, _OUTPUT_STREAM)
     tables = {}
 
@@ -648,18 +649,8 @@ def _is_missing(x) -> bool:
     return x is None or (isinstance(x, float) and np.isnan(x))
 
 
-def _plain(x):
-    try:
-        from omegaconf import OmegaConf
-        if OmegaConf.is_config(x):
-            return OmegaConf.to_container(x, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf comes with hydra
-        pass
-    return x
-
-
 def _to_plain_dict(cfg) -> dict:
-    cfg = _plain(cfg)
+    cfg = plain(cfg)
     if not isinstance(cfg, Mapping):
         raise TypeError(f"trace config must be a mapping, got {type(cfg).__name__}")
     return dict(cfg)

@@ -333,7 +333,7 @@ def test_jsonl_round_trips_into_requests(tmp_path):
     assert [r.request_id for r in reqs] == [0, 1, 2]
     assert [r.prompt_token_ids for r in reqs] == [r["prompt_token_ids"] for r in rows]
     assert [r.num_prompt_tokens for r in reqs] == [3, 1, 5]
-    assert [r.oracle_output_len(oracle) for r in reqs] == [4, 1, 0]
+    assert [r.oracle_output_len(oracle) for r in reqs] == [4, 1, 1]   # 0 runs as 1
     assert [r.arrival_time for r in reqs] == [0.0, 0.5, 2.0]
     assert all(r.max_tokens == 64 for r in reqs)
 

@@ -39,21 +39,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sarathi_lab.config import plain
+
 DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
                "float32": 4, "fp32": 4, "float": 4, "float8": 1, "fp8": 1}
 
 # vLLM's default max_num_seqs: its memory profile holds this many rows of fp32 full-vocab logits.
 _MAX_SAMPLED_ROWS = 256
-
-
-def plain(cfg) -> dict:
-    """A plain dict from a dict, a Hydra/OmegaConf config or None."""
-    if cfg is None:
-        return {}
-    if isinstance(cfg, dict):
-        return dict(cfg)
-    from omegaconf import OmegaConf
-    return OmegaConf.to_container(cfg, resolve=True)
 
 
 @dataclass(frozen=True)

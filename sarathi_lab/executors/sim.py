@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from sarathi_lab.executors.base import Executor, StepResult
-from sarathi_lab.executors.roofline import RooflineCostModel, plain
+from sarathi_lab.config import plain
+from sarathi_lab.executors.roofline import RooflineCostModel
 
 COST_MODELS = {"roofline": RooflineCostModel}
 

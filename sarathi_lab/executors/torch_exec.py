@@ -22,18 +22,10 @@ import torch
 
 from sarathi_lab.executors.base import Executor, StepResult
 from sarathi_lab.models.llama import AttnMetadata
+from sarathi_lab.config import plain
 from sarathi_lab.models.loader import load_model, parse_dtype
 
 log = logging.getLogger(__name__)
-
-
-def _plain(cfg) -> dict:
-    if cfg is None:
-        return {}
-    if isinstance(cfg, dict):
-        return dict(cfg)
-    from omegaconf import OmegaConf
-    return OmegaConf.to_container(cfg, resolve=True)
 
 
 def _auto(value, default):
@@ -43,7 +35,7 @@ def _auto(value, default):
 class TorchExecutor(Executor):
     def __init__(self, model, hardware=None, executor=None):
         from sarathi_lab.kernels import get_backend
-        self.model_cfg, cfg = _plain(model), _plain(executor)   # hardware: unused, measured
+        self.model_cfg, cfg = plain(model), plain(executor)   # hardware: unused, measured
         cuda = torch.cuda.is_available()
         self.device = torch.device(_auto(cfg.get("device"), "cuda" if cuda else "cpu"))
         on_gpu = self.device.type == "cuda"

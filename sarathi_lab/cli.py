@@ -255,7 +255,7 @@ def _execute(c: dict, job: _Job) -> dict:
     return result
 
 
-@hydra.main(version_base="1.3", config_path="configs", config_name="config")
+@hydra.main(version_base="1.3", config_path="pkg://sarathi_lab.configs", config_name="config")
 def _main(cfg: DictConfig):
     job = _Job()
     name = str(cfg.get("name", ""))

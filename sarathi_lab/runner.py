@@ -49,9 +49,12 @@ def build(cfg):
                         reserve=cls.reserves_kv, max_model_len=sc.max_model_len)
     # the smallest request must fit, or the configuration is useless
     if kv.blocks_needed(sc.max_model_len if cls.reserves_kv else 2) > num_blocks:
-        raise ValueError(
-            f"scheduler.num_kv_blocks={num_blocks} (block_size={sc.block_size}) cannot hold one "
-            f"request of max_model_len={sc.max_model_len}, which {sc.name} reserves up front")
+        where = (f"scheduler.num_kv_blocks={num_blocks}" if sc.num_kv_blocks else
+                 f"the {num_blocks} KV blocks that fit the executor's memory (see the executor's "
+                 "memory settings, or set scheduler.num_kv_blocks)")
+        what = (f"one request of max_model_len={sc.max_model_len}, which {sc.name} reserves up "
+                "front (lower scheduler.max_model_len)" if cls.reserves_kv else "one request")
+        raise ValueError(f"{where} (block_size={sc.block_size}) cannot hold {what}")
     executor.bind(kv)
     return cls(sc, kv), executor
 

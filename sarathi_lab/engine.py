@@ -71,10 +71,10 @@ class Engine:
                 n_done += len(done) + len(out.rejected)
                 if self.progress is not None:
                     self.progress(n_done)
-            if (self.fast_forward and not done and not out.preempted and policy.running
-                    and len(out) == len(policy.running) and policy.steady_decode()
-                    and all(n == 1 for n in out.num_new_tokens)
-                    and all(r.is_decoding for r in policy.running)):
+            # a batch of nothing but one decode per running request, none finished: if the
+            # policy says the next batch would be the same, skip ahead
+            if (self.fast_forward and not done and n_pre == 0 and not out.preempted
+                    and n_dec == len(out) == len(policy.running) and policy.steady_decode()):
                 self._skip_decodes(reqs[i].arrival_time if i < n_total else float("inf"))
         return reqs
 
@@ -88,26 +88,24 @@ class Engine:
         k = min(r._stop_at - r.num_output_tokens for r in running) - 1
         if k < 2:
             return
-        ctx = np.fromiter((r.num_computed_tokens for r in running), np.int64, len(running))
+        table, B = kv.req_blocks, len(running)
+        state = np.array([(r.num_computed_tokens, len(table[r.request_id])) for r in running])
+        ctx, held = state[:, 0], state[:, 1]
         durs = self.executor.decode_run(ctx, k)
         # left to right from `now`, as k single steps would add them (same rounding)
         ends = np.cumsum(np.concatenate(([self.now], durs)))[1:]
         # iteration j starts at ends[j-1]; arrivals at or before a start are admitted first
         k = min(k, int(np.searchsorted(ends, next_arrival, side="left")) + 1)
-        bs = kv.block_size
-        held = np.fromiter((len(kv.req_blocks[r.request_id]) for r in running), np.int64,
-                           len(running))
-        steps = np.arange(1, k + 1)[:, None]
-        extra = np.maximum(0, -(-(ctx[None, :] + steps) // bs) - held[None, :]).sum(axis=1)
+        # blocks the batch holds beyond today's after each step
         if kv.reserve:
-            extra[:] = 0
-        while k >= 2 and extra[k - 1] > kv.num_free_blocks:
-            k -= 1
+            extra = np.zeros(k, np.int64)
+        else:
+            need = -(-(ctx + np.arange(1, k + 1)[:, None]) // kv.block_size) - held
+            extra = np.maximum(need, 0).sum(axis=1)
+            k = min(k, int(np.searchsorted(extra, kv.num_free_blocks, side="right")))
         if k < 2:
             return
-        durs, ends, extra = durs[:k], ends[:k], extra[:k]
-        start0 = self.now
-        times = ends.tolist()
+        times = ends[:k].tolist()
         ok = kv.allocate_decodes(running, k)   # blocks for all k tokens: the end state of k steps
         assert ok or kv.enable_prefix_caching
         if not ok:
@@ -117,11 +115,10 @@ class Engine:
             r.num_computed_tokens += k
             r.num_output_tokens += k
             r.token_times.extend(times)
-        B = len(running)
-        used = (kv.num_used_blocks - int(extra[-1]) + extra).tolist()
-        stored = (kv.num_stored_tokens - B * k + B * np.arange(1, k + 1)).tolist()
-        starts = [start0] + times[:-1]
-        self.rows.extend(zip(starts, durs.tolist(), [0] * k, [B] * k, [B] * k, used, stored,
-                             [0] * k))
+        used = (kv.num_used_blocks - int(extra[k - 1]) + extra[:k]).tolist()
+        stored = range(kv.num_stored_tokens - B * (k - 1), kv.num_stored_tokens + 1, B)
+        zeros, batch = [0] * k, [B] * k
+        self.rows.extend(zip([self.now] + times[:-1], durs[:k].tolist(), zeros, batch, batch,
+                             used, stored, zeros))
         self.now = times[-1]
 

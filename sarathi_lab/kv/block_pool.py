@@ -44,15 +44,16 @@ class BlockPool:
 
     def allocate(self, n: int) -> list[Block]:
         assert n <= len(self.free), (n, len(self.free))
-        out = []
-        for _ in range(n):
-            _, b = self.free.popitem(last=False)
-            if b.key is not None:   # evict
-                del self.cached[b.key]
-                b.key = None
-            b.gen += 1
+        pop = self.free.popitem
+        out = [pop(last=False)[1] for _ in range(n)]
+        for b in out:
             b.ref_cnt = 1
-            out.append(b)
+        if self.enable_caching:
+            for b in out:
+                if b.key is not None:   # evict
+                    del self.cached[b.key]
+                    b.key = None
+                b.gen += 1
         return out
 
     def touch(self, blocks: list[Block]) -> None:
@@ -65,13 +66,13 @@ class BlockPool:
     def release(self, blocks: list[Block]) -> None:
         # Callers pass a request's blocks tail first: its last blocks are the least shared,
         # so among cached blocks they are evicted before the prefix.
-        free = self.free
+        free, caching = self.free, self.enable_caching
         for b in blocks:
             b.ref_cnt -= 1
             assert b.ref_cnt >= 0, b
             if b.ref_cnt == 0:
                 free[b.block_id] = b
-                if b.key is None:
+                if caching and b.key is None:   # without caching, the order does not matter
                     free.move_to_end(b.block_id, last=False)
 
     def lookup(self, key) -> Block | None:

@@ -80,7 +80,7 @@ def main():
             eng.run(reqs)
             t_sim = time.perf_counter() - t0
             t1 = time.perf_counter()
-            rq, it = requests_table(reqs), iterations_table(eng.rows)
+            rq, it = requests_table(reqs), iterations_table(eng.iterations())
             s = summarize(rq, it, kv_blocks_total=pol.kv.num_blocks, block_size=pol.kv.block_size)
             t_out = time.perf_counter() - t1
             n_it = len(it)

@@ -24,13 +24,34 @@ class Engine:
         # skipping steady decode runs needs predicted durations and no real tokens
         self.fast_forward = fast_forward and executor.supports_fast_forward
         self.progress = progress          # callable(num_done) or None
-        self.rows: list[tuple] = []       # one per iteration, fields as ITER_COLUMNS
+        # iteration records, fields as ITER_COLUMNS: tuples of the latest stepped iterations,
+        # arrays for what came before them and for skipped runs
+        self.rows: list[tuple] = []
+        self._chunks: list[np.ndarray] = []
         self.now = 0.0
+
+    def _flush(self) -> None:
+        if self.rows:
+            self._chunks.append(np.array(self.rows, dtype=float))
+            self.rows.clear()
+
+    def iterations(self) -> np.ndarray:
+        """Every iteration so far, one row each (columns as ITER_COLUMNS)."""
+        self._flush()
+        if not self._chunks:
+            return np.empty((0, len(ITER_COLUMNS)))
+        if len(self._chunks) > 1:
+            self._chunks = [np.concatenate(self._chunks)]
+        return self._chunks[0]
+
+    @property
+    def num_iterations(self) -> int:
+        return sum(len(c) for c in self._chunks) + len(self.rows)
 
     @property
     def iters(self) -> dict[str, list]:
-        cols = list(zip(*self.rows)) if self.rows else [()] * len(ITER_COLUMNS)
-        return {c: list(v) for c, v in zip(ITER_COLUMNS, cols)}
+        a = self.iterations()
+        return {c: a[:, j].tolist() for j, c in enumerate(ITER_COLUMNS)}
 
     def run(self, requests: list[Request]) -> list[Request]:
         reqs = sorted(requests, key=lambda r: r.arrival_time)
@@ -105,7 +126,8 @@ class Engine:
             k = min(k, int(np.searchsorted(extra, kv.num_free_blocks, side="right")))
         if k < 2:
             return
-        times = ends[:k].tolist()
+        durs, ends = durs[:k], ends[:k]
+        times = ends.tolist()
         ok = kv.allocate_decodes(running, k)   # blocks for all k tokens: the end state of k steps
         assert ok or kv.enable_prefix_caching
         if not ok:
@@ -115,10 +137,13 @@ class Engine:
             r.num_computed_tokens += k
             r.num_output_tokens += k
             r.token_times.extend(times)
-        used = (kv.num_used_blocks - int(extra[k - 1]) + extra[:k]).tolist()
-        stored = range(kv.num_stored_tokens - B * (k - 1), kv.num_stored_tokens + 1, B)
-        zeros, batch = [0] * k, [B] * k
-        self.rows.extend(zip([self.now] + times[:-1], durs[:k].tolist(), zeros, batch, batch,
-                             used, stored, zeros))
+        run = np.zeros((k, len(ITER_COLUMNS)))
+        run[0, 0], run[1:, 0] = self.now, ends[:-1]          # start
+        run[:, 1] = durs                                     # duration
+        run[:, 3] = run[:, 4] = B                            # decode tokens, requests
+        run[:, 5] = kv.num_used_blocks - extra[k - 1] + extra[:k]
+        run[:, 6] = kv.num_stored_tokens - B * np.arange(k - 1, -1, -1)
+        self._flush()
+        self._chunks.append(run)
         self.now = times[-1]
 

@@ -55,9 +55,10 @@ def requests_table(reqs: list[Request]) -> pd.DataFrame:
     return df
 
 
-def iterations_table(rows: list[tuple]) -> pd.DataFrame:
-    """One row per iteration from the engine's records (fields as ITER_COLUMNS)."""
-    a = np.array(rows, dtype=float).reshape(-1, len(ITER_COLUMNS))
+def iterations_table(rows) -> pd.DataFrame:
+    """One row per iteration from the engine's records (`Engine.iterations()`, or tuples with
+    the fields of ITER_COLUMNS)."""
+    a = np.asarray(rows, dtype=float).reshape(-1, len(ITER_COLUMNS))
     df = pd.DataFrame(a, columns=list(ITER_COLUMNS))
     ints = [c for c in ITER_COLUMNS if c not in ("start", "duration")]
     df[ints] = df[ints].astype(np.int64)

@@ -100,7 +100,7 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True) -> d
     if bar is not None:
         bar.close()
     wall = time.perf_counter() - t0
-    req_df, it_df = requests_table(requests), iterations_table(engine.rows)
+    req_df, it_df = requests_table(requests), iterations_table(engine.iterations())
     summary = summarize(req_df, it_df, slo=c.get("slo"), kv_blocks_total=policy.kv.num_blocks,
                         block_size=policy.kv.block_size)
     summary["wall_time_s"] = wall

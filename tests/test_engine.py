@@ -29,7 +29,7 @@ def test_clock_jumps_over_idle_gaps():
     eng.run([b, a])                       # unsorted input is fine
     assert a.token_times == pytest.approx([0.01, 0.02])
     assert b.first_scheduled_time == 100.0 and b.token_times == pytest.approx([100.01, 100.02])
-    assert len(eng.rows) == 4
+    assert eng.num_iterations == 4
 
 
 def test_metrics_follow_the_definitions():
@@ -38,7 +38,7 @@ def test_metrics_follow_the_definitions():
     b = req(1, 8, 1, t=0.005)
     eng = Engine(p, LinearCost(base=0.01, per_token=0.0), fast_forward=False)
     eng.run([a, b])
-    rq, it = requests_table([a, b]), iterations_table(eng.rows)
+    rq, it = requests_table([a, b]), iterations_table(eng.iterations())
     # a: tokens at 0.01, 0.02, 0.03; b arrives at 0.005, first scheduled at 0.01, token at 0.02
     assert rq.loc[0, "ttft"] == pytest.approx(0.01)
     assert rq.loc[0, "tpot"] == pytest.approx((0.03 - 0.01) / 2)

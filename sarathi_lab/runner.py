@@ -116,12 +116,16 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True) -> d
 
 def format_summary(s: dict) -> str:
     cfg = s.get("config", {})
+    ex = cfg.get("executor") or {}
+    sim = ex.get("name", "sim") == "sim"
+    where = (f"simulated {(cfg.get('hardware') or {}).get('name', '?')}" if sim else
+             f"executor {ex.get('name')} ({ex.get('device', '?')})")
     head = (f"{cfg.get('scheduler', {}).get('name', '?')} | {cfg.get('model', {}).get('name', '?')}"
-            f" on {(cfg.get('hardware') or {}).get('name', '?')} | trace "
-            f"{cfg.get('trace', {}).get('name', '?')}")
+            f" on {where} | trace {cfg.get('trace', {}).get('name', '?')}")
     lines = [head, f"requests {s['num_finished']} finished, {s['num_rejected']} rejected, "
              f"{s['preemptions']} preemptions; {s['num_iterations']} iterations; "
-             f"makespan {s['makespan_s']:.1f} s (simulated in {s['wall_time_s']:.2f} s)",
+             f"makespan {s['makespan_s']:.1f} s ({'simulated' if sim else 'run'} in "
+             f"{s['wall_time_s']:.2f} s of wall time)",
              f"throughput {s['throughput_rps']:.2f} req/s, {s['throughput_tok_s']:.0f} output tok/s",
              "", f"{'metric (s)':<18}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}"]
     for key in ("ttft", "tbt", "tpot", "e2e", "scheduling_delay"):

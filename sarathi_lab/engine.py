@@ -68,7 +68,10 @@ class Engine:
                     break
                 self.now = max(self.now, reqs[i].arrival_time)   # idle: jump to next arrival
                 continue
-            out = policy.schedule(self.now)
+            try:
+                out = policy.schedule(self.now)
+            except Exception as e:
+                raise self._blame(policy, "schedule", e) from e
             if not out:
                 if out.rejected or not policy.has_work():
                     n_done += len(out.rejected)
@@ -81,10 +84,16 @@ class Engine:
                     f"{len(policy.waiting)} waiting and {len(policy.running)} running requests "
                     f"and {kv.num_free_blocks}/{kv.num_blocks} KV blocks free; it would never "
                     "make progress")
-            step = ex.execute(out)
+            try:
+                step = ex.execute(out)
+            except Exception as e:
+                raise self._blame(ex, "execute", e) from e
             start, end = self.now, self.now + step.duration
             n_pre, n_dec = out.split_counts()
-            done = policy.update(out, step.sampled, start, end)
+            try:
+                done = policy.update(out, step.sampled, start, end)
+            except Exception as e:
+                raise self._blame(policy, "update", e) from e
             record((start, step.duration, n_pre, n_dec, len(out), kv.pool.num_used,
                     kv.num_stored_tokens, len(out.preempted)))
             self.now = end
@@ -98,6 +107,14 @@ class Engine:
                     and n_dec == len(out) == len(policy.running) and policy.steady_decode()):
                 self._skip_decodes(reqs[i].arrival_time if i < n_total else float("inf"))
         return reqs
+
+    def _blame(self, obj, method: str, e: Exception) -> RuntimeError:
+        """An error that names the plugin and the moment: a user's policy or executor may be
+        what raised."""
+        cls = type(obj)
+        return RuntimeError(f"{cls.__module__}.{cls.__qualname__}.{method}() raised "
+                            f"{type(e).__name__} at t={self.now:.3f}s (iteration "
+                            f"{self.num_iterations}): {e}")
 
     def _skip_decodes(self, next_arrival: float) -> None:
         """Run k identical decode-only iterations at once: same requests, contexts +1 each step,

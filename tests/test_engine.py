@@ -83,3 +83,20 @@ def test_model_that_does_not_fit_the_gpu():
 def test_unknown_executor_lists_known():
     with pytest.raises(ValueError, match="unknown executor 'gpu'.*sim"):
         build(base_cfg(executor={"name": "gpu"}))
+
+
+class Raises(Sarathi):
+    name = "raises"
+
+    def schedule(self, now):
+        if now > 0:
+            raise KeyError("boom")
+        return super().schedule(now)
+
+
+def test_a_plugin_that_raises_is_named():
+    p = make_policy("sarathi")
+    p.__class__ = Raises
+    with pytest.raises(RuntimeError, match=r"test_engine\.Raises\.schedule\(\) raised KeyError "
+                                           r"at t=0\.0\d+s \(iteration 1\): 'boom'"):
+        Engine(p, LinearCost()).run([req(0, 4, 3)])

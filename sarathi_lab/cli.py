@@ -8,6 +8,7 @@ Start-up stays light: pandas, matplotlib, torch and wandb are imported only when
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import math
 import os
@@ -20,6 +21,17 @@ from pathlib import Path
 import hydra
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
+
+def dirname(overrides: str) -> str:
+    """A job's overrides as one directory name: deterministic (resume finds it again), no path
+    separators, and short enough for any filesystem (a long one keeps its head and a hash)."""
+    name = overrides.replace(os.sep, "%") or "defaults"
+    if len(name) > 120:
+        name = f"{name[:100]}..{hashlib.sha1(name.encode()).hexdigest()[:10]}"
+    return name
+
+
+OmegaConf.register_new_resolver("dirname", dirname, replace=True)
 
 MODES = ("run", "capacity")
 LOGGERS = ("none", "csv", "wandb")

@@ -111,3 +111,12 @@ def test_startup_imports_no_heavy_packages(tmp_path):
                        env={**os.environ, "WANDB_MODE": "disabled"}, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "HEAVY []" in r.stdout
+
+
+def test_run_directory_names_stay_short_and_flat():
+    from sarathi_lab.cli import dirname
+    long = ",".join(f"scheduler.knob_{i}=value_{i}" for i in range(20))
+    name = dirname(long)
+    assert len(name) <= 120 and name == dirname(long) and name != dirname(long + "x")
+    assert dirname("trace.path=/data/t.csv") == "trace.path=%data%t.csv"
+    assert dirname("") == "defaults"

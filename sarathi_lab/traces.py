@@ -300,18 +300,21 @@ def _read_csv(src: Path, num_requests, max_total, max_prompt) -> pd.DataFrame:
         raise ValueError(f"trace {src} is empty (no header, no rows)") from None
     parts, offset, kept = [], 0, 0
     with reader:
-        for chunk in reader:
-            if not parts:
-                fmt, cols = _detect(chunk.columns, src)
-            parts.append(_normalise(chunk, fmt, cols, src, offset))
-            offset += len(chunk)
-            if num_requests is not None:
-                last = parts[-1]
-                kept += int(_length_mask(last["num_prompt_tokens"].to_numpy(),
-                                         last["num_output_tokens"].to_numpy(),
-                                         max_total, max_prompt).sum())
-                if kept >= num_requests:
-                    break
+        try:
+            for chunk in reader:
+                if not parts:
+                    fmt, cols = _detect(chunk.columns, src)
+                parts.append(_normalise(chunk, fmt, cols, src, offset))
+                offset += len(chunk)
+                if num_requests is not None:
+                    last = parts[-1]
+                    kept += int(_length_mask(last["num_prompt_tokens"].to_numpy(),
+                                             last["num_output_tokens"].to_numpy(),
+                                             max_total, max_prompt).sum())
+                    if kept >= num_requests:
+                        break
+        except (pd.errors.ParserError, UnicodeDecodeError) as e:   # not a CSV at all
+            raise ValueError(f"trace {src} is not a readable CSV: {e}") from None
     if not parts:  # a header and nothing else
         raise ValueError(f"trace {src} has a header but no requests")
     raw = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]

@@ -485,3 +485,10 @@ def test_zero_output_rows_become_one_token_requests(tmp_path, caplog):
     reqs = to_requests(load_trace(str(path)))
     assert [r._stop_len for r in reqs] == [1, 5]
     assert "0 output tokens" in caplog.text
+
+
+def test_a_file_that_is_not_csv_names_itself(tmp_path):
+    bad = tmp_path / "notes.csv"
+    bad.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,1,2\n1,2,3,4,5\n")
+    with pytest.raises(ValueError, match=r"notes\.csv is not a readable CSV.*line 3"):
+        load_trace(str(bad))

@@ -100,3 +100,21 @@ def test_a_plugin_that_raises_is_named():
     with pytest.raises(RuntimeError, match=r"test_engine\.Raises\.schedule\(\) raised KeyError "
                                            r"at t=0\.0\d+s \(iteration 1\): 'boom'"):
         Engine(p, LinearCost()).run([req(0, 4, 3)])
+
+
+def test_same_config_and_seed_give_the_same_run(tmp_path):
+    import pandas as pd
+    from hydra import compose, initialize_config_module
+
+    from sarathi_lab.runner import run
+
+    def once(seed, where):
+        with initialize_config_module("sarathi_lab.configs", version_base="1.3"):
+            cfg = compose("config", overrides=["trace=synthetic", "trace.num_requests=60",
+                                               "trace.qps=8", f"seed={seed}", "progress=false"])
+        run(cfg, tmp_path / where)
+        return pd.read_parquet(tmp_path / where / "requests.parquet")
+
+    a, b, c = once(1, "a"), once(1, "b"), once(2, "c")
+    pd.testing.assert_frame_equal(a, b)
+    assert not a["arrival_time"].equals(c["arrival_time"])

@@ -108,13 +108,16 @@ class Engine:
                 self._skip_decodes(reqs[i].arrival_time if i < n_total else float("inf"))
         return reqs
 
-    def _blame(self, obj, method: str, e: Exception) -> RuntimeError:
-        """An error that names the plugin and the moment: a user's policy or executor may be
-        what raised."""
+    def _blame(self, obj, method: str, e: Exception) -> Exception:
+        """The same kind of error, naming the plugin and the moment: a user's policy or
+        executor may be what raised."""
         cls = type(obj)
-        return RuntimeError(f"{cls.__module__}.{cls.__qualname__}.{method}() raised "
-                            f"{type(e).__name__} at t={self.now:.3f}s (iteration "
-                            f"{self.num_iterations}): {e}")
+        where = (f"{cls.__module__}.{cls.__qualname__}.{method}() at t={self.now:.3f}s "
+                 f"(iteration {self.num_iterations})")
+        try:
+            return type(e)(f"{where}: {e}")
+        except Exception:   # an exception class that takes other arguments
+            return RuntimeError(f"{where} raised {type(e).__name__}: {e}")
 
     def _skip_decodes(self, next_arrival: float) -> None:
         """Run k identical decode-only iterations at once: same requests, contexts +1 each step,

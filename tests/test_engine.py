@@ -97,8 +97,8 @@ class Raises(Sarathi):
 def test_a_plugin_that_raises_is_named():
     p = make_policy("sarathi")
     p.__class__ = Raises
-    with pytest.raises(RuntimeError, match=r"test_engine\.Raises\.schedule\(\) raised KeyError "
-                                           r"at t=0\.0\d+s \(iteration 1\): 'boom'"):
+    with pytest.raises(KeyError, match=r"test_engine\.Raises\.schedule\(\) at t=0\.0\d+s "
+                                       r"\(iteration 1\): 'boom'"):
         Engine(p, LinearCost()).run([req(0, 4, 3)])
 
 

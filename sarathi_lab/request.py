@@ -63,14 +63,6 @@ class Request:
         return self.num_computed_tokens == self.num_prompt_tokens + self.num_output_tokens - 1 \
             and self.num_output_tokens > 0
 
-    @property
-    def first_token_time(self) -> float | None:
-        return self.token_times[0] if self.token_times else None
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status >= Status.FINISHED
-
     def oracle_output_len(self, policy) -> int:
         """The true output length, for research policies that declare ``oracle = True``."""
         if not getattr(policy, "oracle", False):

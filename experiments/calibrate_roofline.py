@@ -2,7 +2,7 @@
 
   python experiments/calibrate_roofline.py [--profiles DIR]    (> calibrate_roofline.txt)
 
-Compares the roofline (sarathi_lab/executors/roofline.py) per layer with measured medians
+Compares the roofline (sarathi_lab.costmodels.roofline.py) per layer with measured medians
 (Vidur, MLSys'24; DIR/SOURCES.md) and prints predicted/measured ratios (median, p10, p90) before
 (peak numbers: every efficiency 1, no floors) and after the fit:
 
@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from sarathi_lab.executors.roofline import HardwareSpec, ModelShape, RooflineCostModel
+from sarathi_lab.costmodels.roofline import HardwareSpec, ModelShape, RooflineCostModel
 
 REPO = Path(__file__).resolve().parents[1]
 GPUS = {"a100": "a100-80gb", "h100": "h100-sxm"}        # profile folder -> hardware preset

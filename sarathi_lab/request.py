@@ -23,10 +23,13 @@ class Request:
         "_stop_len", "num_output_tokens", "output_token_ids", "num_computed_tokens", "status",
         "first_scheduled_time", "finish_time", "token_times", "num_preemptions",
         "rejection_reason", "block_hashes", "extra", "_stop_at",
+        "priority", "tenant", "deadline", "slo_class",
     )
 
     def __init__(self, request_id, arrival_time: float, num_prompt_tokens: int, output_len: int,
-                 prompt_token_ids: list[int] | None = None, max_tokens: int | None = None):
+                 prompt_token_ids: list[int] | None = None, max_tokens: int | None = None, *,
+                 priority: int = 0, tenant: str = "default", deadline: float | None = None,
+                 slo_class: str = "default"):
         self.request_id = request_id
         self.arrival_time = float(arrival_time)
         self.num_prompt_tokens = int(num_prompt_tokens)
@@ -48,6 +51,11 @@ class Request:
         self.rejection_reason: str | None = None
         self.block_hashes: list = []  # prefix-cache hashes of full blocks, filled lazily
         self.extra: dict = {}         # policy plugins keep per-request state here
+        # Service attributes a trace may set (columns of the same names); policies may read them.
+        self.priority = int(priority)   # lower value = more urgent (0 is the default class)
+        self.tenant = str(tenant)
+        self.deadline = None if deadline is None else float(deadline)  # absolute time, seconds
+        self.slo_class = str(slo_class)
 
     @property
     def num_tokens(self) -> int:

@@ -114,7 +114,7 @@ def test_startup_imports_no_heavy_packages(tmp_path):
 
 
 def test_run_directory_names_stay_short_and_flat():
-    from sarathi_lab.cli import dirname
+    from sarathi_lab.sweeps import dirname
     long = ",".join(f"scheduler.knob_{i}=value_{i}" for i in range(20))
     name = dirname(long)
     assert len(name) <= 120 and name == dirname(long) and name != dirname(long + "x")

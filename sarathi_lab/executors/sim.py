@@ -11,7 +11,7 @@ import numpy as np
 
 from sarathi_lab.executors.base import Executor, StepResult
 from sarathi_lab.config import plain
-from sarathi_lab.executors.roofline import RooflineCostModel
+from sarathi_lab.costmodels.roofline import RooflineCostModel
 
 COST_MODELS = {"roofline": RooflineCostModel}
 

@@ -1,0 +1,1 @@
+"""Cost models: how long an iteration of a batch takes, for the simulator."""

@@ -83,8 +83,6 @@ class Prober:
         cap = c["capacity"]
         self.c, self.out_dir, self.save = c, Path(out_dir), bool(cap.get("save_probes"))
         tc = dict(c["trace"])
-        if cap.get("num_requests"):
-            tc["num_requests"] = cap["num_requests"]
         tc["qps"] = 1.0      # arrivals are replaced below; 1 req/s keeps a trace's own pattern
         trace = build_trace(tc)
         self.trace = trace
@@ -136,7 +134,7 @@ def bisect(passes, lo: float, hi: float, precision: float, max_probes: int,
             # with few requests a queue never builds up: more of them may be needed too
             return {"capacity_qps": lo, "fails_at_qps": None, "bracketed": False, "probes": n,
                     "note": f"passes at {lo:.4g} req/s; raise capacity.qps_high "
-                            "(or capacity.num_requests)"}
+                            "(or trace.num_requests)"}
     note = ""
     while hi - lo > precision * lo:
         if n >= max_probes:

@@ -14,16 +14,17 @@ import sys
 import time
 import traceback
 
+import hashlib
+from pathlib import Path
+
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from sarathi_lab.settings import ConfigError
+
 from sarathi_lab.sweeps import _failures, _Job
 
-MODES = ("run", "capacity")
-LOGGERS = ("none", "csv", "wandb")
 RESULT_FILE = {"run": "summary.json", "capacity": "capacity.json"}
-ARRIVALS = ("poisson", "uniform", "trace")
-CRITERIA = ("tbt", "attainment")
 
 
 
@@ -37,64 +38,42 @@ def _number(value) -> bool:
 
 def _need(cond: bool, setting: str, value, why: str) -> None:
     if not cond:
-        raise ValueError(f"{setting}={value!r}: {why}")
+        raise ConfigError(f"{setting}={value!r}: {why}")
 
 
-def check_config(c: dict) -> None:
-    """Reject settings that would fail deep inside a run (or, worse, run and mean nothing)."""
-    from sarathi_lab.registry import executor_class, policy_class
-    from sarathi_lab.runner import scheduler_config
-
-    mode = c.get("mode", "run")
-    _need(mode in MODES, "mode", mode, f"must be one of {', '.join(MODES)}")
-    tr = c.get("trace") or {}
+def check_config(c: dict, overrides=None, multirun: bool = False):
+    """Every component's settings typed and checked (`config.resolve`), before any run
+    directory is made or model loaded. Returns the `Resolved` config."""
+    from sarathi_lab.config import resolve
+    r = resolve(c, overrides, drop_unread=multirun)
+    tr = r.trace
     qps = tr.get("qps")
     _need(qps is None or (_number(qps) and qps > 0), "trace.qps", qps,
           "must be a positive arrival rate in requests/s (or null to keep a trace's own times)")
     n = tr.get("num_requests")
     _need(n is None or (isinstance(n, int) and not isinstance(n, bool) and n >= 1),
           "trace.num_requests", n, "must be an integer >= 1 (or null for the whole trace)")
-    sched = dict(c.get("scheduler") or {})
-    name = sched.get("name")
-    _need(isinstance(name, str) and bool(name), "scheduler.name", name, "must be a policy name")
-    try:
-        policy_class(name)
-        executor_class((c.get("executor") or {}).get("name", "sim"))
-    except ValueError as e:
-        setting = "scheduler.name" if "scheduler" in str(e) else "executor.name"
-        raise ValueError(f"{setting}: {e}") from None
-    try:
-        scheduler_config(sched, 1 << 30)   # the policy's own checks; the model length comes later
-    except TypeError as e:
-        raise ValueError(f"scheduler: {e}") from None
-    lg = (c.get("logger") or {}).get("name", "none")
-    _need(lg in LOGGERS, "logger.name", lg, f"must be one of {', '.join(LOGGERS)}")
-    slo = c.get("slo") or {}
-    for key in ("p99_tbt", "request_p99_tbt", "ttft", "tpot", "max_median_scheduling_delay"):
-        v = slo.get(key)
-        _need(v is None or (_number(v) and v > 0), f"slo.{key}", v, "must be seconds > 0 or null")
-    t = slo.get("attainment_target", 0.9)
-    _need(_number(t) and 0 < t <= 1, "slo.attainment_target", t, "must be a share in (0, 1]")
-    if mode == "capacity":
-        _check_capacity(c.get("capacity") or {})
+    return r
 
 
-def _check_capacity(cap: dict) -> None:
-    lo, hi = cap.get("qps_low"), cap.get("qps_high")
-    _need(_number(lo) and lo > 0, "capacity.qps_low", lo, "must be > 0 (requests/s)")
-    _need(_number(hi) and hi > lo, "capacity.qps_high", hi, f"must be > capacity.qps_low={lo}")
-    p = cap.get("precision")
-    _need(_number(p) and 0 < p < 1, "capacity.precision", p, "must be a share in (0, 1)")
-    m = cap.get("max_probes")
-    _need(isinstance(m, int) and m >= 2, "capacity.max_probes", m, "must be an integer >= 2")
-    n = cap.get("num_requests")
-    _need(n is None or (isinstance(n, int) and n >= 1), "capacity.num_requests", n,
-          "must be an integer >= 1 or null")
-    a = cap.get("arrivals")
-    _need(a in ARRIVALS, "capacity.arrivals", a, f"must be one of {', '.join(ARRIVALS)}")
-    crit = list(cap.get("criteria") or [])
-    _need(bool(crit) and all(k in CRITERIA for k in crit), "capacity.criteria", crit,
-          f"must be a non-empty list of {', '.join(CRITERIA)}")
+def _claim(sweep_dir: Path, resolved, job: _Job) -> str | None:
+    """In a multirun, the first job with a given effective configuration claims it; a later
+    one with the same (it differed only in settings its components do not read) is merged
+    into it. Returns the claiming job's label if this job is merged, else None."""
+    key = hashlib.sha1(json.dumps(resolved.effective(), sort_keys=True, default=str)
+                       .encode()).hexdigest()[:16]
+    claims = sweep_dir / ".claims"
+    claims.mkdir(parents=True, exist_ok=True)
+    path = claims / key
+    mine = json.dumps({"label": job.label, "dir": str(job.dir)})
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    except FileExistsError:
+        owner = json.loads(path.read_text() or "{}")
+        return None if owner.get("label") == job.label else owner.get("label", "?")
+    with os.fdopen(fd, "w") as f:
+        f.write(mine)
+    return None
 
 
 def _key_metrics(mode: str, result: dict) -> str:
@@ -134,7 +113,21 @@ def _limit_threads(c: dict, job: _Job) -> None:
 # The job
 # ------------------------------------------------------------------------------------------
 
-def _execute(c: dict, job: _Job) -> dict:
+def _overrides() -> list[str]:
+    from hydra.core.hydra_config import HydraConfig
+    return list(HydraConfig.get().overrides.task)
+
+
+def _remove_fresh_run_dir(path: Path) -> None:
+    """Remove a run directory that holds nothing but Hydra's own records (its config copy and
+    an empty job log)."""
+    import shutil
+    if path.is_dir() and all(p.name == ".hydra" or (p.suffix == ".log" and not p.stat().st_size)
+                             for p in path.iterdir()):
+        shutil.rmtree(path)
+
+
+def _execute(c: dict, job: _Job, resolved) -> dict:
     mode = c.get("mode", "run")
     if job.parallel and c.get("progress", "auto") == "auto":
         c["progress"] = False    # bars of parallel jobs would overwrite each other
@@ -144,7 +137,7 @@ def _execute(c: dict, job: _Job) -> dict:
         text = format_result(result)
     else:
         from sarathi_lab.runner import format_summary, run
-        result = run(c, job.dir)
+        result = run(c, job.dir, resolved=resolved)
         text = format_summary(result)
     if (c.get("logger") or {}).get("name", "none") != "none":
         from sarathi_lab.loggers import log_result
@@ -169,10 +162,29 @@ def _main(cfg: DictConfig):
             if not job.multirun:
                 print(f"skipped: {done} exists (resume=true)")
             return result
-        check_config(c)
+        try:
+            resolved = check_config(c, _overrides(), job.multirun)
+        except ConfigError as e:
+            if job.multirun:
+                raise
+            # a single run's configuration error leaves no run directory behind
+            _remove_fresh_run_dir(job.dir)
+            sys.stderr.write(f"sarathi-lab: error: {e}\n")
+            _failures.append(job.label)
+            return None
+        if job.multirun:
+            same_as = _claim(job.sweep_dir, resolved, job)
+            if same_as is not None:
+                why = "; ".join(resolved.notes) or "same settings"
+                (job.dir / "merged.json").write_text(json.dumps(
+                    {"same_as": same_as, "unread": resolved.notes}, indent=2))
+                job.record(name, "merged", f"same run as {same_as} ({why})")
+                return None
+            for note in resolved.notes:
+                print(f"{job.tag(name)} note: {note} (left out)", flush=True)
         (job.dir / "error.txt").unlink(missing_ok=True)   # a stale one from an earlier try
         _limit_threads(c, job)
-        result = _execute(c, job)
+        result = _execute(c, job, resolved)
     except Exception as e:   # recorded, never lost: the sweep goes on without this job
         tb = traceback.format_exc()
         job.dir.mkdir(parents=True, exist_ok=True)

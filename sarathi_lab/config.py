@@ -1,5 +1,18 @@
-"""Config values as plain Python, whether they come from Hydra (OmegaConf) or from code."""
+"""The run's configuration, converted once: every component's settings typed and checked, and
+nothing set that no chosen component reads.
+
+`resolve(cfg)` takes the composed config (Hydra's, or a nested dict in code) and returns a
+`Resolved`: the classes chosen (policy, queue, executor) with their typed settings, and the
+settings of the run itself. Errors name the setting as typed on the command line. The builder
+(`runner.build`) and the CLI's check both use it, so a configuration error is found before any
+run directory is made or any model loaded.
+"""
 from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from sarathi_lab.settings import ConfigError, parse, setting
 
 
 def plain(cfg):
@@ -13,3 +26,235 @@ def plain(cfg):
         from omegaconf import OmegaConf
         return OmegaConf.to_container(cfg, resolve=True)
     return cfg
+
+
+@dataclass
+class RunConfig:
+    """The run itself (top-level keys of configs/config.yaml)."""
+    seed: int = setting(0, ge=0, help="every random stream of the run")
+    mode: str = setting("run", choices=("run", "capacity"),
+                        help="run: one run | capacity: search the highest QPS within the SLO")
+    fast_forward: bool = setting(True, help="skip steady decode runs in the simulator (exact)")
+    progress: bool | str = setting("auto", help="auto | true | false")
+    results_root: str = setting("outputs", help="every run and sweep lands under here")
+    name: str = setting("", help="the sweep's name")
+    resume: bool = setting(False, help="skip a job whose result is already there")
+    num_threads: int | str = setting("auto", help="torch threads per job: auto | N >= 1")
+
+    def validate(self) -> None:
+        if isinstance(self.progress, str) and self.progress != "auto":
+            raise ValueError(f"progress={self.progress!r}: must be auto, true or false")
+        if isinstance(self.num_threads, str) and self.num_threads != "auto":
+            raise ValueError(f"num_threads={self.num_threads!r}: must be auto or an integer >= 1")
+        if isinstance(self.num_threads, int) and self.num_threads < 1:
+            raise ValueError(f"num_threads={self.num_threads}: must be auto or an integer >= 1")
+
+
+@dataclass
+class CapacityConfig:
+    """mode=capacity: bisection over the arrival rate (probes replay trace.num_requests)."""
+    criteria: list[str] = setting(["tbt", "attainment"],
+                                  help="tbt (Sarathi-Serve) and/or attainment (DistServe)")
+    arrivals: str = setting("poisson", choices=("poisson", "uniform", "trace"))
+    qps_low: float = setting(0.25, gt=0, help="first bracket, req/s")
+    qps_high: float = setting(8.0, gt=0, help="first bracket, req/s")
+    precision: float = setting(0.02, gt=0, lt=1, help="stop when high - low <= precision x low")
+    max_probes: int = setting(40, ge=2, help="per criterion, bracket widening included")
+    save_probes: bool = setting(False, help="a full run directory per probe")
+
+    def validate(self) -> None:
+        if self.qps_high <= self.qps_low:
+            raise ValueError(f"qps_high={self.qps_high} must be > qps_low={self.qps_low}")
+        bad = [c for c in self.criteria if c not in ("tbt", "attainment")]
+        if not self.criteria or bad:
+            raise ValueError(f"criteria={self.criteria}: must be a non-empty list of tbt, "
+                             "attainment")
+
+
+@dataclass
+class SLOConfig:
+    name: str = setting("", help="label")
+    p99_tbt: float | None = setting(None, gt=0, help="s, pooled P99 TBT (capacity criterion)")
+    max_median_scheduling_delay: float = setting(2.0, gt=0, help="s, capacity criterion")
+    request_p99_tbt: float | None = setting(None, gt=0, help="s, a request's own P99 TBT")
+    ttft: float | None = setting(None, gt=0, help="s, per-request TTFT SLO")
+    tpot: float | None = setting(None, gt=0, help="s, per-request TPOT SLO")
+    attainment_target: float = setting(0.9, gt=0, le=1, help="share of requests (DistServe)")
+
+
+@dataclass
+class NoLogger:
+    name: str = "none"
+
+
+@dataclass
+class CSVLogger:
+    name: str = "csv"
+    path: str = setting("outputs/runs.csv", help="one summary row per run")
+
+
+@dataclass
+class WandbLogger:
+    name: str = "wandb"
+    project: str = "sarathi-lab"
+    entity: str | None = None
+    group: str | None = None
+    mode: str | None = setting(None, help="null: $WANDB_MODE, else offline | online | disabled")
+    dir: str | None = None
+    tags: list[str] = setting([])
+    log_requests: bool = True
+    log_plots: bool = True
+
+    def validate(self) -> None:
+        if self.mode not in (None, "offline", "online", "disabled"):
+            raise ValueError(f"mode={self.mode!r}: must be null, offline, online or disabled")
+
+
+LOGGERS = {"none": NoLogger, "csv": CSVLogger, "wandb": WandbLogger}
+
+# top-level keys that are config groups or the Hydra node, not RunConfig settings
+_GROUPS = ("scheduler", "executor", "model", "hardware", "trace", "slo", "logger", "capacity",
+           "hydra", "experiment")
+
+
+@dataclass
+class Resolved:
+    run: RunConfig
+    policy_cls: type
+    policy_cfg: object
+    queue_cls: type
+    executor_cls: type
+    executor_cfg: object
+    slo: SLOConfig | None
+    capacity: CapacityConfig | None
+    logger: object
+    model: dict
+    hardware: dict | None
+    trace: dict
+    notes: list[str] = field(default_factory=list)   # settings dropped as unread (multirun)
+
+    def effective(self) -> dict:
+        """What the run reads, as plain data: two configs with the same effective dict give
+        the same run."""
+        def cls_path(c):
+            return f"{c.__module__}:{c.__qualname__}"
+        return {
+            "run": {k: v for k, v in dataclasses.asdict(self.run).items()
+                    if k in ("seed", "mode", "fast_forward")},
+            "scheduler": {"class": cls_path(self.policy_cls), "queue": cls_path(self.queue_cls),
+                          **dataclasses.asdict(self.policy_cfg)},
+            "executor": {"class": cls_path(self.executor_cls),
+                         **dataclasses.asdict(self.executor_cfg)},
+            "model": self.model, "hardware": self.hardware, "trace": self.trace,
+            "slo": dataclasses.asdict(self.slo) if self.slo else None,
+            "capacity": dataclasses.asdict(self.capacity) if self.capacity else None,
+        }
+
+
+def _node(c: dict, key: str) -> dict:
+    v = c.get(key)
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise ConfigError(f"{key}={v!r}: must be a config group (e.g. {key}=<option>)")
+    return dict(v)
+
+
+def _named(c: dict, key: str) -> tuple[str, dict]:
+    node = _node(c, key)
+    name = node.pop("name", None)
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{key}.name={name!r}: must name a registered {key} or a dotted path "
+                          f"(choose one with {key}=<option>)")
+    return name, node
+
+
+def _override_keys(overrides) -> list[str]:
+    """The dotted keys (or group names) that command-line overrides set, e.g.
+    ['scheduler.token_budget', 'hardware']."""
+    keys = []
+    for o in overrides or ():
+        k = o.split("=", 1)[0].lstrip("+~")
+        if "@" in k:
+            k = k.split("@", 1)[0]
+        keys.append(k.replace("/", "."))
+    return keys
+
+
+def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
+    """Type and check every component's settings. `overrides`: the command line's, to tell
+    settings a user made from defaults (a default of an unread group is simply left out).
+    `drop_unread` (multirun): a user setting that no chosen component reads is noted in
+    `Resolved.notes` and left out, instead of being an error."""
+    from sarathi_lab import registry
+    c = plain(cfg)
+    notes: list[str] = []
+    user = _override_keys(overrides)
+
+    def unread(key: str, why: str) -> None:
+        if drop_unread:
+            notes.append(f"{key}: {why}")
+        else:
+            raise ConfigError(f"{key}: {why}")
+
+    run = parse(RunConfig, {k: v for k, v in c.items() if k not in _GROUPS}, "", "the run")
+
+    p_name, p_node = _named(c, "scheduler")
+    try:
+        policy_cls = registry.policy_class(p_name)
+    except ValueError as e:
+        raise ConfigError(f"scheduler.name: {e}") from None
+    try:
+        queue_cls = registry.queue_class(p_node.get("queue", "fcfs"))
+    except ValueError as e:
+        raise ConfigError(f"scheduler.queue: {e}") from None
+    fields = {f.name: f for f in dataclasses.fields(policy_cls.config_class)}
+    policy_fields = set(fields)
+    for k, v in list(p_node.items()):
+        # null is common.yaml's placeholder: another policy's knob, or (for a setting that takes
+        # no null) the policy's own default
+        if v is None and (k not in fields or fields[k].default is not None):
+            p_node.pop(k)
+    if drop_unread:
+        for k in sorted(set(p_node) - policy_fields):
+            if f"scheduler.{k}" in user:
+                notes.append(f"scheduler.{k}: not read by policy {p_name!r}")
+                p_node.pop(k)
+    policy_cfg = policy_cls.parse_config(p_node, "scheduler")
+
+    e_name, e_node = _named(c, "executor")
+    try:
+        executor_cls = registry.executor_class(e_name)
+    except ValueError as e:
+        raise ConfigError(f"executor.name: {e}") from None
+    executor_cfg = executor_cls.parse_config(e_node, "executor")
+
+    hardware = c.get("hardware") or None
+    if hardware is not None and not executor_cls.uses_hardware:
+        set_by_user = [k for k in user if k == "hardware" or k.startswith("hardware.")]
+        if set_by_user:
+            unread(set_by_user[0], f"executor {e_name!r} measures time on the machine it runs "
+                   "on and reads no hardware preset")
+        hardware = None
+
+    slo = parse(SLOConfig, _node(c, "slo"), "slo") if c.get("slo") else None
+    capacity = None
+    if run.mode == "capacity":
+        capacity = parse(CapacityConfig, _node(c, "capacity"), "capacity")
+    else:
+        cap_keys = [k for k in user if k.startswith("capacity.")]
+        if cap_keys:
+            unread(cap_keys[0], "read only with mode=capacity")
+    lg = _node(c, "logger") or {"name": "none"}
+    lg_name = lg.get("name", "none")
+    if lg_name not in LOGGERS:
+        raise ConfigError(f"logger.name={lg_name!r}: must be one of {', '.join(LOGGERS)}")
+    logger = parse(LOGGERS[lg_name], lg, "logger", f"logger {lg_name!r}")
+
+    model = _node(c, "model")
+    if not model:
+        raise ConfigError("model: a model preset is needed (e.g. model=mistral-7b)")
+    return Resolved(run=run, policy_cls=policy_cls, policy_cfg=policy_cfg, queue_cls=queue_cls,
+                    executor_cls=executor_cls, executor_cfg=executor_cfg, slo=slo,
+                    capacity=capacity, logger=logger, model=model, hardware=hardware,
+                    trace=_node(c, "trace"), notes=notes)

@@ -1,4 +1,9 @@
-"""The loop: admit arrivals, schedule, execute, update, advance the virtual clock."""
+"""The loop: admit arrivals, schedule, execute, update, advance the virtual clock.
+
+Request progress changes in one place, the policy (`update`, and `advance_decodes` for the
+simulator's skip through steady decode runs); the executor decides when a request ends; the
+engine only moves the clock, hands arrivals over and records iterations.
+"""
 from __future__ import annotations
 
 import logging
@@ -15,21 +20,51 @@ ITER_COLUMNS = ("start", "duration", "prefill_tokens", "decode_tokens", "num_req
                 "kv_blocks_used", "kv_tokens_stored", "preemptions")
 
 
+def _owner(cls: type, method: str) -> type:
+    return next(c for c in cls.__mro__ if method in vars(c))
+
+
+def fast_forward_safe(policy: Policy) -> bool:
+    """Whether skipping a steady decode run is exactly what this policy's own calls would do:
+    its `steady_decode` must be written for its `schedule`, and its `advance_decodes` for its
+    `update` (a subclass that overrides one of a pair but not the other is stepped one
+    iteration at a time)."""
+    cls = type(policy)
+    return all(issubclass(_owner(cls, hook), _owner(cls, base))
+               for hook, base in (("steady_decode", "schedule"), ("advance_decodes", "update")))
+
+
 class Engine:
+    """Drives one policy and one executor on a virtual clock.
+
+    `run(requests)` replays a whole workload. A caller that drives several engines on one clock
+    uses `add_request` and `step` instead. `progress`, if given, is called as
+    progress(num_done, num_tokens) after iterations that end requests."""
+
     def __init__(self, policy: Policy, executor: Executor, *, fast_forward: bool = True,
                  progress=None):
         self.policy = policy
         self.executor = executor
         self.kv = policy.kv
+        executor.bind(self.kv)
+        if policy.oracle:
+            policy._output_len = executor.output_len
         # skipping steady decode runs needs predicted durations and no real tokens
         self.fast_forward = fast_forward and executor.supports_fast_forward
-        self.progress = progress          # callable(num_done) or None
+        if self.fast_forward and not fast_forward_safe(policy):
+            log.info("%s overrides schedule()/update() without steady_decode()/"
+                     "advance_decodes(): fast-forward off", type(policy).__qualname__)
+            self.fast_forward = False
+        self.progress = progress
         # iteration records, fields as ITER_COLUMNS: tuples of the latest stepped iterations,
         # arrays for what came before them and for skipped runs
         self.rows: list[tuple] = []
         self._chunks: list[np.ndarray] = []
         self.now = 0.0
+        self.num_done = 0
+        self.output_lens: dict = {}   # request id -> the workload's output length (metrics)
 
+    # -- records ------------------------------------------------------------------------------------
     def _flush(self) -> None:
         if self.rows:
             self._chunks.append(np.array(self.rows, dtype=float))
@@ -53,54 +88,88 @@ class Engine:
         a = self.iterations()
         return {c: a[:, j].tolist() for j, c in enumerate(ITER_COLUMNS)}
 
+    # -- the loop -------------------------------------------------------------------------------------
+    def add_request(self, req: Request) -> bool:
+        """A request arrives now: the executor takes its output length and may refuse it, then
+        the policy queues it or refuses it. False (and counted done) if rejected."""
+        out_len = req.take_output_len()
+        self.output_lens[req.request_id] = out_len
+        try:
+            reason = self.executor.add_request(req, out_len)
+        except Exception as e:
+            raise self._blame(self.executor, "add_request", e) from e
+        if reason is not None:
+            self.policy.reject(req, reason)
+        else:
+            try:
+                if self.policy.add_request(req):
+                    return True
+            except Exception as e:
+                raise self._blame(self.policy, "add_request", e) from e
+        self.num_done += 1
+        return False
+
+    def step(self) -> tuple:
+        """One iteration at `now`: schedule, execute, update, advance the clock. Returns
+        (batch, finished requests, prefill tokens, decode tokens); the batch is empty if the
+        policy scheduled nothing (it may still have rejected requests)."""
+        policy, kv, ex = self.policy, self.kv, self.executor
+        try:
+            out = policy.schedule(self.now)
+        except Exception as e:
+            raise self._blame(policy, "schedule", e) from e
+        if not out:
+            self.num_done += len(out.rejected)
+            return out, [], 0, 0
+        try:
+            step = ex.execute(out)
+            if step.finished is None:
+                step.finished = ex.finished(out)
+        except Exception as e:
+            raise self._blame(ex, "execute", e) from e
+        start, end = self.now, self.now + step.duration
+        n_pre, n_dec = out.split_counts()
+        try:
+            done = policy.update(out, step, start, end)
+        except Exception as e:
+            raise self._blame(policy, "update", e) from e
+        for r in done:
+            r.finish_reason = ex.finish_reason(r)
+        self.rows.append((start, step.duration, n_pre, n_dec, len(out), kv.pool.num_used,
+                          kv.num_stored_tokens, len(out.preempted)))
+        self.now = end
+        if done or out.rejected:
+            self.num_done += len(done) + len(out.rejected)
+            if self.progress is not None:
+                self.progress(self.num_done, None)
+        return out, done, n_pre, n_dec
+
     def run(self, requests: list[Request]) -> list[Request]:
         reqs = sorted(requests, key=lambda r: r.arrival_time)
-        policy, kv, ex = self.policy, self.kv, self.executor
-        record = self.rows.append
-        i, n_total, n_done = 0, len(reqs), 0
+        policy = self.policy
+        i, n_total = 0, len(reqs)
         while True:
             while i < n_total and reqs[i].arrival_time <= self.now:   # admit
-                if not policy.add_request(reqs[i]):
-                    n_done += 1
+                self.add_request(reqs[i])
                 i += 1
             if not policy.has_work():
                 if i == n_total:
                     break
                 self.now = max(self.now, reqs[i].arrival_time)   # idle: jump to next arrival
                 continue
-            try:
-                out = policy.schedule(self.now)
-            except Exception as e:
-                raise self._blame(policy, "schedule", e) from e
+            out, done, n_pre, n_dec = self.step()
             if not out:
                 if out.rejected or not policy.has_work():
-                    n_done += len(out.rejected)
                     continue
                 if i < n_total and not policy.running:
                     self.now = reqs[i].arrival_time   # a plugin may wait for more arrivals
                     continue
+                kv = self.kv
                 raise RuntimeError(
                     f"policy {policy.name!r} scheduled nothing at t={self.now:.3f}s with "
                     f"{len(policy.waiting)} waiting and {len(policy.running)} running requests "
                     f"and {kv.num_free_blocks}/{kv.num_blocks} KV blocks free; it would never "
                     "make progress")
-            try:
-                step = ex.execute(out)
-            except Exception as e:
-                raise self._blame(ex, "execute", e) from e
-            start, end = self.now, self.now + step.duration
-            n_pre, n_dec = out.split_counts()
-            try:
-                done = policy.update(out, step.sampled, start, end)
-            except Exception as e:
-                raise self._blame(policy, "update", e) from e
-            record((start, step.duration, n_pre, n_dec, len(out), kv.pool.num_used,
-                    kv.num_stored_tokens, len(out.preempted)))
-            self.now = end
-            if done or out.rejected:
-                n_done += len(done) + len(out.rejected)
-                if self.progress is not None:
-                    self.progress(n_done)
             # a batch of nothing but one decode per running request, none finished: if the
             # policy says the next batch would be the same, skip ahead
             if (self.fast_forward and not done and n_pre == 0 and not out.preempted
@@ -122,48 +191,39 @@ class Engine:
     def _skip_decodes(self, next_arrival: float) -> None:
         """Run k identical decode-only iterations at once: same requests, contexts +1 each step,
         stopping before any request finishes, an arrival is due, or KV would run out. Produces
-        exactly what k single steps would."""
-        policy, kv = self.policy, self.kv
+        exactly what k single steps would, through the policy's `advance_decodes`."""
+        policy, kv, ex = self.policy, self.kv, self.executor
         running = policy.running
         # no request may finish inside the run: the last of it is taken by the normal loop
-        k = min(r._stop_at - r.num_output_tokens for r in running) - 1
+        k = int(ex.tokens_left(running).min()) - 1
         if k < 2:
             return
-        table, B = kv.req_blocks, len(running)
-        state = np.array([(r.num_computed_tokens, len(table[r.request_id])) for r in running])
-        ctx, held = state[:, 0], state[:, 1]
-        durs = self.executor.decode_run(ctx, k)
+        B = len(running)
+        ctx = np.fromiter((r.num_computed_tokens for r in running), np.int64, B)
+        durs = ex.decode_run(ctx, k)
         # left to right from `now`, as k single steps would add them (same rounding)
         ends = np.cumsum(np.concatenate(([self.now], durs)))[1:]
         # iteration j starts at ends[j-1]; arrivals at or before a start are admitted first
         k = min(k, int(np.searchsorted(ends, next_arrival, side="left")) + 1)
-        # blocks the batch holds beyond today's after each step
-        if kv.reserve:
-            extra = np.zeros(k, np.int64)
-        else:
-            need = -(-(ctx + np.arange(1, k + 1)[:, None]) // kv.block_size) - held
-            extra = np.maximum(need, 0).sum(axis=1)
-            k = min(k, int(np.searchsorted(extra, kv.num_free_blocks, side="right")))
+        extra = kv.decode_growth(running, k)   # blocks held beyond today's after each step
+        k = min(k, int(np.searchsorted(extra, kv.num_free_blocks, side="right")))
         if k < 2:
             return
         durs, ends = durs[:k], ends[:k]
         times = ends.tolist()
-        ok = kv.allocate_decodes(running, k)   # blocks for all k tokens: the end state of k steps
-        assert ok or kv.enable_prefix_caching
-        if not ok:
-            for r in running:
-                kv.allocate_slots(r, k)
-        for r in running:
-            r.num_computed_tokens += k
-            r.num_output_tokens += k
-            r.token_times.extend(times)
+        used_before, stored_before = kv.num_used_blocks, kv.num_stored_tokens
+        try:
+            policy.advance_decodes(times)
+        except Exception as e:
+            raise self._blame(policy, "advance_decodes", e) from e
         run = np.zeros((k, len(ITER_COLUMNS)))
         run[0, 0], run[1:, 0] = self.now, ends[:-1]          # start
         run[:, 1] = durs                                     # duration
         run[:, 3] = run[:, 4] = B                            # decode tokens, requests
-        run[:, 5] = kv.num_used_blocks - extra[k - 1] + extra[:k]
-        run[:, 6] = kv.num_stored_tokens - B * np.arange(k - 1, -1, -1)
+        run[:, 5] = used_before + extra[:k]
+        run[:, 6] = stored_before + B * np.arange(1, k + 1)
+        assert kv.num_used_blocks == run[-1, 5] and kv.num_stored_tokens == run[-1, 6], \
+            "advance_decodes did not do what k decode steps would"
         self._flush()
         self._chunks.append(run)
         self.now = times[-1]
-

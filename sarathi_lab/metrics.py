@@ -17,8 +17,11 @@ from sarathi_lab.request import Request
 PCTS = (50, 90, 99)
 
 
-def requests_table(reqs: list[Request]) -> pd.DataFrame:
+def requests_table(reqs: list[Request], output_lens: dict | None = None) -> pd.DataFrame:
+    """One row per request; `output_lens` (request id -> the workload's output length, as the
+    engine recorded it) fills `target_output_tokens`."""
     n = len(reqs)
+    lens = output_lens or {}
     first = np.array([r.token_times[0] if r.token_times else np.nan for r in reqs], float)
     arrival = np.array([r.arrival_time for r in reqs], float)
     finish = np.array([np.nan if r.finish_time is None else r.finish_time for r in reqs], float)
@@ -37,7 +40,10 @@ def requests_table(reqs: list[Request]) -> pd.DataFrame:
         "arrival_time": arrival,
         "num_prompt_tokens": np.array([r.num_prompt_tokens for r in reqs], np.int64),
         "num_output_tokens": n_out,
-        "target_output_tokens": np.array([r._stop_len for r in reqs], np.int64),
+        "target_output_tokens": np.array(
+            [np.nan if lens.get(r.request_id) is None else lens[r.request_id] for r in reqs],
+            float),
+        "finish_reason": [r.finish_reason for r in reqs],
         "first_scheduled_time": sched,
         "first_token_time": first,
         "finish_time": finish,

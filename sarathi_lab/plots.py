@@ -62,8 +62,11 @@ def run_styles(table: pd.DataFrame) -> dict:
         shade_key = keys[0] if keys else None
         dash_key = keys[1] if len(keys) > 1 else None
 
+        def norm(v):   # NaN (a setting the run does not read) is one level, not unequal to itself
+            return None if pd.isna(v) else v
+
         def levels(key):
-            vals = list(dict.fromkeys(rows[key].tolist())) if key else []
+            vals = list(dict.fromkeys(map(norm, rows[key].tolist()))) if key else []
             try:
                 vals = sorted(vals)
             except TypeError:
@@ -72,12 +75,12 @@ def run_styles(table: pd.DataFrame) -> dict:
         shades, dashes = levels(shade_key), levels(dash_key)
         for i, (_, r) in enumerate(rows.iterrows()):
             if shade_key and len(shades) > 1:
-                x = 0.45 + 0.5 * shades.index(r[shade_key]) / (len(shades) - 1)
+                x = 0.45 + 0.5 * shades.index(norm(r[shade_key])) / (len(shades) - 1)
             elif len(rows) > 1 and not shade_key:
                 x = 0.45 + 0.5 * i / (len(rows) - 1)
             else:
                 x = 0.75
-            ls = _DASHES[dashes.index(r[dash_key]) % len(_DASHES)] if dash_key else "-"
+            ls = _DASHES[dashes.index(norm(r[dash_key])) % len(_DASHES)] if dash_key else "-"
             styles[r["label"]] = (cmap(x), ls)
     return styles
 

@@ -1,10 +1,23 @@
-"""Find a policy or executor class by registered name (entry points) or dotted path."""
+"""Find a plug-in class -- policy, executor, cost model, queue -- by registered name or by dotted
+path.
+
+Names come from the entry-point groups below (a plug-in package registers its classes in its own
+``pyproject.toml``) and, when the package runs from a source tree without its entry points
+installed, from the built-in table. A dotted path (``pkg.module:Class`` or ``pkg.module.Class``)
+loads any importable class without registering it.
+"""
 from __future__ import annotations
 
 import importlib
 from importlib.metadata import entry_points
 
-# Fallback when the package runs from a source tree without its entry points installed.
+GROUPS = {
+    "scheduler": "sarathi_lab.schedulers",
+    "executor": "sarathi_lab.executors",
+    "cost model": "sarathi_lab.cost_models",
+    "queue": "sarathi_lab.queues",
+}
+
 BUILTIN = {
     "sarathi_lab.schedulers": {
         "request_level": "sarathi_lab.schedulers.request_level:RequestLevel",
@@ -15,6 +28,15 @@ BUILTIN = {
     "sarathi_lab.executors": {
         "sim": "sarathi_lab.executors.sim:SimExecutor",
         "torch": "sarathi_lab.executors.torch_exec:TorchExecutor",
+    },
+    "sarathi_lab.cost_models": {
+        "roofline": "sarathi_lab.costmodels.roofline:RooflineCostModel",
+    },
+    "sarathi_lab.queues": {
+        "fcfs": "sarathi_lab.schedulers.queues:RequestQueue",
+        "priority": "sarathi_lab.schedulers.queues:PriorityQueue",
+        "edf": "sarathi_lab.schedulers.queues:DeadlineQueue",
+        "spf": "sarathi_lab.schedulers.queues:ShortestPromptQueue",
     },
 }
 
@@ -39,20 +61,41 @@ def _import(target: str, what: str):
     return obj
 
 
-def resolve(group: str, name: str, what: str):
-    """`name` is a registered name, or a dotted path `pkg.module:Class` / `pkg.module.Class`."""
+def resolve(what: str, name: str, base: type | None = None):
+    """The class registered as `name` for `what` (a key of GROUPS), or at the dotted path
+    `name`; checked to subclass `base` when given."""
+    group = GROUPS[what]
     table = known(group)
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{what} name {name!r}: must be a registered name or a dotted path")
     if name in table:
-        return _import(table[name], what)
-    if "." in name or ":" in name:
-        return _import(name, what)
-    raise ValueError(f"unknown {what} {name!r}; known: {', '.join(sorted(table))} "
-                     "(or give a dotted path, e.g. my_pkg.module:MyClass)")
+        cls = _import(table[name], what)
+    elif "." in name or ":" in name:
+        cls = _import(name, what)
+    else:
+        raise ValueError(f"unknown {what} {name!r}; known: {', '.join(sorted(table))} "
+                         "(or give a dotted path, e.g. my_pkg.module:MyClass)")
+    if base is not None and not (isinstance(cls, type) and issubclass(cls, base)):
+        raise ValueError(f"{what} {name!r} is {cls!r}, not a subclass of "
+                         f"{base.__module__}.{base.__qualname__}")
+    return cls
 
 
 def policy_class(name: str):
-    return resolve("sarathi_lab.schedulers", name, "scheduler")
+    from sarathi_lab.schedulers.base import Policy
+    return resolve("scheduler", name, Policy)
 
 
 def executor_class(name: str):
-    return resolve("sarathi_lab.executors", name, "executor")
+    from sarathi_lab.executors.base import Executor
+    return resolve("executor", name, Executor)
+
+
+def cost_model_class(name: str):
+    from sarathi_lab.costmodels.base import CostModel
+    return resolve("cost model", name, CostModel)
+
+
+def queue_class(name: str):
+    from sarathi_lab.schedulers.queues import RequestQueue
+    return resolve("queue", name, RequestQueue)

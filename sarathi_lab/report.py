@@ -130,8 +130,11 @@ def _finish(df: pd.DataFrame) -> pd.DataFrame:
     varying = [k for k in df.attrs.get("override_keys", [])
                if k not in _POLICY_KEYS and df[k].astype(str).nunique() > 1]
 
+    def value(v):   # a column with gaps turns ints into floats: 256.0 reads as 256
+        return int(v) if isinstance(v, float) and v.is_integer() else v
+
     def label(row):
-        extra = ", ".join(f"{k.rsplit('.', 1)[-1]}={row[k]}" for k in varying
+        extra = ", ".join(f"{k.rsplit('.', 1)[-1]}={value(row[k])}" for k in varying
                           if not pd.isna(row[k]))
         return f"{row['policy']} ({extra})" if extra else str(row["policy"])
     df.insert(0, "label", df.apply(label, axis=1))
@@ -149,9 +152,14 @@ def run_table(paths) -> pd.DataFrame:
     for d in find(paths, "summary.json"):
         s = json.loads((d / "summary.json").read_text())
         cfg = s.get("config") or {}
-        ov = read_overrides(d)
+        # a multirun leaves out settings the run's components do not read: so does its label
+        unread = {n.split(":", 1)[0] for n in (s.get("settings") or {}).get("unread", [])}
+        ov = {k: v for k, v in read_overrides(d).items() if k not in unread}
         keys += [k for k in ov if k not in keys]
         ident = _identity(cfg)
+        for k in unread:
+            if k.startswith("scheduler.") and k.split(".", 1)[1] in ident:
+                ident[k.split(".", 1)[1]] = None
         rows.append({"run_dir": str(d), "overrides": ",".join(f"{k}={v}" for k, v in ov.items()),
                      **ident, "offered_qps": _offered_qps(ident["qps"], d), **ov,
                      **flat_metrics(s)})

@@ -20,13 +20,14 @@ class Status(enum.IntEnum):
 class Request:
     __slots__ = (
         "request_id", "arrival_time", "num_prompt_tokens", "prompt_token_ids", "max_tokens",
-        "_stop_len", "num_output_tokens", "output_token_ids", "num_computed_tokens", "status",
+        "_output_len", "num_output_tokens", "output_token_ids", "num_computed_tokens", "status",
         "first_scheduled_time", "finish_time", "token_times", "num_preemptions",
-        "rejection_reason", "block_hashes", "extra", "_stop_at",
+        "rejection_reason", "block_hashes", "extra", "finish_reason",
         "priority", "tenant", "deadline", "slo_class",
     )
 
-    def __init__(self, request_id, arrival_time: float, num_prompt_tokens: int, output_len: int,
+    def __init__(self, request_id, arrival_time: float, num_prompt_tokens: int,
+                 output_len: int | None = None,
                  prompt_token_ids: list[int] | None = None, max_tokens: int | None = None, *,
                  priority: int = 0, tenant: str = "default", deadline: float | None = None,
                  slo_class: str = "default"):
@@ -36,10 +37,10 @@ class Request:
         self.prompt_token_ids = prompt_token_ids
         # The user's cap, as a real API call carries it; schedulers may read it.
         self.max_tokens = max_tokens
-        # When the request stops (its EOS, in effect). Hidden from policies: no real scheduler
-        # knows a request's output length. Read only through `oracle_output_len`.
-        self._stop_len = int(output_len)
-        self._stop_at = self._stop_len  # min of that, max_tokens and max_model_len; set on admission
+        # The workload's output length (the trace's; in effect where its EOS falls). The engine
+        # hands it to the executor on arrival (`take_output_len`), which decides when the
+        # request ends: no policy can read it, as no real scheduler knows it.
+        self._output_len = None if output_len is None else int(output_len)
         self.num_output_tokens = 0
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0
@@ -49,6 +50,7 @@ class Request:
         self.token_times: list[float] = []
         self.num_preemptions = 0
         self.rejection_reason: str | None = None
+        self.finish_reason: str | None = None   # "stop" (its own end), "max_tokens", "max_model_len"
         self.block_hashes: list = []  # prefix-cache hashes of full blocks, filled lazily
         self.extra: dict = {}         # policy plugins keep per-request state here
         # Service attributes a trace may set (columns of the same names); policies may read them.
@@ -71,13 +73,10 @@ class Request:
         return self.num_computed_tokens == self.num_prompt_tokens + self.num_output_tokens - 1 \
             and self.num_output_tokens > 0
 
-    def oracle_output_len(self, policy) -> int:
-        """The true output length, for research policies that declare ``oracle = True``."""
-        if not getattr(policy, "oracle", False):
-            raise PermissionError(
-                f"{type(policy).__name__} read a request's true output length; only a policy that "
-                "declares `oracle = True` may (no real scheduler knows it)")
-        return self._stop_len
+    def take_output_len(self) -> int | None:
+        """The workload's output length, handed over once (by the engine, to the executor)."""
+        n, self._output_len = self._output_len, None
+        return n
 
     def all_token_ids(self) -> list[int]:
         assert self.prompt_token_ids is not None

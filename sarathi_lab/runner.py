@@ -9,54 +9,63 @@ import sys
 import time
 from pathlib import Path
 
-from sarathi_lab.config import plain
+from sarathi_lab.config import Resolved, plain, resolve
 from sarathi_lab.engine import Engine
 from sarathi_lab.kv import KVCacheManager
 from sarathi_lab.metrics import iterations_table, requests_table, summarize
-from sarathi_lab.registry import executor_class, policy_class
-from sarathi_lab.schedulers.base import SchedulerConfig
+from sarathi_lab.settings import ConfigError
 
 log = logging.getLogger(__name__)
-_FIELDS = {f.name for f in dataclasses.fields(SchedulerConfig)} - {"extra"}
 
 
-def scheduler_config(sched: dict, model_max_len: int) -> SchedulerConfig:
-    sc = SchedulerConfig(**{k: v for k, v in sched.items() if k in _FIELDS},
-                         extra={k: v for k, v in sched.items() if k not in _FIELDS})
-    sc.validate()
-    if sc.max_model_len is None or sc.max_model_len > model_max_len:
-        if sc.max_model_len is not None:
-            log.warning("scheduler.max_model_len=%d exceeds the model's %d; using %d",
-                        sc.max_model_len, model_max_len, model_max_len)
-        sc.max_model_len = model_max_len
-    if sc.max_num_batched_tokens is None:
-        sc.max_num_batched_tokens = max(sc.max_model_len, 2048)
-    return sc
-
-
-def build(cfg):
-    """(policy, executor) from a full config (Hydra DictConfig or nested dict)."""
-    c = plain(cfg)
-    ex_cfg = c["executor"]
-    executor = executor_class(ex_cfg["name"])(c["model"], c.get("hardware"), ex_cfg)
-    sc = scheduler_config(c["scheduler"], executor.max_model_len() or c["model"]["max_model_len"])
-    cls = policy_class(sc.name)
-    num_blocks = sc.num_kv_blocks or executor.num_kv_blocks(sc.block_size)
+def build(cfg, resolved: Resolved | None = None):
+    """(policy, executor) from a full config (Hydra DictConfig or nested dict), converted once
+    by `config.resolve` (or already resolved)."""
+    r = resolved or resolve(cfg)
+    executor = r.executor_cls(r.executor_cfg, r.model, r.hardware)
+    pc = r.policy_cfg
+    model_len = executor.max_model_len() or r.model.get("max_model_len")
+    if not model_len:
+        raise ConfigError("model.max_model_len: unknown (the executor does not know the model's "
+                          "length); set it")
+    max_model_len = model_len
+    if pc.max_model_len is not None:
+        if pc.max_model_len > model_len:
+            raise ConfigError(f"scheduler.max_model_len={pc.max_model_len}: exceeds the model's "
+                              f"{model_len}")
+        max_model_len = pc.max_model_len
+    num_blocks = pc.num_kv_blocks or executor.num_kv_blocks(pc.block_size)
     if not num_blocks:
-        raise ValueError(f"executor {ex_cfg['name']!r} cannot size the KV cache; "
-                         "set scheduler.num_kv_blocks")
-    kv = KVCacheManager(num_blocks, sc.block_size, enable_prefix_caching=sc.enable_prefix_caching,
-                        reserve=cls.reserves_kv, max_model_len=sc.max_model_len)
+        raise ConfigError(f"executor {type(executor).__name__} cannot size the KV cache; "
+                          "set scheduler.num_kv_blocks")
+    cls = r.policy_cls
+    kv = KVCacheManager(num_blocks, pc.block_size, enable_prefix_caching=pc.enable_prefix_caching,
+                        reserve=cls.reserves_kv, max_model_len=max_model_len)
     # the smallest request must fit, or the configuration is useless
-    if kv.blocks_needed(sc.max_model_len if cls.reserves_kv else 2) > num_blocks:
-        where = (f"scheduler.num_kv_blocks={num_blocks}" if sc.num_kv_blocks else
+    if kv.blocks_needed(max_model_len if cls.reserves_kv else 2) > num_blocks:
+        where = (f"scheduler.num_kv_blocks={num_blocks}" if pc.num_kv_blocks else
                  f"the {num_blocks} KV blocks that fit the executor's memory (see the executor's "
                  "memory settings, or set scheduler.num_kv_blocks)")
-        what = (f"one request of max_model_len={sc.max_model_len}, which {sc.name} reserves up "
+        what = (f"one request of max_model_len={max_model_len}, which {cls.name} reserves up "
                 "front (lower scheduler.max_model_len)" if cls.reserves_kv else "one request")
-        raise ValueError(f"{where} (block_size={sc.block_size}) cannot hold {what}")
-    executor.bind(kv)
-    return cls(sc, kv), executor
+        raise ConfigError(f"{where} (block_size={pc.block_size}) cannot hold {what}")
+    try:
+        policy = cls(pc, kv, r.queue_cls())
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return policy, executor
+
+
+def used_settings(r: Resolved, policy) -> dict:
+    """The values the run actually used, defaults and derived values filled in."""
+    eff = r.effective()
+    sched = eff["scheduler"]
+    sched.update(max_model_len=policy.max_model_len, num_kv_blocks=policy.kv.num_blocks)
+    if hasattr(policy, "token_cap"):
+        sched["max_num_batched_tokens"] = policy.token_cap
+    if r.notes:
+        eff["unread"] = list(r.notes)
+    return eff
 
 
 def _progress_bar(total: int, enabled):
@@ -78,33 +87,36 @@ def _atomic_write(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
-def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True) -> dict:
+def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
+        resolved: Resolved | None = None) -> dict:
     """Simulate or execute the configured run; write requests.parquet, iterations.parquet and
     summary.json (last, atomically: its presence marks a complete run). Returns the summary.
     write=False (capacity probes) returns the summary and writes nothing."""
     from sarathi_lab.traces import build_trace, to_requests
     c = plain(cfg)
+    r = resolved or resolve(c)
     if write:
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    policy, executor = build(c)
+    policy, executor = build(c, r)
     if requests is None:
-        trace = build_trace(c["trace"])
-        if hasattr(executor, "prepare_trace"):   # real models need prompt token ids
-            trace = executor.prepare_trace(trace, c["trace"])
+        trace = executor.prepare_trace(build_trace(c["trace"]), c["trace"])
         requests = to_requests(trace)
-    bar, progress = _progress_bar(len(requests), c.get("progress", "auto"))
-    engine = Engine(policy, executor, fast_forward=c.get("fast_forward", True), progress=progress)
+    bar, progress = _progress_bar(len(requests), r.run.progress)
+    engine = Engine(policy, executor, fast_forward=r.run.fast_forward, progress=progress)
     engine.run(requests)
     if bar is not None:
         bar.close()
     wall = time.perf_counter() - t0
-    req_df, it_df = requests_table(requests), iterations_table(engine.iterations())
+    req_df = requests_table(requests, engine.output_lens)
+    it_df = iterations_table(engine.iterations())
     summary = summarize(req_df, it_df, slo=c.get("slo"), kv_blocks_total=policy.kv.num_blocks,
                         block_size=policy.kv.block_size)
     summary["wall_time_s"] = wall
+    summary["simulated"] = executor.simulated
     summary["config"] = c
+    summary["settings"] = used_settings(r, policy)
     if not write:
         return summary
     _atomic_write(run_dir / "requests.parquet", lambda p: req_df.to_parquet(p, index=False))
@@ -117,7 +129,7 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True) -> d
 def format_summary(s: dict) -> str:
     cfg = s.get("config", {})
     ex = cfg.get("executor") or {}
-    sim = ex.get("name", "sim") == "sim"
+    sim = s.get("simulated", ex.get("name", "sim") == "sim")
     where = (f"simulated {(cfg.get('hardware') or {}).get('name', '?')}" if sim else
              f"executor {ex.get('name')} ({ex.get('device', '?')})")
     head = (f"{cfg.get('scheduler', {}).get('name', '?')} | {cfg.get('model', {}).get('name', '?')}"

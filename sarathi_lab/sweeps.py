@@ -76,7 +76,8 @@ class SweepLog(Callback):
         status = [ln.split("\t")[2] for ln in lines if ln.count("\t") >= 3]
         failed = [ln.split("\t")[3] for ln in lines
                   if ln.count("\t") >= 3 and ln.split("\t")[2] == "failed"]
-        tally = ", ".join(f"{status.count(s)} {s}" for s in ("done", "skipped", "failed"))
+        tally = ", ".join(f"{status.count(s)} {s}" for s in ("done", "skipped", "merged", "failed")
+                          if s != "merged" or "merged" in status)
         print(f"sweep {config.name}: {tally} -> {sweep_dir}", flush=True)
         for f in failed:
             print(f"  failed: {f or '(no overrides)'}", flush=True)

@@ -1,3 +1,4 @@
+import dataclasses
 import os
 
 os.environ.setdefault("WANDB_MODE", "disabled")
@@ -10,7 +11,6 @@ from sarathi_lab.executors.base import Executor, StepResult  # noqa: E402
 from sarathi_lab.kv import KVCacheManager  # noqa: E402
 from sarathi_lab.registry import policy_class  # noqa: E402
 from sarathi_lab.request import Request  # noqa: E402
-from sarathi_lab.runner import scheduler_config  # noqa: E402
 
 
 class LinearCost(Executor):
@@ -31,11 +31,18 @@ class LinearCost(Executor):
         return self.base + self.per_token * B + self.per_ctx * (contexts.sum() + B * steps)
 
 
-def make_policy(name, *, num_blocks=1000, block_size=4, max_model_len=256, **kw):
-    sc = scheduler_config({"name": name, "block_size": block_size, **kw}, max_model_len)
+def make_policy(name, *, num_blocks=1000, block_size=4, max_model_len=256, strict=False, **kw):
+    """A policy on its own KV manager. Unless `strict`, the one policy-specific knob a test
+    sets for several policies at once (token_budget / max_num_batched_tokens) goes only to the
+    policies that read it."""
     cls = policy_class(name)
+    if not strict:
+        fields = {f.name for f in dataclasses.fields(cls.config_class)}
+        kw = {k: v for k, v in kw.items()
+              if k in fields or k not in ("token_budget", "max_num_batched_tokens")}
+    sc = cls.parse_config({"block_size": block_size, **kw})
     kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=sc.enable_prefix_caching,
-                        reserve=cls.reserves_kv, max_model_len=sc.max_model_len)
+                        reserve=cls.reserves_kv, max_model_len=max_model_len)
     return cls(sc, kv)
 
 

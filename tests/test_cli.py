@@ -1,4 +1,5 @@
 """The command line: the default run, malformed settings, plugin policies, start-up cost."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -11,20 +12,27 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from sarathi_lab.cli import check_config
-from sarathi_lab.schedulers.sarathi import Sarathi
+from sarathi_lab.schedulers.sarathi import Sarathi, SarathiConfig
+from sarathi_lab.settings import setting
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 
 
-class TinyChunks(Sarathi):
-    """A plugin policy for the test below: Sarathi with chunks capped by its own setting
-    (`+scheduler.chunk=N`, which lands in SchedulerConfig.extra)."""
-    name = "tiny_chunks"
+@dataclasses.dataclass
+class TinyChunksConfig(SarathiConfig):
+    chunk: int = setting(64, ge=1, help="cap on a chunk")
 
-    def __init__(self, cfg, kv):
-        cfg.token_budget = min(cfg.token_budget, int(cfg.extra.get("chunk", 64)))
-        super().__init__(cfg, kv)
+
+class TinyChunks(Sarathi):
+    """A plugin policy for the tests below: Sarathi with chunks capped by its own typed setting
+    (`+scheduler.chunk=N`)."""
+    name = "tiny_chunks"
+    config_class = TinyChunksConfig
+
+    def __init__(self, cfg, kv, queue=None):
+        super().__init__(dataclasses.replace(cfg, token_budget=min(cfg.token_budget, cfg.chunk)),
+                         kv, queue)
 
 
 def cli(*args, cwd=None, env=None, timeout=120):
@@ -80,8 +88,7 @@ def test_bad_run_exits_nonzero_with_a_clear_message(tmp_path):
     assert r.returncode != 0
     assert "sarathi-lab: error: trace.qps=-2" in r.stderr
     assert "Traceback" not in r.stderr          # a config error is not a crash
-    assert "trace.qps" in (tmp_path / "bad" / "error.txt").read_text()
-    assert not (tmp_path / "bad" / "summary.json").exists()
+    assert not (tmp_path / "bad").exists()      # and leaves no run directory behind
     # an unknown option of a config group is Hydra's to report, also non-zero
     r = cli(f"hydra.run.dir={tmp_path}/bad2", "scheduler=no_such_policy", cwd=tmp_path)
     assert r.returncode != 0 and "scheduler/no_such_policy" in r.stderr
@@ -120,3 +127,78 @@ def test_run_directory_names_stay_short_and_flat():
     assert len(name) <= 120 and name == dirname(long) and name != dirname(long + "x")
     assert dirname("trace.path=/data/t.csv") == "trace.path=%data%t.csv"
     assert dirname("") == "defaults"
+
+
+@pytest.mark.parametrize("args,key", [
+    (["scheduler=vllm", "scheduler.token_budget=128"], "scheduler.token_budget"),
+    (["+scheduler.budget=512"], "scheduler.budget"),
+    (["scheduler=custom", "scheduler.name=test_cli:TinyChunks", "+scheduler.chunk=4.5"],
+     "scheduler.chunk"),
+    (["scheduler=custom", "scheduler.name=test_cli:TinyChunks", "+scheduler.chunks=4"],
+     "scheduler.chunks"),
+    (["executor.tensor_parallel=0"], "executor.tensor_parallel"),
+    (["+executor.mem_eff=1.5"], "executor.mem_eff"),
+    (["+executor.no_such_knob=1"], "executor.no_such_knob"),
+    (["scheduler.queue=lifo"], "scheduler.queue"),
+    (["capacity.qps_low=1"], "capacity.qps_low"),           # read only with mode=capacity
+])
+def test_a_setting_no_component_reads_or_accepts_is_an_error(tmp_path, args, key):
+    r = cli(f"hydra.run.dir={tmp_path}/run", "trace=synthetic", "trace.num_requests=5", *args,
+            cwd=tmp_path)
+    assert r.returncode != 0
+    assert f"sarathi-lab: error: {key}" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_unknown_key_lists_what_the_policy_accepts():
+    with pytest.raises(ValueError) as e:
+        check_config(composed("scheduler=vllm", "+scheduler.budget=3"))
+    msg = str(e.value)
+    assert "not a setting of policy 'vllm'" in msg and "max_num_batched_tokens" in msg
+
+
+def test_multirun_merges_combinations_that_differ_only_in_unread_settings(tmp_path):
+    r = cli("-m", f"results_root={tmp_path}", "name=m", "trace=synthetic",
+            "trace.num_requests=10", "scheduler=vllm,sarathi", "scheduler.token_budget=256,512",
+            cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    sweep = tmp_path / "sweeps" / "m"
+    lines = [ln.split("\t") for ln in (sweep / "sweep.log").read_text().splitlines()]
+    status = sorted(ln[2] for ln in lines)
+    assert status == ["done", "done", "done", "merged"]
+    merged = next(ln for ln in lines if ln[2] == "merged")
+    assert "scheduler=vllm" in merged[3] and "scheduler.token_budget" in merged[4]
+    assert "3 done, 0 skipped, 1 merged, 0 failed" in r.stdout
+    runs = sorted(p.parent.name for p in sweep.glob("*/summary.json"))
+    assert len(runs) == 3
+    vllm = json.loads(next(p for p in sweep.glob("*/summary.json") if "vllm" in str(p))
+                      .read_text())
+    assert vllm["settings"]["unread"] == ["scheduler.token_budget: not read by policy 'vllm'"]
+    assert "token_budget" not in vllm["settings"]["scheduler"]
+
+
+def test_executor_and_cost_model_by_dotted_path(tmp_path):
+    # one request at a time: the same iterations whatever they cost
+    one = ("trace=synthetic", "trace.num_requests=10", "scheduler.max_num_seqs=1")
+    r = cli(f"hydra.run.dir={tmp_path}/a", *one,
+            "executor.cost_model=plugins:SlowRoofline", "+executor.slowdown=2.0", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    slow = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert slow["settings"]["executor"]["cost_model_settings"]["slowdown"] == 2.0
+    r = cli(f"hydra.run.dir={tmp_path}/b", *one, cwd=tmp_path)
+    base = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert slow["makespan_s"] > base["makespan_s"]
+    it_a = pd.read_parquet(tmp_path / "a" / "iterations.parquet")
+    it_b = pd.read_parquet(tmp_path / "b" / "iterations.parquet")
+    assert len(it_a) == len(it_b)
+    assert it_a["duration"].to_numpy() == pytest.approx(2 * it_b["duration"].to_numpy())
+    # an executor plug-in by dotted path, with its own typed setting
+    r = cli(f"hydra.run.dir={tmp_path}/c", "trace=synthetic", "trace.num_requests=10",
+            "executor=custom", "executor.name=plugins:FixedStep", "+executor.step_s=0.5",
+            cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    it = pd.read_parquet(tmp_path / "c" / "iterations.parquet")
+    assert (it["duration"] == 0.5).all()
+    s = json.loads((tmp_path / "c" / "summary.json").read_text())
+    assert s["simulated"] is True and "simulated" in r.stdout

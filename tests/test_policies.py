@@ -10,17 +10,26 @@ from sarathi_lab.request import Status
 POLICIES = ["request_level", "orca", "vllm", "sarathi"]
 
 
-def step(policy, ex, now=0.0):
-    out = policy.schedule(now)
-    batch = [(r.request_id, n) for r, n in zip(out.reqs, out.num_new_tokens)]
-    policy.update(out, None, now, now + ex.execute(out).duration)
-    return batch
+def engine(policy, ex):
+    """One engine per policy under test, made on first use."""
+    if not hasattr(policy, "_test_engine"):
+        policy._test_engine = Engine(policy, ex, fast_forward=False)
+    return policy._test_engine
+
+
+def add(policy, ex, r):
+    return engine(policy, ex).add_request(r)
+
+
+def step(policy, ex):
+    out = engine(policy, ex).step()[0]
+    return [(r.request_id, n) for r, n in zip(out.reqs, out.num_new_tokens)]
 
 
 def test_sarathi_decodes_first_then_partial_then_new_chunk():
     p, ex = make_policy("sarathi", token_budget=8, max_model_len=64), LinearCost()
     for i, n in enumerate([6, 6, 20]):
-        p.add_request(req(i, n, 5))
+        add(p, ex, req(i, n, 5))
     assert step(p, ex) == [(0, 6), (1, 2)]            # C waits: budget spent
     assert step(p, ex) == [(0, 1), (1, 4), (2, 3)]    # A decodes, B's next chunk, C's first
     assert step(p, ex) == [(0, 1), (1, 1), (2, 6)]    # two decodes, C chunked to what is left
@@ -30,11 +39,11 @@ def test_sarathi_decodes_first_then_partial_then_new_chunk():
 
 def test_vllm_prefill_only_batch_stalls_decodes():
     p, ex = make_policy("vllm", max_num_batched_tokens=12, max_model_len=12), LinearCost()
-    p.add_request(req(0, 6, 5))
-    p.add_request(req(1, 6, 5))
+    add(p, ex, req(0, 6, 5))
+    add(p, ex, req(1, 6, 5))
     assert step(p, ex) == [(0, 6), (1, 6)]
     assert step(p, ex) == [(0, 1), (1, 1)]
-    p.add_request(req(2, 7, 5))
+    add(p, ex, req(2, 7, 5))
     assert step(p, ex) == [(2, 7)]                    # decodes of 0 and 1 stall
     assert step(p, ex) == [(0, 1), (1, 1), (2, 1)]
 
@@ -42,17 +51,17 @@ def test_vllm_prefill_only_batch_stalls_decodes():
 def test_vllm_prefill_batch_respects_token_cap():
     p, ex = make_policy("vllm", max_num_batched_tokens=12, max_model_len=12), LinearCost()
     for i in range(3):
-        p.add_request(req(i, 5, 3))
+        add(p, ex, req(i, 5, 3))
     assert step(p, ex) == [(0, 5), (1, 5)]            # 15 tokens would exceed 12
     assert step(p, ex) == [(2, 5)]
 
 
 def test_orca_hybrid_batch_with_whole_prefills():
     p, ex = make_policy("orca", max_model_len=64), LinearCost()
-    p.add_request(req(0, 6, 5))
-    p.add_request(req(1, 6, 5))
+    add(p, ex, req(0, 6, 5))
+    add(p, ex, req(1, 6, 5))
     assert step(p, ex) == [(0, 6), (1, 6)]
-    p.add_request(req(2, 30, 5))
+    add(p, ex, req(2, 30, 5))
     assert step(p, ex) == [(0, 1), (1, 1), (2, 30)]   # whole prompt beside the decodes
     # KV reserved up front: max_model_len per request (no max_tokens cap)
     assert p.kv.num_used_blocks == 3 * 64 // 4
@@ -60,10 +69,10 @@ def test_orca_hybrid_batch_with_whole_prefills():
 
 def test_request_level_no_admission_while_batch_runs():
     p, ex = make_policy("request_level", max_model_len=32), LinearCost()
-    p.add_request(req(0, 4, 2))
-    p.add_request(req(1, 4, 4))
+    add(p, ex, req(0, 4, 2))
+    add(p, ex, req(1, 4, 4))
     assert step(p, ex) == [(0, 4), (1, 4)]
-    p.add_request(req(2, 4, 1))
+    add(p, ex, req(2, 4, 1))
     assert step(p, ex) == [(0, 1), (1, 1)]            # 0 finishes here
     assert step(p, ex) == [(1, 1)]                    # 2 still waits
     assert step(p, ex) == [(1, 1)]                    # 1 finishes
@@ -111,12 +120,31 @@ def test_output_stops_at_max_model_len_and_max_tokens():
 
 
 def test_policy_may_not_read_true_output_length():
-    p = make_policy("sarathi")
+    from sarathi_lab.schedulers.sarathi import Sarathi
+
+    class Peek(Sarathi):
+        seen = {}
+
+        def schedule(self, now):
+            for r in self.waiting:
+                self.seen[r.request_id] = self.oracle_output_len(r)
+            return super().schedule(now)
+
+    class Oracle(Peek):
+        oracle = True
+
     r = req(0, 4, 9)
+    p = make_policy("sarathi")
+    Engine(p, LinearCost()).run([r])
     with pytest.raises(PermissionError):
-        r.oracle_output_len(p)
-    p.oracle = True
-    assert r.oracle_output_len(p) == 9
+        p.oracle_output_len(r)
+    assert not hasattr(r, "_stop_len") and r.take_output_len() is None
+    kv = make_policy("sarathi").kv
+    with pytest.raises(PermissionError, match="Peek.*oracle = True"):
+        Engine(Peek(Peek.config_class(), kv), LinearCost()).run([req(1, 4, 9)])
+    o = Oracle(Oracle.config_class(), make_policy("sarathi").kv)
+    Engine(o, LinearCost()).run([req(2, 4, 9)])
+    assert Oracle.seen == {2: 9}
 
 
 def random_trace(rng, n=40):
@@ -139,6 +167,7 @@ def test_random_traces_invariants(name, seed):
     eng = Engine(p, LinearCost(per_ctx=1e-5), fast_forward=False)
     eng.run(reqs)
     it = eng.iters
+    target = eng.output_lens
     tokens = np.add(it["prefill_tokens"], it["decode_tokens"])
     cap = budget if name == "sarathi" else 128
     assert tokens.max() <= cap
@@ -148,7 +177,7 @@ def test_random_traces_invariants(name, seed):
             assert r.rejection_reason
             continue
         assert r.status is Status.FINISHED
-        assert r.num_output_tokens == min(r._stop_len, 128 - r.num_prompt_tokens)
+        assert r.num_output_tokens == min(target[r.request_id], 128 - r.num_prompt_tokens)
         assert len(r.token_times) == r.num_output_tokens
         assert all(a < b for a, b in zip(r.token_times, r.token_times[1:]))
         assert r.arrival_time <= r.first_scheduled_time < r.token_times[0] <= r.finish_time
@@ -188,3 +217,5 @@ def test_invalid_configs_name_the_setting():
         make_policy("vllm", max_num_batched_tokens=100, max_model_len=256)
     with pytest.raises(ValueError, match="unknown scheduler 'fcfs'.*sarathi"):
         make_policy("fcfs")
+    with pytest.raises(ValueError, match="scheduler.token_budget.*not a setting of policy 'vllm'"):
+        make_policy("vllm", token_budget=128, strict=True)

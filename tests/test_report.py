@@ -24,7 +24,8 @@ def cli(*args, cwd):
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
-    """A 2 x 2 x 2 sweep (policy, token budget, load) and two small capacity searches."""
+    """A 2 x 2 x 2 sweep (policy, token budget, load): vllm reads no token budget, so its four
+    combinations run as two (merged); and two small capacity searches."""
     root = tmp_path_factory.mktemp("report")
     cli("-m", f"results_root={root}", "name=grid", *TINY, "scheduler=vllm,sarathi",
         "scheduler.token_budget=256,512", "trace.qps=2,4", cwd=root)
@@ -42,7 +43,10 @@ def report(inputs, tmp_path_factory):
 
 def test_table_has_a_row_per_run_and_the_swept_columns(report):
     t = report.table
-    assert len(t) == 8
+    assert len(t) == 6
+    # the merged vllm runs are labelled once, without the budget they do not read
+    assert sorted(t.loc[t["policy"] == "vllm", "label"]) == ["vllm (qps=2)", "vllm (qps=4)"]
+    assert t.loc[t["policy"] == "vllm", "token_budget"].isna().all()
     assert {"scheduler", "scheduler.token_budget", "trace.qps"} <= set(t.columns)
     assert {"tbt_p99", "ttft_p50", "tpot_p99", "slo_goodput_rps", "slo_attainment",
             "stalls_count", "throughput_rps"} <= set(t.columns)
@@ -50,8 +54,8 @@ def test_table_has_a_row_per_run_and_the_swept_columns(report):
     for f in ("summary.csv", "summary.parquet", "capacity.csv", "capacity.parquet", "report.md"):
         assert (report.out / f).stat().st_size > 0
     csv = pd.read_csv(report.out / "summary.csv")
-    assert len(csv) == 8 and np.allclose(csv["tbt_p99"], t["tbt_p99"])
-    assert len(pd.read_parquet(report.out / "summary.parquet")) == 8
+    assert len(csv) == 6 and np.allclose(csv["tbt_p99"], t["tbt_p99"])
+    assert len(pd.read_parquet(report.out / "summary.parquet")) == 6
 
 
 def test_every_supported_plot_is_made(report):
@@ -60,7 +64,7 @@ def test_every_supported_plot_is_made(report):
         assert {f.suffix for f in files} == {".png", ".pdf"}
         assert all(f.stat().st_size > 1000 for f in files), name
         assert not data.empty, name
-    assert "up to 4" in report.skipped["timeline"]   # 8 runs: said, not silently dropped
+    assert "up to 4" in report.skipped["timeline"]   # 6 runs: said, not silently dropped
 
 
 def _at(data, label, q):
@@ -81,16 +85,17 @@ def test_cdfs_draw_the_table_percentiles(report):
 def test_budget_and_load_plots_draw_the_table(report):
     t = report.table.set_index("label")
     budget = report.plots["budget_tradeoff"][1]
-    assert len(budget) == 8 and set(budget["label"]) == set(t.index)
+    assert len(budget) == 6 and set(budget["label"]) == set(t.index)
     for _, r in budget.iterrows():
-        assert r["token_budget"] == t.loc[r["label"], "token_budget"]
+        want = t.loc[r["label"], "token_budget"]
+        assert r["token_budget"] == want or (pd.isna(want) and pd.isna(r["token_budget"]))
         assert np.isclose(r["tbt_p99"], t.loc[r["label"], "tbt_p99"])
         assert np.isclose(r["ttft_p50"], t.loc[r["label"], "ttft_p50"])
-    # one line per policy and load: 2 x 2, each across both budgets
-    assert budget.groupby("series").size().to_dict() == {s: 2 for s in budget["series"].unique()}
-    assert budget["series"].nunique() == 4
+    # one line per policy and load: sarathi's across both budgets, vllm's a level (one run)
+    assert budget.groupby("series").size().to_dict() == {
+        "sarathi (qps=2)": 2, "sarathi (qps=4)": 2, "vllm (qps=2)": 1, "vllm (qps=4)": 1}
     load = report.plots["load"][1]
-    assert len(load) == 8
+    assert len(load) == 6
     for _, r in load.iterrows():
         assert r["offered_qps"] == t.loc[r["label"], "offered_qps"]
         assert np.isclose(r["goodput_rps"], t.loc[r["label"], "slo_goodput_rps"])
@@ -128,7 +133,7 @@ def test_single_run_timeline_and_honest_skips(inputs, tmp_path):
 def test_report_command(inputs, tmp_path, capsys):
     main([str(inputs[0]), "--out", str(tmp_path / "r"), "--timeline", "none"])
     out = capsys.readouterr().out
-    assert "8 runs" in out and "skipped timeline" in out
+    assert "6 runs" in out and "skipped timeline" in out
     assert (tmp_path / "r" / "tbt_cdf.png").exists()
     with pytest.raises(SystemExit):
         main([str(tmp_path / "nothing_here")])

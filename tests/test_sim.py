@@ -23,7 +23,7 @@ def preset(group, name):
 def sim(model="llama-2-7b", hw="a100-80gb", **executor):
     cfg = preset("executor", "sim")
     cfg.update(executor)
-    return SimExecutor(preset("model", model), preset("hardware", hw), cfg)
+    return SimExecutor.from_config(cfg, preset("model", model), preset("hardware", hw))
 
 
 def decode_req(rid, context, prompt=4):
@@ -202,9 +202,9 @@ def test_num_kv_blocks_rejects_a_model_that_does_not_fit():
 
 def test_accepts_dictconfigs_and_stays_fast():
     from omegaconf import OmegaConf
-    ex = SimExecutor(OmegaConf.load(CONFIGS / "model/yi-34b.yaml"),
-                     OmegaConf.load(CONFIGS / "hardware/h200.yaml"),
-                     OmegaConf.create({"name": "sim", "tensor_parallel": 2}))
+    ex = SimExecutor.from_config(OmegaConf.create({"name": "sim", "tensor_parallel": 2}),
+                                 OmegaConf.load(CONFIGS / "model/yi-34b.yaml"),
+                                 OmegaConf.load(CONFIGS / "hardware/h200.yaml"))
     out = SchedulerOutput()
     for i in range(29):
         out.add(decode_req(i, 200 + i), 1)

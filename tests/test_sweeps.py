@@ -11,7 +11,7 @@ from sarathi_lab.report import run_table
 
 TESTS = Path(__file__).resolve().parent
 TINY = ["trace=synthetic", "trace.num_requests=40"]
-GRID = ["scheduler=vllm,sarathi", "scheduler.token_budget=256,512"]
+GRID = ["scheduler=orca,sarathi", "scheduler.max_num_seqs=8,16"]
 
 
 def cli(*args, cwd, timeout=180):
@@ -39,15 +39,15 @@ def test_every_combination_has_its_run_directory(sweep):
     d, r = sweep
     table = run_table([d])
     assert len(table) == 4
-    assert {"scheduler", "scheduler.token_budget"} <= set(table.columns)
-    got = set(zip(table["scheduler"], table["scheduler.token_budget"]))
-    assert got == {("vllm", 256), ("vllm", 512), ("sarathi", 256), ("sarathi", 512)}
+    assert {"scheduler", "scheduler.max_num_seqs"} <= set(table.columns)
+    got = set(zip(table["scheduler"], table["scheduler.max_num_seqs"]))
+    assert got == {("orca", 8), ("orca", 16), ("sarathi", 8), ("sarathi", 16)}
     # the overrides are what the jobs ran with
     assert (table["policy"] == table["scheduler"]).all()
-    assert (table["token_budget"] == table["scheduler.token_budget"]).all()
+    assert (table["max_num_seqs"] == table["scheduler.max_num_seqs"]).all()
     # the directory names come from the overrides alone: the same sweep lands in the same place
     names = sorted(Path(p).name for p in table["run_dir"])
-    assert names[0] == ("scheduler.token_budget=256,scheduler=sarathi,trace.num_requests=40,"
+    assert names[0] == ("scheduler.max_num_seqs=16,scheduler=orca,trace.num_requests=40,"
                         "trace=synthetic")
 
 

@@ -168,7 +168,7 @@ def test_prepare_trace_attaches_seeded_ids():
     from sarathi_lab.executors.torch_exec import TorchExecutor
     preset = dict(name="t", num_layers=1, hidden_size=32, intermediate_size=64, num_heads=4,
                   num_kv_heads=2, head_dim=8, vocab_size=100, max_model_len=64)
-    ex = TorchExecutor(preset, None, {"device": "cpu", "shared_prefix_len": 5, "seed": 1})
+    ex = TorchExecutor.from_config({"device": "cpu", "shared_prefix_len": 5, "seed": 1}, preset)
     assert ex.max_model_len() == 64 and ex.dtype == torch.float32 and ex.backend == "torch"
     df = pd.DataFrame({"arrival_time": [0.0, 1.0], "num_prompt_tokens": [8, 3],
                        "num_output_tokens": [2, 2]})

@@ -329,11 +329,10 @@ def test_jsonl_round_trips_into_requests(tmp_path):
     assert list(df.columns) == COLUMNS + ["prompt_token_ids"]
     np.testing.assert_allclose(df["arrival_time"], [0.0, 0.5, 2.0])
     reqs = to_requests(df, max_tokens=64)
-    oracle = type("Oracle", (), {"oracle": True})()
     assert [r.request_id for r in reqs] == [0, 1, 2]
     assert [r.prompt_token_ids for r in reqs] == [r["prompt_token_ids"] for r in rows]
     assert [r.num_prompt_tokens for r in reqs] == [3, 1, 5]
-    assert [r.oracle_output_len(oracle) for r in reqs] == [4, 1, 1]   # 0 runs as 1
+    assert [r.take_output_len() for r in reqs] == [4, 1, 1]   # 0 runs as 1
     assert [r.arrival_time for r in reqs] == [0.0, 0.5, 2.0]
     assert all(r.max_tokens == 64 for r in reqs)
 
@@ -483,7 +482,7 @@ def test_zero_output_rows_become_one_token_requests(tmp_path, caplog):
     path = tmp_path / "zero.csv"
     path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,10,0\n1.0,10,5\n")
     reqs = to_requests(load_trace(str(path)))
-    assert [r._stop_len for r in reqs] == [1, 5]
+    assert [r.take_output_len() for r in reqs] == [1, 5]
     assert "0 output tokens" in caplog.text
 
 

@@ -4,4 +4,4 @@
 #   experiments/budget_sweep/run.sh resume=true hydra/launcher=parallel
 set -euo pipefail
 sarathi-lab -m experiment=budget_sweep "$@"
-sarathi-lab -m experiment=budget_sweep scheduler=vllm scheduler.token_budget=512 "$@"
+sarathi-lab -m experiment=budget_sweep scheduler=vllm "$@"

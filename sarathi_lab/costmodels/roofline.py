@@ -35,11 +35,13 @@ batch (the floors are a constant per layer).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from sarathi_lab.config import plain
+from sarathi_lab.costmodels.base import CostModel, CostModelConfig
+from sarathi_lab.settings import setting
 
 DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
                "float32": 4, "fp32": 4, "float": 4, "float8": 1, "fp8": 1}
@@ -121,11 +123,26 @@ class HardwareSpec:
         return cls(**kw)
 
 
-class RooflineCostModel:
+@dataclass
+class RooflineConfig(CostModelConfig):
+    """Efficiency overrides; null keeps the hardware preset's (fitted by
+    experiments/calibrate_roofline.py)."""
+    compute_eff: float | None = setting(None, gt=0, le=1, help="share of peak FLOP/s in GEMMs")
+    attn_eff: float | None = setting(None, gt=0, le=1, help="share of peak FLOP/s in attention")
+    mem_eff: float | None = setting(None, gt=0, le=1, help="share of HBM bandwidth achieved")
+    link_eff: float | None = setting(None, gt=0, le=1, help="share of link bandwidth achieved")
+    iteration_overhead_s: float | None = setting(None, ge=0, help="CPU side of an iteration")
+    layer_overhead_s: float | None = setting(None, ge=0, help="GPU kernel floors per layer")
+
+
+class RooflineCostModel(CostModel):
     """Iteration time of `model` on one GPU of a `tensor_parallel` group of `hardware`."""
 
-    def __init__(self, model, hardware, tensor_parallel: int = 1, overrides=None):
+    config_class = RooflineConfig
+
+    def __init__(self, model, hardware, tensor_parallel: int = 1, cfg=None):
         m = model if isinstance(model, ModelShape) else ModelShape.from_config(model)
+        overrides = asdict(cfg) if isinstance(cfg, RooflineConfig) else cfg
         hw = hardware if isinstance(hardware, HardwareSpec) else \
             HardwareSpec.from_config(hardware, overrides)
         tp = int(tensor_parallel)
@@ -272,6 +289,10 @@ class RooflineCostModel:
         per_tok = 2 * m.hidden_size + (self.heads + 2 * self.kv_heads) * m.head_dim \
             + 3 * m.intermediate_size / self.tp
         return num_tokens * m.dtype_bytes * per_tok + _MAX_SAMPLED_ROWS * m.vocab_size * 4
+
+    @property
+    def max_model_len(self) -> int:
+        return self.model.max_model_len
 
     def num_kv_blocks(self, block_size: int, gpu_memory_utilization: float = 0.9,
                       workspace_bytes: float = 2**30, activation_tokens: int = 8192) -> int:

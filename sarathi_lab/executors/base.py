@@ -1,43 +1,134 @@
-"""The executor interface: run one scheduled batch, say how long it took and what it sampled."""
+"""The executor contract: run one scheduled batch, say how long it took, what it sampled and which
+requests it ended.
+
+A plug-in executor subclasses `Executor`, declares its settings as a dataclass (`config_class`,
+built by `sarathi_lab.settings.parse` from the ``executor`` config node) and implements
+`execute`. It is constructed as ``cls(cfg, model, hardware)``: its typed settings and the model
+and hardware presets as plain dicts (hardware is None when `uses_hardware` is False).
+"""
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
+
+
+@dataclass
+class ExecutorConfig:
+    """Settings shared by every executor (none yet); plug-ins subclass it."""
 
 
 @dataclass(slots=True)
 class StepResult:
     duration: float                      # seconds the iteration took (measured or predicted)
     sampled: list[int] | None = None     # aligned with SchedulerOutput.reqs; None in simulation
+    # indices into SchedulerOutput.reqs of the requests this step ended (their last token was
+    # emitted); None: the engine asks `Executor.finished`, the default stop rule
+    finished: list[int] | None = None
 
 
-class Executor:
-    """Base class. An executor turns a `SchedulerOutput` into a `StepResult`.
+class Executor(abc.ABC):
+    """Turns a `SchedulerOutput` into a `StepResult`.
 
     Each scheduled entry (req, n) means: compute tokens [req.num_computed_tokens,
-    req.num_computed_tokens + n) of `req`, reading its earlier KV through the block table of the
-    KV manager; if that catches the request up (num_computed_tokens + n == num_tokens), sample one
+    req.num_computed_tokens + n) of `req`, reading its earlier KV through the KV manager's block
+    table; if that catches the request up (num_computed_tokens + n == num_tokens), sample one
     token for it.
+
+    The executor decides when a request ends. The default rule (`finished`): when it has emitted
+    its workload output length (the trace's), its `max_tokens`, or what `max_model_len` leaves
+    after the prompt, whichever comes first. A real executor may add its own (EOS).
     """
 
-    #: True when `decode_run` is implemented (lets the engine skip through steady decode runs).
-    supports_fast_forward = False
+    #: the settings dataclass; `settings.parse` checks the ``executor`` node against it
+    config_class: ClassVar[type] = ExecutorConfig
+    #: True: durations are predicted, not measured (a simulator); decides how a run is labelled
+    simulated: ClassVar[bool] = False
+    #: True: reads the ``hardware`` preset; False: a configured hardware preset is an error
+    uses_hardware: ClassVar[bool] = False
+    #: True when `decode_run` is implemented (lets the engine skip through steady decode runs)
+    supports_fast_forward: ClassVar[bool] = False
 
-    def bind(self, kv) -> None:
-        """Called once by the engine with the KV-cache manager (block tables live there)."""
+    @classmethod
+    def parse_config(cls, values: dict, where: str = "executor"):
+        """Typed settings from the ``executor`` config node (without its ``name``)."""
+        from sarathi_lab.settings import parse
+        return parse(cls.config_class, values, where, f"executor {cls.__qualname__}")
 
+    @classmethod
+    def from_config(cls, values: dict, model: dict, hardware: dict | None = None):
+        """Construct from a raw ``executor`` node (its ``name`` ignored) and the presets (dicts
+        or OmegaConf nodes)."""
+        from sarathi_lab.config import plain
+        values = {k: v for k, v in plain(values).items() if k != "name"}
+        return cls(cls.parse_config(values), plain(model), plain(hardware) or None)
+
+    # -- sizing and set-up ------------------------------------------------------------------------
     def num_kv_blocks(self, block_size: int) -> int | None:
-        """How many KV blocks of `block_size` tokens fit this executor's memory (None: unknown)."""
+        """How many KV blocks of `block_size` tokens fit this executor's memory (None: unknown,
+        the user must set scheduler.num_kv_blocks)."""
         return None
 
     def max_model_len(self) -> int | None:
+        """The longest sequence the model takes (None: unknown)."""
         return None
 
+    def bind(self, kv) -> None:
+        """Called once, by the engine, with the KV-cache manager (block tables live there).
+        Subclasses that override it call `super().bind(kv)`."""
+        self.kv = kv
+        self._stop_at: dict = {}
+
+    def prepare_trace(self, df, trace_cfg: dict):
+        """A chance to complete a trace before it becomes requests (the real model gives a
+        length-only trace prompt token ids). Returns the trace."""
+        return df
+
+    # -- requests ---------------------------------------------------------------------------------
+    def add_request(self, req, output_len: int | None) -> str | None:
+        """A request arrived, with its workload output length (None: unknown, the request runs
+        to `max_tokens` or `max_model_len`). Returns a reason if it can never be served, else
+        None."""
+        limit = self.kv.max_model_len - req.num_prompt_tokens
+        stops = [(limit, "max_model_len")]
+        if req.max_tokens is not None:
+            stops.append((req.max_tokens, "max_tokens"))
+        if output_len is not None:
+            stops.append((max(int(output_len), 1), "stop"))
+        self._stop_at[req.request_id] = min(stops, key=lambda s: s[0])
+        return None
+
+    def output_len(self, req) -> int:
+        """How many tokens `req` will emit in all (for oracle policies and the metrics)."""
+        return self._stop_at[req.request_id][0]
+
+    def tokens_left(self, reqs) -> np.ndarray:
+        """How many more tokens each request emits before it ends (for the fast-forward)."""
+        stop = self._stop_at
+        return np.fromiter((stop[r.request_id][0] - r.num_output_tokens for r in reqs),
+                           np.int64, len(reqs))
+
+    def finished(self, out) -> list[int]:
+        """Indices of the batch's entries that emit their last token this step."""
+        stop = self._stop_at
+        done = []
+        for i, (r, n) in enumerate(zip(out.reqs, out.num_new_tokens)):
+            if r.num_computed_tokens + n == r.num_prompt_tokens + r.num_output_tokens \
+                    and r.num_output_tokens + 1 >= stop[r.request_id][0]:
+                done.append(i)
+        return done
+
+    def finish_reason(self, req) -> str:
+        return self._stop_at[req.request_id][1]
+
+    # -- steps ------------------------------------------------------------------------------------
+    @abc.abstractmethod
     def execute(self, out) -> StepResult:
-        raise NotImplementedError
+        """Run (or predict) one batch."""
 
     def decode_run(self, contexts: np.ndarray, k: int) -> np.ndarray:
         """Durations of k consecutive decode-only iterations of the same requests, whose
         contexts (tokens already in KV) start at `contexts` and grow by one each step."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} does not predict decode runs")

@@ -1,37 +1,70 @@
-"""The simulator executor: no model, a predicted duration per scheduled batch.
+"""The simulator executor: no model, a predicted duration per scheduled batch from a cost model.
 
-Config (``configs/executor/sim.yaml``): ``cost_model`` (``roofline``), ``tensor_parallel``,
-``gpu_memory_utilization``, optional overrides of the hardware preset's efficiency factors
-(null keeps the preset's), and the memory held back from the KV cache (``workspace_bytes``,
-``activation_tokens``).
+Settings (``configs/executor/sim.yaml``): `SimConfig` below, plus the chosen cost model's own
+(`RooflineConfig` for ``roofline``), set flat under ``executor``.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field, fields
+
 import numpy as np
 
-from sarathi_lab.executors.base import Executor, StepResult
-from sarathi_lab.config import plain
-from sarathi_lab.costmodels.roofline import RooflineCostModel
+from sarathi_lab.executors.base import Executor, ExecutorConfig, StepResult
+from sarathi_lab.settings import ConfigError, parse, setting
 
-COST_MODELS = {"roofline": RooflineCostModel}
+
+@dataclass
+class SimConfig(ExecutorConfig):
+    cost_model: str = setting("roofline", help="a registered cost model or a dotted path")
+    tensor_parallel: int = setting(1, ge=1, le=64, help="GPUs per model replica")
+    gpu_memory_utilization: float = setting(0.9, gt=0, le=1,
+                                            help="share of GPU memory the engine may use")
+    workspace_bytes: int = setting(2**30, ge=0, help="memory held back: CUDA context, workspaces")
+    activation_tokens: int = setting(8192, ge=0,
+                                     help="activations of the largest step, held back from KV")
+    # the chosen cost model's typed settings, filled by SimExecutor.parse_config
+    cost_model_settings: object = field(default=None, metadata={"internal": True})
 
 
 class SimExecutor(Executor):
+    config_class = SimConfig
+    simulated = True
+    uses_hardware = True
     supports_fast_forward = True
 
-    def __init__(self, model, hardware, executor=None):
-        self.model_cfg, self.hw_cfg, cfg = plain(model), plain(hardware), plain(executor)
-        if not self.hw_cfg:
-            raise ValueError("the sim executor needs a hardware preset (e.g. hardware=a100-80gb)")
-        name = cfg.get("cost_model") or "roofline"
-        if name not in COST_MODELS:
-            raise ValueError(f"unknown sim cost_model {name!r}; known: {', '.join(COST_MODELS)}")
-        self.tensor_parallel = int(cfg.get("tensor_parallel") or 1)
-        self.gpu_memory_utilization = float(cfg.get("gpu_memory_utilization") or 0.9)
-        self.workspace_bytes = float(cfg.get("workspace_bytes") or 2**30)
-        self.activation_tokens = int(cfg.get("activation_tokens") or 8192)
-        self.cost_model = COST_MODELS[name](self.model_cfg, self.hw_cfg, self.tensor_parallel,
-                                            overrides=cfg)
+    @classmethod
+    def parse_config(cls, values: dict, where: str = "executor") -> SimConfig:
+        """The sim executor's settings and, from the same node, its cost model's."""
+        from sarathi_lab.registry import cost_model_class
+        values = dict(values)
+        own = {f.name for f in fields(SimConfig) if not f.metadata.get("internal")}
+        name = values.get("cost_model", SimConfig.cost_model)
+        try:
+            cm_cls = cost_model_class(name)
+        except ValueError as e:
+            raise ConfigError(f"{where}.cost_model: {e}") from None
+        theirs = {f.name for f in fields(cm_cls.config_class)}
+        unknown = sorted(set(values) - own - theirs)
+        if unknown:
+            raise ConfigError(
+                f"{where}.{unknown[0]}: not a setting of the sim executor nor of its cost model "
+                f"{name!r}; the executor's: {', '.join(sorted(own))}; the cost model's: "
+                f"{', '.join(sorted(theirs)) or '(none)'}")
+        cfg = parse(SimConfig, {k: v for k, v in values.items() if k in own}, where,
+                    "the sim executor")
+        cfg.cost_model_settings = parse(cm_cls.config_class,
+                                        {k: v for k, v in values.items() if k in theirs},
+                                        where, f"cost model {name!r}")
+        return cfg
+
+    def __init__(self, cfg: SimConfig, model: dict, hardware: dict | None):
+        from sarathi_lab.registry import cost_model_class
+        if not hardware:
+            raise ConfigError("the sim executor needs a hardware preset (e.g. hardware=a100-80gb)")
+        self.cfg = cfg
+        cm_cls = cost_model_class(cfg.cost_model)
+        cm_cfg = cfg.cost_model_settings or cm_cls.config_class()
+        self.cost_model = cm_cls(model, hardware, cfg.tensor_parallel, cm_cfg)
         # bound once: execute() runs hundreds of thousands of times per simulation
         self._step_time = self.cost_model.step_time
 
@@ -42,8 +75,9 @@ class SimExecutor(Executor):
         return self.cost_model.decode_run(contexts, k)
 
     def num_kv_blocks(self, block_size: int) -> int:
-        return self.cost_model.num_kv_blocks(block_size, self.gpu_memory_utilization,
-                                             self.workspace_bytes, self.activation_tokens)
+        c = self.cfg
+        return self.cost_model.num_kv_blocks(block_size, c.gpu_memory_utilization,
+                                             c.workspace_bytes, c.activation_tokens)
 
     def max_model_len(self) -> int:
-        return self.cost_model.model.max_model_len
+        return self.cost_model.max_model_len

@@ -16,14 +16,15 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from sarathi_lab.executors.base import Executor, StepResult
+from sarathi_lab.executors.base import Executor, ExecutorConfig, StepResult
 from sarathi_lab.models.llama import AttnMetadata
-from sarathi_lab.config import plain
 from sarathi_lab.models.loader import load_model, parse_dtype
+from sarathi_lab.settings import ConfigError, setting
 
 log = logging.getLogger(__name__)
 
@@ -32,25 +33,52 @@ def _auto(value, default):
     return default if value in (None, "auto") else value
 
 
+@dataclass
+class TorchConfig(ExecutorConfig):
+    device: str = setting("auto", help="auto: cuda if available, else cpu | cpu | cuda | cuda:N")
+    dtype: str = setting("auto", help="auto: bfloat16 on a GPU, float32 on a CPU | float32 | "
+                                      "float16 | bfloat16")
+    attention_backend: str = setting("auto", choices=("auto", "torch", "triton"),
+                                     help="auto: triton on a GPU, torch on a CPU")
+    kv_cache_gib: float = setting(1.0, gt=0, help="KV-cache budget on a CPU")
+    gpu_memory_utilization: float = setting(0.85, gt=0, le=1,
+                                            help="share of free GPU memory the KV cache takes")
+    temperature: float = setting(0.0, ge=0, help="0: greedy")
+    top_p: float = setting(1.0, gt=0, le=1, help="nucleus sampling mass")
+    seed: int = setting(0, ge=0, help="sampling streams; random prompt ids")
+    shared_prefix_len: int = setting(0, ge=0, help="random prompts open with a common prefix")
+
+
 class TorchExecutor(Executor):
-    def __init__(self, model, hardware=None, executor=None):
+    config_class = TorchConfig
+
+    def __init__(self, cfg: TorchConfig, model: dict, hardware=None):
         from sarathi_lab.kernels import get_backend
-        self.model_cfg, cfg = plain(model), plain(executor)   # hardware: unused, measured
+        self.cfg, self.model_cfg = cfg, dict(model)
         cuda = torch.cuda.is_available()
-        self.device = torch.device(_auto(cfg.get("device"), "cuda" if cuda else "cpu"))
+        try:
+            self.device = torch.device(_auto(cfg.device, "cuda" if cuda else "cpu"))
+        except RuntimeError as e:
+            raise ConfigError(f"executor.device={cfg.device!r}: {e}") from None
         on_gpu = self.device.type == "cuda"
-        self.dtype = parse_dtype(_auto(cfg.get("dtype"), "bfloat16" if on_gpu else "float32"))
-        self.backend = _auto(cfg.get("attention_backend"), "triton" if on_gpu else "torch")
+        if on_gpu and not cuda:
+            raise ConfigError(f"executor.device={cfg.device!r}: no CUDA device is available "
+                              "(use executor.device=cpu or auto)")
+        try:
+            self.dtype = parse_dtype(_auto(cfg.dtype, "bfloat16" if on_gpu else "float32"))
+        except ValueError as e:
+            raise ConfigError(f"executor.dtype={cfg.dtype!r}: {e}") from None
+        self.backend = _auto(cfg.attention_backend, "triton" if on_gpu else "torch")
         if self.backend == "triton" and not on_gpu and self.dtype == torch.bfloat16:
-            raise ValueError("executor.attention_backend=triton on a CPU runs the Triton "
-                             "interpreter, which computes bf16 wrongly: use executor.dtype=float32")
+            raise ConfigError("executor.attention_backend=triton on a CPU runs the Triton "
+                              "interpreter, which computes bf16 wrongly: use executor.dtype=float32")
         kernels = get_backend(self.backend)
-        self.kv_cache_gib = float(_auto(cfg.get("kv_cache_gib"), 1.0))
-        self.gpu_memory_utilization = float(_auto(cfg.get("gpu_memory_utilization"), 0.85))
-        self.temperature = float(cfg.get("temperature") or 0.0)
-        self.top_p = float(cfg.get("top_p") or 1.0)
-        self.seed = int(cfg.get("seed") or 0)
-        self.shared_prefix_len = int(cfg.get("shared_prefix_len") or 0)
+        self.kv_cache_gib = cfg.kv_cache_gib
+        self.gpu_memory_utilization = cfg.gpu_memory_utilization
+        self.temperature = cfg.temperature
+        self.top_p = cfg.top_p
+        self.seed = cfg.seed
+        self.shared_prefix_len = cfg.shared_prefix_len
 
         self.model = load_model(self.model_cfg, self.device, self.dtype)
         self.args = self.model.args
@@ -86,8 +114,8 @@ class TorchExecutor(Executor):
         return min(n, int(cap)) if cap else n
 
     def bind(self, kv) -> None:
+        super().bind(kv)
         a = self.args
-        self.kv = kv
         # zeros, not empty: masked-out slots must never hold NaN (0 * NaN poisons the sum)
         cache = torch.zeros(2, a.num_layers, kv.num_blocks, kv.block_size, a.num_kv_heads,
                             a.head_dim, dtype=self.dtype, device=self.device)
@@ -165,7 +193,7 @@ class TorchExecutor(Executor):
         tm["forward"] += t2 - t1
         tm["sample"] += t3 - t2
         tm["steps"] += 1
-        return StepResult(duration=t3 - t0, sampled=sampled)
+        return StepResult(duration=t3 - t0, sampled=sampled, finished=self.finished(out))
 
     def sample(self, logits: torch.Tensor, reqs) -> list[int]:
         if self.temperature <= 0:

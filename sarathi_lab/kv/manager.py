@@ -1,6 +1,8 @@
 """The KV-cache manager: which blocks each request holds, paged or reserved up front."""
 from __future__ import annotations
 
+import numpy as np
+
 from sarathi_lab.kv.block_pool import Block, BlockPool
 from sarathi_lab.request import Request
 
@@ -61,6 +63,29 @@ class KVCacheManager:
         """Blocks a request holds at the least to make progress (for admission checks)."""
         n = self.reserved_len(req) if self.reserve else req.num_prompt_tokens + 1
         return self.blocks_needed(n)
+
+    def admission_blocks(self, req: Request, hit: list[Block] = ()) -> int:
+        """Free blocks that admitting the waiting `req` takes: its whole prompt (its reserved
+        length in reservation mode), less a prefix hit's blocks, plus the hit blocks that sit
+        in the free queue (shared, they stop being free)."""
+        assert req.request_id not in self.req_blocks
+        upto = req.num_tokens
+        if self.reserve:
+            upto = max(upto, self.reserved_len(req))
+        busy = sum(1 for b in hit if b.ref_cnt == 0)
+        return cdiv(upto, self.block_size) - len(hit) + busy
+
+    def decode_growth(self, reqs: list[Request], k: int) -> np.ndarray:
+        """Blocks the running `reqs` hold beyond today's after each of k decode steps (one token
+        each per step): entry j is for j + 1 steps."""
+        if self.reserve:
+            return np.zeros(k, np.int64)
+        table = self.req_blocks
+        state = np.array([(r.num_computed_tokens, len(table[r.request_id])) for r in reqs],
+                         dtype=np.int64).reshape(-1, 2)
+        ctx, held = state[:, 0], state[:, 1]
+        need = -(-(ctx + np.arange(1, k + 1)[:, None]) // self.block_size) - held
+        return np.maximum(need, 0).sum(axis=1)
 
     # -- prefix cache ----------------------------------------------------------------------
     def get_computed_blocks(self, req: Request) -> tuple[list[Block], int]:

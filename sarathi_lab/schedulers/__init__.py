@@ -1,4 +1,5 @@
 from sarathi_lab.schedulers.base import Policy, SchedulerConfig
 from sarathi_lab.schedulers.output import SchedulerOutput
+from sarathi_lab.schedulers.queues import RequestQueue
 
-__all__ = ["Policy", "SchedulerConfig", "SchedulerOutput"]
+__all__ = ["Policy", "RequestQueue", "SchedulerConfig", "SchedulerOutput"]

@@ -1,79 +1,85 @@
-"""The policy interface and what every policy shares: queues, admission, preemption, update."""
+"""The policy contract, and what every policy shares: the waiting queue, admission, preemption,
+and the one place where request progress changes (`update`, `advance_decodes`).
+
+A plug-in policy subclasses `Policy` (or a built-in one), sets `name`, declares its settings as a
+dataclass subclassing `SchedulerConfig` (`config_class`) and writes `schedule()`. It needs only
+this module, `schedulers.output` and `request`.
+"""
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, field
+import abc
+from dataclasses import dataclass
+from typing import ClassVar
 
 from sarathi_lab.kv import KVCacheManager
 from sarathi_lab.request import Request, Status
 from sarathi_lab.schedulers.output import SchedulerOutput
+from sarathi_lab.schedulers.queues import QUEUES, RequestQueue
+from sarathi_lab.settings import setting
 
 
 @dataclass
 class SchedulerConfig:
-    name: str = "sarathi"
-    max_num_seqs: int = 128
-    token_budget: int = 512                    # sarathi: tokens per iteration (the chunk size)
-    max_num_batched_tokens: int | None = None  # vllm (and optional cap for orca); None: max(max_model_len, 2048)
-    block_size: int = 16
-    num_kv_blocks: int | None = None           # None: what fits the executor's memory
-    enable_prefix_caching: bool = False
-    kv_watermark: float = 0.01                 # share of KV blocks kept free when admitting (vLLM)
-    max_model_len: int | None = None           # None: the model's
-    extra: dict = field(default_factory=dict)  # plugin settings
+    """Settings every policy reads (the KV cache and the queue are shared machinery)."""
+    max_num_seqs: int = setting(128, ge=1, help="cap on running requests")
+    block_size: int = setting(16, ge=1, le=4096, help="tokens per KV block, a power of two")
+    num_kv_blocks: int | None = setting(None, ge=1,
+                                        help="null: what fits the executor's memory")
+    enable_prefix_caching: bool = setting(False, help="share cached prompt blocks (paged KV)")
+    kv_watermark: float = setting(0.01, ge=0, lt=1,
+                                  help="share of KV blocks kept free when admitting (vLLM)")
+    max_model_len: int | None = setting(None, ge=2, help="null: the model's")
+    queue: str = setting("fcfs", help="waiting order: fcfs | priority | edf | spf | a dotted path")
 
     def validate(self) -> None:
-        def bad(setting, value, why):
-            raise ValueError(f"scheduler.{setting}={value!r}: {why}")
-        if self.max_num_seqs < 1:
-            bad("max_num_seqs", self.max_num_seqs, "must be >= 1")
-        if self.token_budget < 1:
-            bad("token_budget", self.token_budget, "must be >= 1")
-        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
-            bad("max_num_batched_tokens", self.max_num_batched_tokens, "must be >= 1")
-        if self.block_size < 1 or self.block_size & (self.block_size - 1):
-            bad("block_size", self.block_size, "must be a power of two")
-        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
-            bad("num_kv_blocks", self.num_kv_blocks, "must be >= 1")
-        if not 0 <= self.kv_watermark < 1:
-            bad("kv_watermark", self.kv_watermark, "must be in [0, 1)")
-        if self.max_model_len is not None and self.max_model_len < 2:
-            bad("max_model_len", self.max_model_len, "must be >= 2")
+        if self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size={self.block_size}: must be a power of two")
 
 
-class Policy:
+class Policy(abc.ABC):
     """A scheduling policy. Subclasses write `schedule()`; the rest is shared.
 
     Class attributes a policy may set:
       name            registry name
+      config_class    its settings (a SchedulerConfig subclass)
       reserves_kv     True: the KV manager reserves each request's max length up front
-      whole_prompts   True: prompts are never chunked (max_num_batched_tokens >= max_model_len)
-      oracle          True: may read true output lengths (`req.oracle_output_len(self)`)
+      whole_prompts   True: prompts are never chunked
+      oracle          True: may read true output lengths (`self.oracle_output_len(req)`)
+
+    Hooks a policy may override: `schedule` (must), `steady_decode` (lets the simulator skip
+    ahead), `rejection_reason`, `preemption_victim`. `update` and `advance_decodes` change
+    request progress; a policy that overrides `update` without `advance_decodes` (or `schedule`
+    without `steady_decode`) runs with the simulator's fast-forward off, so skipping can never
+    bypass it.
     """
 
-    name = "base"
-    reserves_kv = False
-    whole_prompts = False
-    oracle = False
+    name: ClassVar[str] = "base"
+    config_class: ClassVar[type] = SchedulerConfig
+    reserves_kv: ClassVar[bool] = False
+    whole_prompts: ClassVar[bool] = False
+    oracle: ClassVar[bool] = False
 
-    def __init__(self, cfg: SchedulerConfig, kv: KVCacheManager):
+    def __init__(self, cfg: SchedulerConfig, kv: KVCacheManager, queue: RequestQueue | None = None):
         self.cfg = cfg
         self.kv = kv
         self.max_model_len = kv.max_model_len
-        if self.whole_prompts and cfg.max_num_batched_tokens < self.max_model_len:
-            raise ValueError(
-                f"scheduler.max_num_batched_tokens={cfg.max_num_batched_tokens} is smaller than "
-                f"max_model_len={self.max_model_len}: {self.name} schedules whole prompts, so a "
-                "long prompt could never run (raise it or lower scheduler.max_model_len)")
-        self.waiting: deque[Request] = deque()
+        self.waiting: RequestQueue = queue if queue is not None else QUEUES[cfg.queue]()
         self.running: list[Request] = []
         # admissions leave this many blocks free, so running requests can grow without
         # preempting each other at once (reserved KV never grows)
         self.watermark = 0 if kv.reserve else int(cfg.kv_watermark * kv.num_blocks)
+        self._output_len = None   # given by the engine to oracle policies only
+
+    @classmethod
+    def parse_config(cls, values: dict, where: str = "scheduler") -> SchedulerConfig:
+        """Typed settings from the ``scheduler`` config node (without its ``name``)."""
+        from sarathi_lab.settings import parse
+        return parse(cls.config_class, values, where, f"policy {cls.name!r}")
 
     # -- hooks --------------------------------------------------------------------------------
+    @abc.abstractmethod
     def schedule(self, now: float) -> SchedulerOutput:
-        raise NotImplementedError
+        """The batch of this iteration: which requests advance, by how many tokens."""
 
     def steady_decode(self) -> bool:
         """True if, while nothing arrives and nothing finishes, the next `schedule()` would again
@@ -92,42 +98,91 @@ class Policy:
                     f"(block_size={self.kv.block_size})")
         return None
 
-    # -- shared -------------------------------------------------------------------------------
+    def preemption_victim(self, candidates: list[Request]) -> Request:
+        """Which of `candidates` (running, not yet in this batch, in admission order) to preempt.
+        Default: the queue's choice (FCFS: the latest admitted, as vLLM)."""
+        return self.waiting.victim(candidates)
+
+    def oracle_output_len(self, req: Request) -> int:
+        """The true output length, for research policies that declare ``oracle = True``."""
+        if not self.oracle or self._output_len is None:
+            raise PermissionError(
+                f"{type(self).__name__} read a request's true output length; only a policy that "
+                "declares `oracle = True` may (no real scheduler knows it)")
+        return self._output_len(req)
+
+    # -- queue and admission -----------------------------------------------------------------------
     def add_request(self, req: Request) -> bool:
         reason = self.rejection_reason(req)
         if reason is not None:
-            req.status = Status.REJECTED
-            req.rejection_reason = reason
+            self.reject(req, reason)
             return False
-        stop = req._stop_len
-        if req.max_tokens is not None:
-            stop = min(stop, req.max_tokens)
-        req._stop_at = min(stop, self.max_model_len - req.num_prompt_tokens)
-        self.waiting.append(req)
+        self.waiting.push(req)
         return True
+
+    @staticmethod
+    def reject(req: Request, reason: str) -> None:
+        req.status = Status.REJECTED
+        req.rejection_reason = reason
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def admission_blocker(self, req: Request, max_tokens: int, whole: bool = False,
+                          hit: list = (), hit_tokens: int = 0) -> str | None:
+        """Why the waiting `req` cannot start now with up to `max_tokens` tokens (all it needs if
+        `whole`), or None if it can. The one rule set of admission: `admit` applies it, and
+        `head_blocked` asks it about the queue's head."""
+        if len(self.running) >= self.cfg.max_num_seqs:
+            return "max_num_seqs"
+        todo = req.num_tokens_to_compute - hit_tokens
+        if max_tokens <= 0 or todo <= 0 or (whole and todo > max_tokens):
+            return "token budget"
+        # blocks for the whole prompt are taken at admission (Sarathi-Serve, vLLM), so later
+        # chunks cannot be starved by decodes; the watermark keeps room for running requests
+        need = self.kv.admission_blocks(req, hit)
+        if need > self.kv.num_free_blocks - self.watermark:
+            return "KV blocks"
+        return None
+
     def admit(self, req: Request, max_tokens: int, whole: bool = False) -> int:
-        """Try to start the waiting request `req` (the head of `waiting`) with up to `max_tokens`
-        tokens (all it needs if `whole`). Blocks for its whole prompt are taken now, as
-        Sarathi-Serve and vLLM do, so its later chunks cannot be starved by decodes. On success
-        it moves to `running` and the number of tokens to schedule is returned; on failure 0
-        and nothing changes."""
+        """Start the waiting `req` (the queue's head) with up to `max_tokens` tokens (all it needs
+        if `whole`). On success it moves to `running` and the number of tokens to schedule is
+        returned; on failure 0 and nothing changes."""
         kv = self.kv
         hit, n_hit = kv.get_computed_blocks(req)
+        if self.admission_blocker(req, max_tokens, whole, hit, n_hit) is not None:
+            return 0
         todo = req.num_tokens_to_compute - n_hit
-        n = todo if whole else min(todo, max_tokens)
-        if n <= 0 or n > max_tokens or not self._fits_watermark(req, len(hit)):
-            return 0
-        if kv.allocate_slots(req, n, hit, lookahead=todo - n) is None:
-            return 0
+        n = min(todo, max_tokens)
+        ok = kv.allocate_slots(req, n, hit, lookahead=todo - n)
+        assert ok is not None, "admission_blocker and the KV manager disagree"
         req.num_computed_tokens += n_hit
         req.status = Status.RUNNING
-        self.waiting.popleft()
+        popped = self.waiting.pop()
+        assert popped is req, "admit() takes the queue's head"
         self.running.append(req)
         return n
+
+    def admit_waiting(self, out: SchedulerOutput, budget: int, whole: bool = False) -> int:
+        """Admit waiting requests in queue order while they fit (`budget` tokens, max_num_seqs,
+        KV); add their tokens to `out`; return the budget left. Stops at the first that does
+        not fit: no request overtakes the queue's head."""
+        while self.waiting:
+            n = self.admit(self.waiting.peek(), budget, whole)
+            if not n:
+                break
+            out.add(self.running[-1], n)
+            budget -= n
+        return budget
+
+    def head_blocked(self, max_tokens: int, whole: bool = False) -> bool:
+        """True if admitting the queue's head with `max_tokens` would fail now and keep failing
+        while running requests only grow (each rule only tightens: running count, budget, free
+        blocks). Conservative: False with prefix caching, where hits can change."""
+        if not self.waiting or self.kv.enable_prefix_caching:
+            return False
+        return self.admission_blocker(self.waiting.peek(), max_tokens, whole) is not None
 
     def decode_reserved(self, out: SchedulerOutput) -> None:
         """One decode for every running request whose KV was reserved up front (no growth, so
@@ -136,74 +191,61 @@ class Policy:
         assert ok, "decode_reserved needs reserved KV"
         out.add_decodes(list(self.running))
 
-    def admit_waiting(self, out: SchedulerOutput, budget: int, whole: bool = False) -> int:
-        """Admit waiting requests in FCFS order while they fit (`budget` tokens, max_num_seqs,
-        KV); add their tokens to `out`; return the budget left."""
-        while budget > 0 and self.waiting and len(self.running) < self.cfg.max_num_seqs:
-            n = self.admit(self.waiting[0], budget, whole)
-            if not n:
-                break
-            out.add(self.running[-1], n)
-            budget -= n
-        return budget
-
-    def _fits_watermark(self, req: Request, num_hit_blocks: int) -> bool:
-        kv = self.kv
-        return not self.watermark or \
-            kv.num_free_blocks - kv.blocks_needed(req.num_tokens) + num_hit_blocks >= self.watermark
-
-    def head_blocked(self, max_tokens: int, whole: bool = False) -> bool:
-        """True if `admit(self.waiting[0], max_tokens, whole)` would fail now and keep failing
-        while running requests only grow (free KV blocks only shrink). Conservative: False
-        when unsure (prefix caching, where hits can change)."""
-        if not self.waiting or self.kv.enable_prefix_caching:
-            return False
-        if len(self.running) >= self.cfg.max_num_seqs or max_tokens <= 0:
-            return True
-        req = self.waiting[0]
-        todo = req.num_tokens_to_compute
-        if whole and todo > max_tokens:
-            return True
-        if self.kv.reserve:
-            return self.kv.min_blocks(req) > self.kv.num_free_blocks
-        return not self._fits_watermark(req, 0) or \
-            self.kv.blocks_needed(req.num_tokens) > self.kv.num_free_blocks
-
+    # -- preemption ------------------------------------------------------------------------------
     def preempt(self, req: Request, out: SchedulerOutput) -> None:
-        """Preemption by recompute: drop the KV, start over from token 0 at the queue head."""
+        """Preemption by recompute: drop the KV, start over from token 0 in the waiting queue."""
         self.kv.free(req)
         self.running.remove(req)
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         req.status = Status.WAITING
-        self.waiting.appendleft(req)
+        self.waiting.push_preempted(req)
         out.preempted.append(req)
 
-    def allocate_or_preempt(self, req: Request, n: int, out: SchedulerOutput) -> bool:
-        """Room for `n` more tokens of the running `req`, preempting the newest running requests
-        until it fits. False if `req` itself had to go (or can never fit)."""
+    def allocate_or_preempt(self, req: Request, n: int, out: SchedulerOutput,
+                            granted: list[Request] = ()) -> bool:
+        """Room for `n` more tokens of the running `req`, preempting running requests that hold
+        no tokens in this batch yet (not in `out`, nor in `granted`) until it fits; the victim is
+        chosen by `preemption_victim` among them and `req` itself. False if `req` had to go
+        (or, alone, can never fit)."""
         allocate = self.kv.allocate_slots
         while allocate(req, n) is None:
-            victim = self.running[-1]
+            busy = {id(r) for r in out.reqs}
+            busy.update(id(r) for r in granted)
+            candidates = [r for r in self.running if r is req or id(r) not in busy]
+            victim = self.preemption_victim(candidates)
+            assert victim in candidates, "preemption_victim must return one of the candidates"
             if victim is req and len(self.running) == 1:
                 # alone and still no room: its length outgrew the whole cache
                 self.kv.free(req)
                 self.running.remove(req)
-                req.status = Status.REJECTED
-                req.rejection_reason = (f"grew to {req.num_tokens} tokens, more than the "
-                                        f"{self.kv.num_blocks} KV blocks hold")
+                self.reject(req, f"grew to {req.num_tokens} tokens, more than the "
+                                 f"{self.kv.num_blocks} KV blocks hold")
                 out.rejected.append(req)
                 return False
-            assert victim not in out.reqs, "victims come from the not-yet-scheduled tail"
             self.preempt(victim, out)
             if victim is req:
                 return False
         return True
 
-    def update(self, out: SchedulerOutput, sampled: list[int] | None, start: float,
-               end: float) -> list[Request]:
-        """Apply an executed batch: advance counters, emit tokens, finish and free."""
+    def schedule_decodes(self, out: SchedulerOutput, decodes: list[Request]) -> None:
+        """One decode for each of `decodes` (running requests), as the batch's first entries;
+        when KV runs short, one by one, preempting as `allocate_or_preempt` does."""
+        if not self.kv.allocate_decodes(decodes):
+            granted: list[Request] = []
+            for r in decodes:
+                if r.status is Status.RUNNING and self.allocate_or_preempt(r, 1, out, granted):
+                    granted.append(r)
+            decodes = granted
+        out.add_decodes(decodes)
+
+    # -- progress: the one place it changes ---------------------------------------------------------
+    def update(self, out: SchedulerOutput, step, start: float, end: float) -> list[Request]:
+        """Apply an executed batch (`step`, a StepResult): advance counters, emit tokens, end the
+        requests the executor ended, free their KV. Returns the requests that finished."""
         done = []
+        sampled = step.sampled
+        ended = set(step.finished) if step.finished else ()
         for i, (req, n) in enumerate(zip(out.reqs, out.num_new_tokens)):
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = start
@@ -213,8 +255,7 @@ class Policy:
                 req.token_times.append(end)
                 if sampled is not None:
                     req.output_token_ids.append(sampled[i])
-                # stop: the trace's length (its EOS, in effect), max_tokens or max_model_len
-                if req.num_output_tokens >= req._stop_at:
+                if i in ended:
                     req.status = Status.FINISHED
                     req.finish_time = end
                     self.kv.free(req)
@@ -222,3 +263,17 @@ class Policy:
         if done:
             self.running = [r for r in self.running if r.status is Status.RUNNING]
         return done
+
+    def advance_decodes(self, times: list[float]) -> None:
+        """What len(times) `update()` calls would do for as many decode-only batches of every
+        running request, none of which finishes: the fast-forward's one entry point."""
+        k = len(times)
+        running = self.running
+        if not self.kv.allocate_decodes(running, k):
+            for r in running:   # prefix caching hashes full blocks one request at a time
+                ok = self.kv.allocate_slots(r, k)
+                assert ok is not None, "fast-forward checked the KV blocks first"
+        for r in running:
+            r.num_computed_tokens += k
+            r.num_output_tokens += k
+            r.token_times.extend(times)

@@ -1,25 +1,29 @@
 """Sarathi-Serve (OSDI'24): stall-free batching with chunked prefills under a token budget."""
+from dataclasses import dataclass
+
 from sarathi_lab.request import Status
-from sarathi_lab.schedulers.base import Policy
+from sarathi_lab.schedulers.base import Policy, SchedulerConfig
 from sarathi_lab.schedulers.output import SchedulerOutput
+from sarathi_lab.settings import setting
+
+
+@dataclass
+class SarathiConfig(SchedulerConfig):
+    token_budget: int = setting(512, ge=1, help="tokens per iteration (the chunk size)")
 
 
 class Sarathi(Policy):
     name = "sarathi"
+    config_class = SarathiConfig
 
     def schedule(self, now):
         out, budget = SchedulerOutput(), self.cfg.token_budget
         decodes, prefills = [], []
         for req in self.running:
-            (decodes if req.num_computed_tokens == req.num_prompt_tokens + req.num_output_tokens
-             - 1 and req.num_output_tokens else prefills).append(req)
+            (decodes if req.is_decoding else prefills).append(req)
         # decodes first: a running decode is never stalled by a prefill
-        decodes = decodes[:budget]
-        if not self.kv.allocate_decodes(decodes):   # short of blocks: one by one, preempting
-            decodes = [r for r in decodes
-                       if r.status is Status.RUNNING and self.allocate_or_preempt(r, 1, out)]
-        out.add_decodes(decodes)
-        budget -= len(decodes)
+        self.schedule_decodes(out, decodes[:budget])
+        budget -= len(out)
         # then ongoing prefills, chunked to what is left; their blocks were taken at admission,
         # so they never preempt the decodes already in this batch
         for req in prefills:

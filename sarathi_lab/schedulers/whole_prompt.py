@@ -1,0 +1,24 @@
+"""Settings of the policies that never chunk a prompt (request_level, orca, vllm)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sarathi_lab.schedulers.base import SchedulerConfig
+from sarathi_lab.settings import setting
+
+
+@dataclass
+class WholePromptConfig(SchedulerConfig):
+    max_num_batched_tokens: int | None = setting(
+        None, ge=1, help="cap on a batch's prompt tokens; null: max(max_model_len, 2048)")
+
+
+def batch_token_cap(cfg: WholePromptConfig, max_model_len: int) -> int:
+    """The cap in force; it must admit the longest prompt, or that prompt would wait forever."""
+    cap = cfg.max_num_batched_tokens or max(max_model_len, 2048)
+    if cap < max_model_len:
+        raise ValueError(
+            f"scheduler.max_num_batched_tokens={cap} is smaller than max_model_len="
+            f"{max_model_len}: the policy schedules whole prompts, so a long prompt could never "
+            "run (raise it or lower scheduler.max_model_len)")
+    return cap

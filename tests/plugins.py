@@ -1,0 +1,55 @@
+"""Plug-ins the way a user writes them, loaded by dotted path in the CLI tests."""
+from dataclasses import dataclass
+
+import numpy as np
+
+from sarathi_lab.costmodels.roofline import RooflineConfig, RooflineCostModel
+from sarathi_lab.executors.base import Executor, ExecutorConfig, StepResult
+from sarathi_lab.settings import setting
+
+
+@dataclass
+class SlowConfig(RooflineConfig):
+    slowdown: float = setting(1.0, gt=0, help="multiplies every predicted time")
+
+
+class SlowRoofline(RooflineCostModel):
+    """The roofline's iteration times, multiplied."""
+    config_class = SlowConfig
+
+    def __init__(self, model, hardware, tensor_parallel=1, cfg=None):
+        super().__init__(model, hardware, tensor_parallel, cfg)
+        self.slowdown = cfg.slowdown
+
+    def step_time(self, reqs, num_new_tokens):
+        return self.slowdown * super().step_time(reqs, num_new_tokens)
+
+    def decode_run(self, contexts, k):
+        return self.slowdown * super().decode_run(contexts, k)
+
+
+@dataclass
+class FixedStepConfig(ExecutorConfig):
+    step_s: float = setting(0.01, gt=0, help="seconds per iteration")
+
+
+class FixedStep(Executor):
+    """Every iteration takes `step_s`; plenty of KV."""
+    config_class = FixedStepConfig
+    simulated = True
+    supports_fast_forward = True
+
+    def __init__(self, cfg, model, hardware=None):
+        self.step_s = cfg.step_s
+
+    def num_kv_blocks(self, block_size):
+        return 10_000
+
+    def max_model_len(self):
+        return 8192
+
+    def execute(self, out):
+        return StepResult(self.step_s)
+
+    def decode_run(self, contexts, k):
+        return np.full(k, self.step_s)

@@ -6,25 +6,43 @@ Every trace ends up as one DataFrame shape, whatever its source:
     num_prompt_tokens  int64 (> 0)
     num_output_tokens  int64 (>= 0)
     prompt_token_ids   lists of ints; only when the source carries them
+    priority           int64, lower is more urgent        service columns, each present only
+    tenant, slo_class  str                                 when the source has it (README,
+    deadline           float seconds after arrival by      "Trace formats")
+                       which the first token is due; NaN: none
 
-Formats are recognised by their columns, not by file names, so a user's own trace in one of the
-known layouts loads without any configuration:
+CSV formats are recognised by their columns, not by file names (JSONL by its name, *.jsonl[.gz]),
+so a user's own trace in one of the known layouts loads without any configuration:
 
     Azure LLM inference 2023/2024   TIMESTAMP, ContextTokens, GeneratedTokens
     Vidur / Splitwise trace replay   arrived_at, num_prefill_tokens, num_decode_tokens
     length-only (Vidur, Sarathi)     num_prefill_tokens, num_decode_tokens (arrivals generated)
     JSONL                            prompt_token_ids or prompt, output_len, optional arrival_time
 
-Any of them may be gzip-compressed. Randomness comes from separate seeded streams (arrivals,
-prompt lengths, output lengths, token ids), so changing one knob, say the length distribution,
-leaves the arrival times of the same seed unchanged.
+Any of them may also carry the optional service columns (JSONL: keys) ``priority``, ``tenant``,
+``slo_class`` and ``deadline``; an empty cell, a missing key or ``null`` means the default, that of
+``Request``. A column the source lacks is not added, so plain traces keep their shape; requests
+built from them get the defaults. Deadlines stay relative in the frame (re-timing moves arrivals,
+not service targets); ``to_requests`` makes them absolute.
+
+Parsing is strict: a file must be UTF-8 text, gzip-compressed exactly when named ``.gz``; a row
+with more fields than the header, a boolean, negative, fractional, missing or non-numeric count, a
+bad service value and unsorted or missing times are errors naming the file and the row (JSONL:
+the line). Randomness comes from separate seeded streams (arrivals, prompt lengths, output
+lengths, token ids), so changing one knob, say the length distribution, leaves the arrival times
+of the same seed unchanged.
 """
 from __future__ import annotations
 
+import csv
 import gzip
+import inspect
+import io
 import json
 import logging
 import os
+import re
+import zlib
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
@@ -62,6 +80,20 @@ _ARRIVAL_STREAM, _PROMPT_STREAM, _OUTPUT_STREAM, _IDS_STREAM = range(4)
 
 # Rows per read when only the head of a (possibly huge, e.g. Azure 2024) trace is needed.
 _CHUNK_ROWS = 1 << 16
+
+# Optional per-request service columns, with Request's own defaults (one source of truth).
+SERVICE_DEFAULTS = {k: inspect.signature(Request).parameters[k].default
+                    for k in ("priority", "tenant", "slo_class", "deadline")}
+# What a valid value is, for error messages.
+_SERVICE_WHAT = {
+    "priority": "a whole number (lower is more urgent)",
+    "tenant": "a string",
+    "slo_class": "a string",
+    "deadline": "a number of seconds > 0 (after arrival, for the first token)",
+}
+# Counts and priorities beyond this are no longer exact as floats (nor sane as tokens).
+_MAX_WHOLE = 2 ** 53
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 # --------------------------------------------------------------------------------------------
@@ -196,7 +228,9 @@ def build_trace(cfg) -> pd.DataFrame:
 def to_requests(df: pd.DataFrame, max_tokens=None) -> list[Request]:
     """One Request per row; request ids are row positions 0..N-1. A row with 0 output tokens
     becomes a 1-token request: the forward pass over a prompt always yields a first token
-    (a warning counts them)."""
+    (a warning counts them). Service columns present in ``df`` are passed on, a relative
+    ``deadline`` as the absolute time ``arrival_time + deadline``; absent ones keep Request's
+    defaults."""
     arrival = df["arrival_time"].to_numpy(dtype=np.float64)
     prompt = df["num_prompt_tokens"].to_numpy(dtype=np.int64)
     output = df["num_output_tokens"].to_numpy(dtype=np.int64)
@@ -205,6 +239,10 @@ def to_requests(df: pd.DataFrame, max_tokens=None) -> list[Request]:
                     df.attrs.get("source", "trace"), int((output < 1).sum()))
         output = np.maximum(output, 1)
     ids = df["prompt_token_ids"].tolist() if "prompt_token_ids" in df else [None] * len(df)
+    service = {k: df[k].tolist() for k in SERVICE_DEFAULTS if k in df}
+    if "deadline" in service:
+        service["deadline"] = [None if _is_missing(d) else a + d
+                               for a, d in zip(arrival.tolist(), service["deadline"])]
     requests = []
     for i in range(len(df)):
         tokens = None if _is_missing(ids[i]) else [int(t) for t in ids[i]]
@@ -213,7 +251,8 @@ def to_requests(df: pd.DataFrame, max_tokens=None) -> list[Request]:
                              f"num_prompt_tokens={prompt[i]}")
         requests.append(Request(request_id=i, arrival_time=float(arrival[i]),
                                 num_prompt_tokens=int(prompt[i]), output_len=int(output[i]),
-                                prompt_token_ids=tokens, max_tokens=max_tokens))
+                                prompt_token_ids=tokens, max_tokens=max_tokens,
+                                **{k: v[i] for k, v in service.items()}))
     return requests
 
 
@@ -292,19 +331,72 @@ def _is_json(path: Path) -> bool:
     return name.endswith((".jsonl", ".jsonl.gz"))
 
 
+def _is_gz(path: Path) -> bool:
+    return path.name.lower().endswith(".gz")
+
+
+def _open_text(src: Path):
+    """The trace as UTF-8 text, gunzipped when named .gz, after the checks that a file of the
+    wrong kind fails with its name rather than deep inside a parser."""
+    with open(src, "rb") as f:
+        magic = f.read(2)
+    if magic == _GZIP_MAGIC and not _is_gz(src):
+        raise ValueError(f"trace {src} holds gzip-compressed data but its name does not end in "
+                         f".gz; rename it to {src.name}.gz")
+    if _is_gz(src) and magic != _GZIP_MAGIC:
+        raise ValueError(f"trace {src} is named .gz but is not gzip-compressed; rename it "
+                         "without the .gz")
+    raw = gzip.open(src, "rb") if _is_gz(src) else open(src, "rb")
+    try:
+        head = raw.read(1 << 13)
+        raw.seek(0)
+    except Exception:
+        raw.close()
+        raise
+    if b"\0" in head:  # text never holds NUL bytes; binaries and other compressions do
+        raw.close()
+        raise ValueError(f"trace {src} is a binary file, not a text trace (CSV or JSONL; of "
+                         "compressions only gzip, named .gz, is read)")
+    # utf-8-sig: spreadsheet programs start their CSVs with a byte-order mark.
+    return io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")
+
+
+def _unreadable(src: Path, e: Exception) -> ValueError:
+    """The error for a file that failed to decode: the first line that is not UTF-8, or the
+    gzip stream's fault."""
+    if not isinstance(e, UnicodeDecodeError):
+        return ValueError(f"trace {src}: its gzip data is corrupt or truncated ({e})")
+    with (gzip.open if _is_gz(src) else open)(src, "rb") as f:
+        for lineno, line in enumerate(f, 1):  # "\n" is never part of a multi-byte character
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as bad:
+                return ValueError(f"trace {src}: line {lineno} is not UTF-8 text (byte "
+                                  f"{line[bad.start]:#04x} at position {bad.start + 1}); save "
+                                  "the file as UTF-8")
+    return ValueError(f"trace {src} is not UTF-8 text ({e})")
+
+
+# What failing to decode a file raises, from the codec or the gzip stream.
+_DECODE_ERRORS = (UnicodeDecodeError, EOFError, zlib.error, gzip.BadGzipFile)
+
+
 def _read_csv(src: Path, num_requests, max_total, max_prompt) -> pd.DataFrame:
     """Read, validate and normalise a CSV trace; only as many rows as the request needs."""
     try:
-        reader = pd.read_csv(src, chunksize=_CHUNK_ROWS)
-    except pd.errors.EmptyDataError:
-        raise ValueError(f"trace {src} is empty (no header, no rows)") from None
-    parts, offset, kept = [], 0, 0
-    with reader:
-        try:
+        header = _csv_header(src)
+        fmt, cols = _detect(header, src)
+        service = _service_columns(header, src)
+        # Labels as written ("01" stays "01"); no cell is turned into NaN behind our back
+        # ("NA" in a count is an error, an empty label the default).
+        reader = pd.read_csv(src, chunksize=_CHUNK_ROWS, index_col=False, keep_default_na=False,
+                             compression="gzip" if _is_gz(src) else None, encoding="utf-8",
+                             dtype={service[k]: str for k in ("tenant", "slo_class")
+                                    if k in service})
+        parts, offset, kept = [], 0, 0
+        with reader:
             for chunk in reader:
-                if not parts:
-                    fmt, cols = _detect(chunk.columns, src)
-                parts.append(_normalise(chunk, fmt, cols, src, offset))
+                parts.append(_normalise(chunk, fmt, cols, service, src, offset))
                 offset += len(chunk)
                 if num_requests is not None:
                     last = parts[-1]
@@ -313,8 +405,13 @@ def _read_csv(src: Path, num_requests, max_total, max_prompt) -> pd.DataFrame:
                                              max_total, max_prompt).sum())
                     if kept >= num_requests:
                         break
-        except (pd.errors.ParserError, UnicodeDecodeError) as e:   # not a CSV at all
-            raise ValueError(f"trace {src} is not a readable CSV: {e}") from None
+    except _DECODE_ERRORS as e:
+        raise _unreadable(src, e) from None
+    except pd.errors.ParserError as e:
+        m = re.search(r"Expected \d+ fields in line (\d+), saw (\d+)", str(e))
+        if m:
+            raise _too_many_fields(src, int(m[1]), int(m[2]), len(header)) from None
+        raise ValueError(f"trace {src} is not a readable CSV: {e}") from None
     if not parts:  # a header and nothing else
         raise ValueError(f"trace {src} has a header but no requests")
     raw = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
@@ -326,9 +423,32 @@ def _read_csv(src: Path, num_requests, max_total, max_prompt) -> pd.DataFrame:
     return raw
 
 
+def _csv_header(src: Path) -> list[str]:
+    """The header's names. Checks the first data row's width here: given more fields than
+    names, pandas silently makes the surplus leading ones an index and shifts every column."""
+    with _open_text(src) as f:
+        try:
+            reader = csv.reader(f)
+            rows = (r for r in reader if r)  # pandas skips blank lines, too
+            header, first = next(rows, None), next(rows, None)
+            line = reader.line_num
+        except csv.Error as e:
+            raise ValueError(f"trace {src} is not a readable CSV: {e}") from None
+    if header is None:
+        raise ValueError(f"trace {src} is empty (no header, no rows)")
+    if first is not None and len(first) > len(header):
+        raise _too_many_fields(src, line, len(first), len(header))
+    return header
+
+
+def _too_many_fields(src, line, fields, names) -> ValueError:
+    return ValueError(f"trace {src}: the row on line {line} has {fields} fields but the header "
+                      f"has {names} (an unquoted comma in a value, or a trailing comma?)")
+
+
 def _detect(columns, src):
     """Pick the format whose columns are all present (names matched ignoring case/blanks)."""
-    found = {str(c).strip().lower(): c for c in columns}
+    found = _names(columns, src)
     for fmt, *needed in _CSV_FORMATS:
         wanted = [c for c in needed if c is not None]
         if all(c.lower() in found for c in wanted):
@@ -339,7 +459,27 @@ def _detect(columns, src):
                      f"but its columns are ({', '.join(map(str, columns))})")
 
 
-def _normalise(chunk, fmt, cols, src, offset) -> pd.DataFrame:
+def _service_columns(columns, src) -> dict:
+    """Service column -> its name in the file, for those present."""
+    found = _names(columns, src)
+    return {k: found[k] for k in SERVICE_DEFAULTS if k in found}
+
+
+def _names(columns, src) -> dict:
+    """Normalised name -> name, for the names this module reads; one of them twice is an
+    error, since either column could be meant."""
+    known = {c.lower() for _, *cs in _CSV_FORMATS for c in cs if c} | set(SERVICE_DEFAULTS)
+    found = {}
+    for c in columns:
+        key = str(c).strip().lower()
+        if key in found and key in known:
+            raise ValueError(f"trace {src}: column {key!r} appears twice (names are matched "
+                             "ignoring case and surrounding blanks)")
+        found.setdefault(key, c)
+    return found
+
+
+def _normalise(chunk, fmt, cols, service, src, offset) -> pd.DataFrame:
     time_col, prompt_col, output_col = cols
     out = pd.DataFrame({
         "num_prompt_tokens": _lengths(chunk[prompt_col], prompt_col, src, offset),
@@ -349,20 +489,47 @@ def _normalise(chunk, fmt, cols, src, offset) -> pd.DataFrame:
     if fmt == "azure":
         out.insert(0, "arrival_time", _timestamps(chunk[time_col], time_col, src, offset))
     elif fmt == "vidur":
-        t = pd.to_numeric(chunk[time_col], errors="coerce").to_numpy(dtype=np.float64)
-        _first_bad(~np.isfinite(t), chunk[time_col], time_col, src, offset,
-                   "is not a time in seconds")
-        out.insert(0, "arrival_time", t)
+        out.insert(0, "arrival_time", _numbers(chunk[time_col], time_col, src, offset,
+                                               "a time in seconds", np.isfinite))
+    for key, name in service.items():
+        out[key] = _service_values(key, chunk[name], name, src, offset)
     return out
 
 
 def _lengths(col: pd.Series, name, src, offset) -> np.ndarray:
     """Token counts as int64; anything else is an error that points at the row."""
+    return _numbers(col, name, src, offset, "a non-negative whole number of tokens (< 2**53)",
+                    lambda v: (v >= 0) & (v == np.floor(v)) & (v < _MAX_WHOLE)).astype(np.int64)
+
+
+def _service_values(key, col: pd.Series, name, src, offset) -> np.ndarray:
+    """One service column of a CSV chunk, validated; empty cells get the default."""
+    what = _SERVICE_WHAT[key]
+    if key == "priority":
+        return _numbers(col, name, src, offset, what,
+                        lambda v: (v == np.floor(v)) & (np.abs(v) < _MAX_WHOLE),
+                        empty=0).astype(np.int64)
+    if key == "deadline":
+        return _numbers(col, name, src, offset, what, lambda v: v > 0, empty=np.nan)
+    labels = col.astype(str).str.strip()
+    return labels.mask(labels == "", SERVICE_DEFAULTS[key]).to_numpy(dtype=object)
+
+
+def _numbers(col: pd.Series, name, src, offset, what, ok, empty=None) -> np.ndarray:
+    """A numeric column as float64. A boolean, a non-number or a value failing ``ok`` is an
+    error naming its row; so is an empty cell, unless the column is optional and ``empty``
+    gives its value."""
+    if pd.api.types.is_bool_dtype(col.dtype):  # pandas reads True/False as 1/0 otherwise
+        _first_bad(np.ones(len(col), dtype=bool), col, name, src, offset, f"is a boolean, "
+                   f"not {what}")
     v = pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    blank = np.zeros(len(v), dtype=bool)
+    if empty is not None and not pd.api.types.is_numeric_dtype(col.dtype):
+        blank = (col.astype(str).str.strip() == "").to_numpy()
     with np.errstate(invalid="ignore"):
-        bad = ~np.isfinite(v) | (v < 0) | (v != np.floor(v))
-    _first_bad(bad, col, name, src, offset, "is not a non-negative whole number of tokens")
-    return v.astype(np.int64)
+        bad = ~blank & ~(np.isfinite(v) & ok(v))
+    _first_bad(bad, col, name, src, offset, f"is not {what}")
+    return np.where(blank, empty, v) if blank.any() else v
 
 
 def _check_prompts(prompt, name, src, offset):
@@ -384,9 +551,13 @@ def _first_bad(bad, values, name, src, offset, what):
     if bad.any():
         i = int(np.argmax(bad))
         value = values.iloc[i] if isinstance(values, pd.Series) else values[i]
+        if isinstance(value, np.generic):  # shown as 1e+30, not np.float64(1e+30)
+            value = value.item()
         row = offset + i + 1
-        raise ValueError(f"trace {src}: data row {row} (line {row + 1} of the file, counting the "
-                         f"header as line 1), column {name!r}: {value!r} {what}")
+        where = (f"trace {src}: data row {row} (line {row + 1} of the file, counting the "
+                 f"header as line 1), column {name!r}")
+        shown = "an empty cell" if isinstance(value, str) and not value.strip() else repr(value)
+        raise ValueError(f"{where}: {shown} {what}")
 
 
 def _check_sorted(t, src):
@@ -401,18 +572,21 @@ def _check_sorted(t, src):
 
 def _read_jsonl(src: Path, tokenizer) -> pd.DataFrame:
     """One JSON object per line; errors give the line number (blank lines count, too)."""
-    opener = gzip.open if src.name.lower().endswith(".gz") else open
-    ids, texts, outputs, times, lines = [], {}, [], [], []
-    with opener(src, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                tokens, text, out, t = _parse_json_line(line, src, lineno)
-                if text is not None:
-                    texts[len(ids)] = text
-                ids.append(tokens)
-                outputs.append(out)
-                times.append(t)
-                lines.append(lineno)
+    ids, texts, outputs, times, service, lines = [], {}, [], [], [], []
+    try:
+        with _open_text(src) as f:
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    tokens, text, out, t, extra = _parse_json_line(line, src, lineno)
+                    if text is not None:
+                        texts[len(ids)] = text
+                    ids.append(tokens)
+                    outputs.append(out)
+                    times.append(t)
+                    service.append(extra)
+                    lines.append(lineno)
+    except _DECODE_ERRORS as e:
+        raise _unreadable(src, e) from None
     if not ids:
         raise ValueError(f"trace {src} has no requests")
     if texts:
@@ -433,6 +607,12 @@ def _read_jsonl(src: Path, tokenizer) -> pd.DataFrame:
         "num_output_tokens": np.array(outputs, dtype=np.int64),
         "prompt_token_ids": pd.Series(ids, dtype=object),
     })
+    # A key given on any line makes a column; lines without it get the default.
+    for key, default in SERVICE_DEFAULTS.items():
+        if any(key in extra for extra in service):
+            values = [extra.get(key, default) for extra in service]
+            raw[key] = (np.array(values, dtype=np.float64) if key == "deadline" else
+                        np.array(values, dtype=np.int64 if key == "priority" else object))
     raw.attrs["format"] = "lengths"
     if all(timed):
         t = np.array(times, dtype=np.float64)
@@ -448,7 +628,8 @@ def _read_jsonl(src: Path, tokenizer) -> pd.DataFrame:
 
 
 def _parse_json_line(line, src, lineno):
-    """-> (token ids or None, prompt text or None, output_len, arrival_time or None)."""
+    """-> (token ids or None, prompt text or None, output_len, arrival_time or None,
+    {service key: value} for the service keys given)."""
     def bad(msg):
         return ValueError(f"trace {src}: line {lineno}: {msg}")
 
@@ -469,16 +650,35 @@ def _parse_json_line(line, src, lineno):
     else:
         raise bad("needs 'prompt_token_ids' (a list of ints) or 'prompt' (text)")
     out = obj.get("output_len")
-    if not (_is_int(out) and out >= 0):
-        raise bad(f"output_len must be a non-negative int, got {out!r}")
+    if not (_is_int(out) and 0 <= out < _MAX_WHOLE):
+        raise bad(f"output_len must be a non-negative int (< 2**53), got {out!r}")
     t = obj.get("arrival_time")
-    if t is not None and not ((_is_int(t) or isinstance(t, float)) and np.isfinite(t)):
+    if t is not None and not (_is_number(t) and np.isfinite(t)):
         raise bad(f"arrival_time must be a number of seconds, got {t!r}")
-    return tokens, text, out, t
+    extra = {}
+    for key in SERVICE_DEFAULTS:
+        v = obj.get(key)
+        if v is None or (isinstance(v, str) and not v.strip()):
+            continue  # the default, as an empty CSV cell
+        if key == "priority":
+            ok = _is_int(v) and abs(v) < _MAX_WHOLE
+        elif key == "deadline":
+            ok = _is_number(v) and np.isfinite(v) and v > 0
+        else:
+            ok = isinstance(v, str)
+            v = v.strip() if ok else v
+        if not ok:
+            raise bad(f"{key} must be {_SERVICE_WHAT[key]}, got {v!r}")
+        extra[key] = v
+    return tokens, text, out, t, extra
 
 
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x) -> bool:
+    return _is_int(x) or isinstance(x, float)
 
 
 def _load_tokenizer(tokenizer, src):

@@ -268,6 +268,7 @@ def test_gzip_and_extra_columns(tmp_path):
     assert df.attrs["source"] == str(p)
 
 
+VIDUR = "arrived_at,num_prefill_tokens,num_decode_tokens"
 BAD_CSVS = {
     # name: (content, regex the message must match besides the file name)
     "missing_column.csv": ("TIMESTAMP,ContextTokens\n2023-11-16 18:00:00,5\n",
@@ -291,6 +292,39 @@ BAD_CSVS = {
                      "yesterday,5,5\n", r"data row 2 \(line 3.*'TIMESTAMP'.*yesterday"),
     "empty.csv": ("", r"empty"),
     "header_only.csv": ("arrived_at,num_prefill_tokens,num_decode_tokens\n", r"no requests"),
+    # pandas used to read these with the first column as an index, every column shifted
+    "extra_first_row.csv": (VIDUR + "\n0,5,5,9\n1,6,6\n",
+                            r"row on line 2 has 4 fields but the header has 3"),
+    "extra_every_row.csv": (VIDUR + "\n0,5,5,9\n1,6,6,9\n",
+                            r"row on line 2 has 4 fields but the header has 3"),
+    "extra_later_row.csv": (VIDUR + "\n0,5,5\n1,6,6\n2,7,7,9,9\n",
+                            r"row on line 4 has 5 fields but the header has 3"),
+    "trailing_comma.csv": (VIDUR + "\n0,5,5,\n1,6,6,\n", r"row on line 2 has 4 fields"),
+    "short_row.csv": (VIDUR + "\n0,5,5\n1,6\n",
+                      r"data row 2 \(line 3.*'num_decode_tokens': an empty cell is not"),
+    "bool_column.csv": ("num_prefill_tokens,num_decode_tokens\nTrue,5\nFalse,6\n",
+                        r"data row 1 \(line 2.*'num_prefill_tokens': True is a boolean"),
+    "bool_output.csv": (VIDUR + "\n0,5,true\n1,6,false\n",
+                        r"data row 1 \(line 2.*'num_decode_tokens': True is a boolean"),
+    "bool_mixed.csv": (VIDUR + "\n0,5,5\n1,True,6\n",
+                       r"data row 2 \(line 3.*'num_prefill_tokens': 'True' is not"),
+    "nan_count.csv": (VIDUR + "\n0,5,5\n1,6,nan\n", r"data row 2 \(line 3.*'num_decode_tokens'"),
+    "na_count.csv": (VIDUR + "\n0,5,5\n1,NA,6\n", r"data row 2 \(line 3.*'NA' is not"),
+    "huge_count.csv": (VIDUR + "\n0,5,5\n1,1e30,6\n", r"data row 2 \(line 3.*1e\+30 is not"),
+    "nan_time.csv": (VIDUR + "\n0,5,5\nnan,6,6\n", r"data row 2 \(line 3.*'arrived_at'"),
+    "bool_time.csv": (VIDUR + "\nTrue,5,5\nFalse,6,6\n", r"data row 1 \(line 2.*'arrived_at'"),
+    "twice.csv": ("num_prefill_tokens,num_decode_tokens,Num_Decode_Tokens\n5,5,6\n",
+                  r"'num_decode_tokens' appears twice"),
+    "priority_fraction.csv": (VIDUR + ",priority\n0,5,5,1\n1,5,5,1.5\n",
+                              r"data row 2 \(line 3.*'priority': 1.5 is not a whole number"),
+    "priority_bool.csv": (VIDUR + ",priority\n0,5,5,True\n1,5,5,False\n",
+                          r"data row 1 \(line 2.*'priority': True is a boolean"),
+    "priority_text.csv": (VIDUR + ",priority\n0,5,5,high\n", r"data row 1.*'high' is not"),
+    "deadline_zero.csv": (VIDUR + ",deadline\n0,5,5,1\n1,5,5,0\n",
+                          r"data row 2 \(line 3.*'deadline': 0 is not a number of seconds > 0"),
+    "deadline_negative.csv": (VIDUR + ",deadline\n0,5,5,-1\n", r"data row 1.*-1 is not"),
+    "deadline_nan.csv": (VIDUR + ",deadline\n0,5,5,nan\n", r"data row 1.*'nan' is not"),
+    "deadline_bool.csv": (VIDUR + ",deadline\n0,5,5,true\n", r"data row 1.*True is a boolean"),
 }
 
 
@@ -301,6 +335,69 @@ def test_bad_csv_is_a_clear_error(tmp_path, fname):
     with pytest.raises(ValueError, match=pattern) as err:
         load_trace(p, qps=1.0)
     assert fname in str(err.value)
+
+
+CSV_BYTES = b"arrived_at,num_prefill_tokens,num_decode_tokens\n0,5,5\n1,6,6\n"
+JSONL_BYTES = (b'{"prompt_token_ids": [1], "output_len": 2}\n'
+               b'{"prompt_token_ids": [2], "output_len": 3}\n')
+BAD_FILES = {
+    # name: (bytes, regex the message must match besides the file name)
+    "binary.csv": (bytes(range(256)) * 8, r"binary file"),
+    "binary.jsonl": (b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR", r"binary file"),
+    "packed.csv": (gzip.compress(CSV_BYTES), r"gzip-compressed.*rename it to packed\.csv\.gz"),
+    "packed.jsonl": (gzip.compress(JSONL_BYTES), r"gzip-compressed.*packed\.jsonl\.gz"),
+    "plain.csv.gz": (CSV_BYTES, r"named \.gz but is not gzip-compressed"),
+    "plain.jsonl.gz": (JSONL_BYTES, r"named \.gz but is not gzip-compressed"),
+    "cut.csv.gz": (gzip.compress(CSV_BYTES * 50)[:-30], r"gzip data is corrupt or truncated"),
+    "cut.jsonl.gz": (gzip.compress(JSONL_BYTES * 50)[:-30], r"corrupt or truncated"),
+    "latin1.csv": (CSV_BYTES + "2,7,7 caf\xe9\n".encode("latin-1"),
+                   r"line 4 is not UTF-8 text \(byte 0xe9"),
+    "latin1_header.csv": ("num_prefill_tokens,num_decode_tokens,r\xe9sum\xe9\n5,5,x\n"
+                          .encode("latin-1"), r"line 1 is not UTF-8"),
+    "latin1.jsonl": (JSONL_BYTES + '{"prompt": "caf\xe9", "output_len": 1}\n'.encode("latin-1"),
+                     r"line 3 is not UTF-8"),
+    "latin1.csv.gz": (gzip.compress(CSV_BYTES + b"2,7,7\n" * 5 + b"9,9,9\xff\n"),
+                      r"line 9 is not UTF-8"),
+}
+
+
+@pytest.mark.parametrize("fname", sorted(BAD_FILES))
+def test_bad_file_is_a_clear_error(tmp_path, fname):
+    content, pattern = BAD_FILES[fname]
+    p = tmp_path / fname
+    p.write_bytes(content)
+    with pytest.raises(ValueError, match=pattern) as err:
+        load_trace(p, qps=1.0)
+    assert fname in str(err.value)
+
+
+def test_byte_order_mark_is_not_part_of_the_first_name(tmp_path):
+    p = tmp_path / "excel.csv"
+    p.write_bytes(b"\xef\xbb\xbf" + CSV_BYTES)
+    df = load_trace(p)
+    assert df["num_prompt_tokens"].tolist() == [5, 6] and df.attrs["format"] == "vidur"
+    q = tmp_path / "bom.jsonl"
+    q.write_bytes(b"\xef\xbb\xbf" + JSONL_BYTES)
+    assert load_trace(q, qps=1.0)["num_output_tokens"].tolist() == [2, 3]
+
+
+def test_extra_field_rows_are_found_across_chunks(monkeypatch, tmp_path):
+    monkeypatch.setattr(traces, "_CHUNK_ROWS", 3)
+    lines = [VIDUR] + [f"{i},10,5" for i in range(12)]
+    lines[8] += ",1"
+    p = write(tmp_path, "wide.csv", "\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"wide\.csv: the row on line 9 has 4 fields"):
+        load_trace(p)
+    spaced = write(tmp_path, "spaced.csv", "\n\n" + "\n\n".join(lines[:9]) + "\n")
+    with pytest.raises(ValueError, match=r"spaced\.csv: the row on line 19 has 4 fields"):
+        load_trace(spaced)   # blank lines count: line 19 is where an editor shows it
+    first = write(tmp_path, "first.csv", "\n" + VIDUR + "\n\n0,5,5,5\n")
+    with pytest.raises(ValueError, match=r"first\.csv: the row on line 4 has 4 fields"):
+        load_trace(first)
+    lines[8] = "7,10,True"  # read as text beside the ints of its chunk: still not a count
+    p = write(tmp_path, "flag.csv", "\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"flag\.csv: data row 8 \(line 9.*'True' is not"):
+        load_trace(p)
 
 
 def test_missing_column_message_names_needs_and_found(tmp_path):
@@ -354,6 +451,9 @@ def test_jsonl_without_times_and_with_text(tmp_path):
     assert df["num_prompt_tokens"].tolist() == [3, 2]
 
 
+ONE = '{"prompt_token_ids": [1], "output_len": 2'  # a valid line, still open for more keys
+
+
 @pytest.mark.parametrize("lines,pattern", [
     (['{"prompt_token_ids": [1], "output_len": 2}', '{"prompt_token_ids": [1]}'],
      r"line 2.*output_len"),
@@ -366,12 +466,93 @@ def test_jsonl_without_times_and_with_text(tmp_path):
     (['{"prompt_token_ids": [1], "output_len": 2, "arrival_time": 3}', '',
       '{"prompt_token_ids": [1], "output_len": 2}'], r"line 3.*every line or on none"),
     ([''], r"no requests"),
+    ([ONE + "}", ONE.replace("2", "true") + "}"],
+     r"line 2: output_len must be a non-negative int.*got True"),
+    ([ONE.replace("2", "2.5") + "}"], r"line 1: output_len.*2.5"),
+    ([ONE.replace("2", "1e400") + "}"], r"line 1: output_len.*inf"),
+    ([ONE.replace("2", "1" + "0" * 20) + "}"], r"line 1: output_len"),
+    ([ONE.replace("[1]", "[true]") + "}"], r"line 1: prompt_token_ids"),
+    ([ONE + ', "arrival_time": NaN}'], r"line 1: arrival_time must be a number"),
+    ([ONE + ', "arrival_time": Infinity}'], r"line 1: arrival_time"),
+    ([ONE + ', "arrival_time": false}'], r"line 1: arrival_time"),
+    ([ONE + "}", ONE + ', "priority": true}'], r"line 2: priority must be a whole number.*True"),
+    ([ONE + ', "priority": 0.5}'], r"line 1: priority"),
+    ([ONE + ', "deadline": 0}'], r"line 1: deadline must be a number of seconds > 0"),
+    ([ONE + ', "deadline": "1"}'], r"line 1: deadline"),
+    ([ONE + ', "deadline": true}'], r"line 1: deadline"),
+    ([ONE + ', "deadline": NaN}'], r"line 1: deadline"),
+    ([ONE + ', "tenant": 7}'], r"line 1: tenant must be a string"),
+    ([ONE + ', "slo_class": ["a"]}'], r"line 1: slo_class"),
 ])
 def test_bad_jsonl(tmp_path, lines, pattern):
     p = write(tmp_path, "bad.jsonl", "\n".join(lines))
     with pytest.raises(ValueError, match=pattern) as err:
         load_trace(p, qps=1.0)
     assert "bad.jsonl" in str(err.value)
+
+
+# ---------------------------------------------------------------- service columns
+
+SERVICE_CSV = (VIDUR + ", Priority ,tenant,slo_class,Deadline\n"   # names: any case, blanks
+               "10,5,5,1,acme,chat,0.5\n"
+               "11,6,6,,01,,\n"            # empty cells: the defaults; "01" stays a string
+               "12,900,7,3,x,y,1\n"        # dropped by max_total_tokens
+               "14,7,7,-2, beta ,batch,2\n"
+               "15,8,8,0,NA,z,3\n")
+
+
+@pytest.mark.parametrize("chunk_rows", [2, 1 << 16])
+def test_service_columns_survive_filters_and_num_requests(monkeypatch, tmp_path, chunk_rows):
+    monkeypatch.setattr(traces, "_CHUNK_ROWS", chunk_rows)
+    p = write(tmp_path, "svc.csv", SERVICE_CSV)
+    df = load_trace(p, max_total_tokens=100, num_requests=3)
+    assert list(df.columns) == COLUMNS + ["priority", "tenant", "slo_class", "deadline"]
+    assert df["arrival_time"].tolist() == [0.0, 1.0, 4.0]
+    assert df["priority"].tolist() == [1, 0, -2] and df["priority"].dtype == np.int64
+    assert df["tenant"].tolist() == ["acme", "01", "beta"]
+    assert df["slo_class"].tolist() == ["chat", "default", "batch"]
+    np.testing.assert_array_equal(df["deadline"], [0.5, np.nan, 2.0])
+    assert df.attrs["dropped"] == 1
+    reqs = to_requests(df)
+    assert [(r.priority, r.tenant, r.slo_class) for r in reqs] == [
+        (1, "acme", "chat"), (0, "01", "default"), (-2, "beta", "batch")]
+    # Absolute deadlines: arrival + relative deadline, by hand: 0 + 0.5, none, 4 + 2.
+    assert [r.deadline for r in reqs] == [0.5, None, 6.0]
+
+
+def test_retiming_moves_arrivals_not_relative_deadlines(tmp_path):
+    p = write(tmp_path, "svc.csv", SERVICE_CSV)
+    df = load_trace(p, qps=2.0)  # trace times 0, 1, 2, 4, 5: 4 gaps over 5 s, scaled by 0.4
+    np.testing.assert_allclose(df["arrival_time"], [0.0, 0.4, 0.8, 1.6, 2.0])
+    np.testing.assert_array_equal(df["deadline"], [0.5, np.nan, 1.0, 2.0, 3.0])
+    assert df["tenant"].tolist() == ["acme", "01", "x", "beta", "NA"]
+    assert [r.deadline for r in to_requests(df)] == pytest.approx([0.5, None, 1.8, 3.6, 5.0])
+
+
+def test_service_keys_in_jsonl(tmp_path):
+    rows = [{"prompt_token_ids": [1, 2], "output_len": 3, "arrival_time": 5, "priority": 2,
+             "tenant": "a", "deadline": 1.5},
+            {"prompt_token_ids": [1], "output_len": 1, "arrival_time": 6, "tenant": None,
+             "slo_class": "batch"},
+            {"prompt_token_ids": [1], "output_len": 1, "arrival_time": 7, "deadline": None}]
+    p = write(tmp_path, "svc.jsonl", "\n".join(json.dumps(r) for r in rows))
+    df = load_trace(p)
+    assert list(df.columns) == COLUMNS + ["prompt_token_ids", "priority", "tenant",
+                                          "slo_class", "deadline"]
+    reqs = to_requests(df)
+    assert [(r.priority, r.tenant, r.slo_class, r.deadline) for r in reqs] == [
+        (2, "a", "default", 1.5), (0, "default", "batch", None),
+        (0, "default", "default", None)]
+    # A key given on no line (or only as null) makes no column.
+    q = write(tmp_path, "plain.jsonl", json.dumps({**rows[2], "tenant": None}))
+    assert list(load_trace(q).columns) == COLUMNS + ["prompt_token_ids"]
+
+
+def test_synthetic_and_plain_traces_get_default_service_attributes():
+    df = synthetic_trace(5, 1.0, prompt_len=10, output_len=3)
+    assert list(df.columns) == COLUMNS
+    assert {(r.priority, r.tenant, r.slo_class, r.deadline) for r in to_requests(df)} == {
+        (0, "default", "default", None)}
 
 
 # ---------------------------------------------------------------- requests and prompt ids
@@ -381,6 +562,9 @@ def test_to_requests_from_length_trace():
     reqs = to_requests(df)
     assert [r.request_id for r in reqs] == list(range(20))
     assert all(r.prompt_token_ids is None and r.max_tokens is None for r in reqs)
+    # No service columns in the trace: every request gets Request's defaults.
+    assert {(r.priority, r.tenant, r.slo_class, r.deadline) for r in reqs} == {
+        (0, "default", "default", None)}
     assert [r.num_prompt_tokens for r in reqs] == df["num_prompt_tokens"].tolist()
     assert [r.arrival_time for r in reqs] == df["arrival_time"].tolist()
 
@@ -489,5 +673,6 @@ def test_zero_output_rows_become_one_token_requests(tmp_path, caplog):
 def test_a_file_that_is_not_csv_names_itself(tmp_path):
     bad = tmp_path / "notes.csv"
     bad.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,1,2\n1,2,3,4,5\n")
-    with pytest.raises(ValueError, match=r"notes\.csv is not a readable CSV.*line 3"):
+    with pytest.raises(ValueError, match=r"notes\.csv: the row on line 3 has 5 fields but "
+                       r"the header has 3"):
         load_trace(str(bad))

@@ -143,7 +143,8 @@ def _execute(c: dict, job: _Job) -> dict:
         result = search(c, job.dir)
         text = format_result(result)
     else:
-        from sarathi_lab.runner import format_summary, run
+        from sarathi_lab.runner import run
+        from sarathi_lab.summary_text import check_served, format_summary
         result = run(c, job.dir)
         text = format_summary(result)
     if (c.get("logger") or {}).get("name", "none") != "none":
@@ -151,6 +152,8 @@ def _execute(c: dict, job: _Job) -> dict:
         log_result(c, job.dir, result)
     if not job.multirun:
         print(text)
+    if mode != "capacity":
+        check_served(result)   # after the summary is shown; fails the job (exit 1)
     return result
 
 

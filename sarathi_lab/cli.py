@@ -197,6 +197,11 @@ def _main(cfg: DictConfig):
 
 def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from sarathi_lab.extras import MissingExtra, check_extras
+    try:
+        check_extras(sys.argv[1:])   # before Hydra composes: no job starts without its extras
+    except MissingExtra as e:
+        sys.exit(f"sarathi-lab: error: {e}")
     _main()
     if _failures:
         sys.exit(1)

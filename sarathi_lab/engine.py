@@ -23,7 +23,10 @@ class Engine:
         self.kv = policy.kv
         # skipping steady decode runs needs predicted durations and no real tokens
         self.fast_forward = fast_forward and executor.supports_fast_forward
-        self.progress = progress          # callable(num_done) or None
+        # progress(num_done, num_tokens), or None: called once per executed iteration with the
+        # requests done so far (finished or rejected) and the tokens computed so far in executed
+        # iterations (the simulator's fast-forwarded decode runs are not counted)
+        self.progress = progress
         # iteration records, fields as ITER_COLUMNS: tuples of the latest stepped iterations,
         # arrays for what came before them and for skipped runs
         self.rows: list[tuple] = []
@@ -57,7 +60,7 @@ class Engine:
         reqs = sorted(requests, key=lambda r: r.arrival_time)
         policy, kv, ex = self.policy, self.kv, self.executor
         record = self.rows.append
-        i, n_total, n_done = 0, len(reqs), 0
+        i, n_total, n_done, n_tok = 0, len(reqs), 0, 0
         while True:
             while i < n_total and reqs[i].arrival_time <= self.now:   # admit
                 if not policy.add_request(reqs[i]):
@@ -99,8 +102,9 @@ class Engine:
             self.now = end
             if done or out.rejected:
                 n_done += len(done) + len(out.rejected)
-                if self.progress is not None:
-                    self.progress(n_done)
+            if self.progress is not None:
+                n_tok += n_pre + n_dec
+                self.progress(n_done, n_tok)
             # a batch of nothing but one decode per running request, none finished: if the
             # policy says the next batch would be the same, skip ahead
             if (self.fast_forward and not done and n_pre == 0 and not out.preempted

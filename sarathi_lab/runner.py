@@ -59,16 +59,29 @@ def build(cfg):
     return cls(sc, kv), executor
 
 
-def _progress_bar(total: int, enabled):
+def _progress_bar(total: int, enabled, simulated: bool = True):
+    """(bar, the engine's progress callable), or (None, None) when off. `enabled`: the
+    `progress` setting. auto shows the bar on a terminal outside CI, and only once the run has
+    taken 2 s (a quick run prints none); true shows it at once, anywhere. A real run's bar also
+    counts the tokens computed; a simulation's does not (fast-forwarded decodes report none)."""
+    if enabled not in ("auto", True, False):
+        raise ValueError(f"progress={enabled!r}: must be auto, true or false")
+    delay = 0.0
     if enabled == "auto":
         enabled = sys.stderr.isatty() and not os.environ.get("CI")
+        delay = 2.0
     if not enabled:
         return None, None
     from tqdm import tqdm
-    bar = tqdm(total=total, unit="req", desc="simulating", mininterval=0.5, leave=False)
+    bar = tqdm(total=total, unit="req", desc="simulating" if simulated else "real run",
+               mininterval=0.5, delay=delay, leave=False)
+    t0 = time.perf_counter()
 
-    def update(n):
-        bar.update(n - bar.n)
+    def update(num_done: int, num_tokens: int) -> None:
+        if not simulated:
+            rate = num_tokens / max(time.perf_counter() - t0, 1e-9)
+            bar.set_postfix_str(f"{num_tokens:,} tokens, {rate:,.0f} tok/s", refresh=False)
+        bar.update(num_done - bar.n)
     return bar, update
 
 
@@ -94,7 +107,8 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True) -> d
         if hasattr(executor, "prepare_trace"):   # real models need prompt token ids
             trace = executor.prepare_trace(trace, c["trace"])
         requests = to_requests(trace)
-    bar, progress = _progress_bar(len(requests), c.get("progress", "auto"))
+    simulated = getattr(executor, "simulated", c["executor"]["name"] == "sim")
+    bar, progress = _progress_bar(len(requests), c.get("progress", "auto"), simulated)
     engine = Engine(policy, executor, fast_forward=c.get("fast_forward", True), progress=progress)
     engine.run(requests)
     if bar is not None:

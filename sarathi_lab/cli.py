@@ -136,7 +136,8 @@ def _execute(c: dict, job: _Job, resolved) -> dict:
         result = search(c, job.dir)
         text = format_result(result)
     else:
-        from sarathi_lab.runner import format_summary, run
+        from sarathi_lab.runner import run
+        from sarathi_lab.summary_text import check_served, format_summary
         result = run(c, job.dir, resolved=resolved)
         text = format_summary(result)
     if (c.get("logger") or {}).get("name", "none") != "none":
@@ -144,6 +145,8 @@ def _execute(c: dict, job: _Job, resolved) -> dict:
         log_result(c, job.dir, result)
     if not job.multirun:
         print(text)
+    if mode != "capacity":
+        check_served(result)   # after the summary is shown; fails the job (exit 1)
     return result
 
 
@@ -206,6 +209,11 @@ def _main(cfg: DictConfig):
 
 def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from sarathi_lab.extras import MissingExtra, check_extras
+    try:
+        check_extras(sys.argv[1:])   # before Hydra composes: no job starts without its extras
+    except MissingExtra as e:
+        sys.exit(f"sarathi-lab: error: {e}")
     _main()
     if _failures:
         sys.exit(1)

@@ -55,6 +55,9 @@ class Engine:
             log.info("%s overrides schedule()/update() without steady_decode()/"
                      "advance_decodes(): fast-forward off", type(policy).__qualname__)
             self.fast_forward = False
+        # progress(num_done, num_tokens), or None: called once per executed iteration with the
+        # requests done so far (finished or rejected) and the tokens computed so far in executed
+        # iterations (the simulator's fast-forwarded decode runs are not counted)
         self.progress = progress
         # iteration records, fields as ITER_COLUMNS: tuples of the latest stepped iterations,
         # arrays for what came before them and for skipped runs
@@ -62,6 +65,7 @@ class Engine:
         self._chunks: list[np.ndarray] = []
         self.now = 0.0
         self.num_done = 0
+        self.num_tokens = 0   # computed in stepped iterations (kept only for `progress`)
         self.output_lens: dict = {}   # request id -> the workload's output length (metrics)
 
     # -- records ------------------------------------------------------------------------------------
@@ -138,10 +142,10 @@ class Engine:
         self.rows.append((start, step.duration, n_pre, n_dec, len(out), kv.pool.num_used,
                           kv.num_stored_tokens, len(out.preempted)))
         self.now = end
-        if done or out.rejected:
-            self.num_done += len(done) + len(out.rejected)
-            if self.progress is not None:
-                self.progress(self.num_done, None)
+        self.num_done += len(done) + len(out.rejected)
+        if self.progress is not None:
+            self.num_tokens += n_pre + n_dec
+            self.progress(self.num_done, self.num_tokens)
         return out, done, n_pre, n_dec
 
     def run(self, requests: list[Request]) -> list[Request]:

@@ -3,10 +3,16 @@
 TTFT  first output token - arrival            TBT  every gap between consecutive output tokens,
 TPOT  (E2E - TTFT) / (output tokens - 1)           pooled across requests for percentiles
 E2E   finish - arrival                         scheduling delay  first scheduled - arrival
+
+Offered load  (n - 1) / (last arrival - first arrival) requests/s over all n requests, rejected
+              ones included: the mean arrival rate (n evenly spaced arrivals at q req/s give
+              exactly q). Token rates are that rate times the mean prompt (output) length, output
+              being the trace's length. None with fewer than two requests or all arriving at once.
 """
 from __future__ import annotations
 
 import itertools
+import re
 
 import numpy as np
 import pandas as pd
@@ -122,8 +128,62 @@ def slo_met(req_df: pd.DataFrame, slo: dict, gaps_owner=None) -> np.ndarray:
     return ok
 
 
+def offered_load(req_df: pd.DataFrame) -> dict:
+    """What the trace asked of the server (see the module docstring)."""
+    arrival = req_df["arrival_time"].to_numpy(float)
+    n = len(arrival)
+    span = float(arrival.max() - arrival.min()) if n else 0.0
+    rate = (n - 1) / span if n > 1 and span > 0 else None
+
+    def tok_s(col):
+        return None if rate is None else rate * float(req_df[col].mean())
+    return {"num_requests": n, "arrival_span_s": span, "requests_per_s": rate,
+            "prompt_tokens_per_s": tok_s("num_prompt_tokens"),
+            "output_tokens_per_s": tok_s("target_output_tokens")}
+
+
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def rejection_kind(reason: str | None) -> str:
+    """A rejection reason with its numbers replaced by N: reasons that differ only in lengths
+    and sizes fall in one kind ("prompt of N tokens leaves no room ... max_model_len=N")."""
+    if not reason:
+        return "no reason given"
+    return _NUMBER.sub("N", reason)
+
+
+def rejections(req_df: pd.DataFrame) -> dict[str, int]:
+    """Rejected requests per reason kind, the most frequent first."""
+    rej = req_df.loc[req_df["status"] == "rejected", "rejection_reason"]
+    counts = rej.map(rejection_kind).value_counts(sort=False)
+    return {k: int(v) for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))}
+
+
+def slo_criteria(out: dict, slo: dict, attainment: float) -> list[dict]:
+    """Each capacity criterion's parts: name, value, limit, met, and the verdict it belongs to
+    (`tbt`: Sarathi-Serve's, only when slo.p99_tbt is set; `attainment`: DistServe's). A value
+    of None (no TBT gap at all, say) misses."""
+    def check(criterion, name, value, limit, at_least=False):
+        met = value is not None and (value >= limit if at_least else value <= limit)
+        return {"criterion": criterion, "name": name, "value": value, "limit": limit,
+                "met": bool(met)}
+    crit = []
+    if slo.get("p99_tbt") is not None:
+        crit += [check("tbt", "p99_tbt", out["tbt"]["p99"], slo["p99_tbt"]),
+                 check("tbt", "median_scheduling_delay", out["scheduling_delay"]["p50"],
+                       slo.get("max_median_scheduling_delay", 2.0)),
+                 check("tbt", "num_rejected", out["num_rejected"], 0)]
+    crit.append(check("attainment", "attainment", attainment if out["num_requests"] else None,
+                      slo.get("attainment_target", 0.9), at_least=True))
+    return crit
+
+
 def summarize(req_df: pd.DataFrame, it_df: pd.DataFrame, *, slo: dict | None = None,
-              kv_blocks_total: int = 0, block_size: int = 16, stall_factor: float = 5.0) -> dict:
+              kv_blocks_total: int = 0, block_size: int = 16, stall_factor: float = 5.0,
+              prefix_cache: dict | None = None) -> dict:
+    """The run's figures (summary.json). `prefix_cache`: the KV manager's
+    `prefix_cache_stats()`, given when prefix caching is on."""
     slo = dict(slo or {})
     fin = req_df[req_df["status"] == "finished"]
     gaps_owner = tbt_gaps(req_df)
@@ -139,13 +199,16 @@ def summarize(req_df: pd.DataFrame, it_df: pd.DataFrame, *, slo: dict | None = N
         "throughput_rps": len(fin) / span if span > 0 else 0.0,
         "throughput_tok_s": float(fin["num_output_tokens"].sum()) / span if span > 0 else 0.0,
         "preemptions": int(req_df["num_preemptions"].sum()),
+        "offered_load": offered_load(req_df),
+        "rejections": rejections(req_df),
     }
     for col in ("ttft", "tpot", "e2e", "normalized_e2e", "scheduling_delay"):
         out[col] = _stats(req_df[col])
     out["tbt"] = _stats(gaps)
     # stall: a gap far above the time of a decode-only iteration
     dec_only = it_df.loc[it_df["prefill_tokens"] == 0, "duration"]
-    base = float(dec_only.median()) if len(dec_only) else float(it_df["duration"].median() or 0)
+    base = float(dec_only.median()) if len(dec_only) else \
+        float(it_df["duration"].median()) if len(it_df) else 0.0   # no NaN in summary.json
     thresh = stall_factor * base
     out["stalls"] = {"threshold_s": thresh, "count": int((gaps > thresh).sum()),
                      "worst_s": float(gaps.max()) if len(gaps) else 0.0}
@@ -159,20 +222,23 @@ def summarize(req_df: pd.DataFrame, it_df: pd.DataFrame, *, slo: dict | None = N
                      "utilization_max": float(used.max() / kv_blocks_total) if len(used) else 0.0,
                      "internal_waste_mean": float(np.nanmean(np.clip(waste, 0, 1)))
                      if np.isfinite(waste).any() else 0.0}
+    if prefix_cache is not None:
+        hit, query = int(prefix_cache["hit_tokens"]), int(prefix_cache["query_tokens"])
+        out["prefix_cache"] = {"hit_tokens": hit, "query_tokens": query,
+                               "hit_rate": hit / query if query else None}
     if slo:
         met = slo_met(req_df, slo, gaps_owner)
-        n = len(req_df)
-        p99_tbt, med_delay = out["tbt"]["p99"], out["scheduling_delay"]["p50"]
-        max_delay = slo.get("max_median_scheduling_delay", 2.0)
+        attainment = float(met.mean()) if len(req_df) else 0.0
+        crit = slo_criteria(out, slo, attainment)
+        tbt = [c["met"] for c in crit if c["criterion"] == "tbt"]
         out["slo"] = {
             **slo,
-            "attainment": float(met.mean()) if n else 0.0,
+            "attainment": attainment,
             "goodput_rps": float(met.sum()) / span if span > 0 else 0.0,
-            # Sarathi-Serve's capacity criterion for this run
-            "meets_tbt_slo": bool(slo.get("p99_tbt") is not None and p99_tbt is not None
-                                  and p99_tbt <= slo["p99_tbt"] and med_delay is not None
-                                  and med_delay <= max_delay and out["num_rejected"] == 0),
-            # DistServe's: share of requests meeting TTFT and TPOT
-            "meets_attainment": bool(n and met.mean() >= slo.get("attainment_target", 0.9)),
+            # Sarathi-Serve's capacity criterion for this run (undefined without slo.p99_tbt)
+            "meets_tbt_slo": bool(tbt) and all(tbt),
+            # DistServe's: share of requests meeting every per-request SLO that is set
+            "meets_attainment": all(c["met"] for c in crit if c["criterion"] == "attainment"),
+            "criteria": crit,
         }
     return out

@@ -68,16 +68,29 @@ def used_settings(r: Resolved, policy) -> dict:
     return eff
 
 
-def _progress_bar(total: int, enabled):
+def _progress_bar(total: int, enabled, simulated: bool = True):
+    """(bar, the engine's progress callable), or (None, None) when off. `enabled`: the
+    `progress` setting. auto shows the bar on a terminal outside CI, and only once the run has
+    taken 2 s (a quick run prints none); true shows it at once, anywhere. A real run's bar also
+    counts the tokens computed; a simulation's does not (fast-forwarded decodes report none)."""
+    if enabled not in ("auto", True, False):
+        raise ValueError(f"progress={enabled!r}: must be auto, true or false")
+    delay = 0.0
     if enabled == "auto":
         enabled = sys.stderr.isatty() and not os.environ.get("CI")
+        delay = 2.0
     if not enabled:
         return None, None
     from tqdm import tqdm
-    bar = tqdm(total=total, unit="req", desc="simulating", mininterval=0.5, leave=False)
+    bar = tqdm(total=total, unit="req", desc="simulating" if simulated else "real run",
+               mininterval=0.5, delay=delay, leave=False)
+    t0 = time.perf_counter()
 
-    def update(n):
-        bar.update(n - bar.n)
+    def update(num_done: int, num_tokens: int) -> None:
+        if not simulated:
+            rate = num_tokens / max(time.perf_counter() - t0, 1e-9)
+            bar.set_postfix_str(f"{num_tokens:,} tokens, {rate:,.0f} tok/s", refresh=False)
+        bar.update(num_done - bar.n)
     return bar, update
 
 
@@ -103,7 +116,7 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
     if requests is None:
         trace = executor.prepare_trace(build_trace(c["trace"]), c["trace"])
         requests = to_requests(trace)
-    bar, progress = _progress_bar(len(requests), r.run.progress)
+    bar, progress = _progress_bar(len(requests), r.run.progress, executor.simulated)
     engine = Engine(policy, executor, fast_forward=r.run.fast_forward, progress=progress)
     engine.run(requests)
     if bar is not None:
@@ -112,7 +125,8 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
     req_df = requests_table(requests, engine.output_lens)
     it_df = iterations_table(engine.iterations())
     summary = summarize(req_df, it_df, slo=c.get("slo"), kv_blocks_total=policy.kv.num_blocks,
-                        block_size=policy.kv.block_size)
+                        block_size=policy.kv.block_size,
+                        prefix_cache=policy.kv.prefix_cache_stats())
     summary["wall_time_s"] = wall
     summary["simulated"] = executor.simulated
     summary["config"] = c
@@ -124,38 +138,3 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
     _atomic_write(run_dir / "summary.json",
                   lambda p: p.write_text(json.dumps(summary, indent=2, default=str)))
     return summary
-
-
-def format_summary(s: dict) -> str:
-    cfg = s.get("config", {})
-    ex = cfg.get("executor") or {}
-    sim = s.get("simulated", ex.get("name", "sim") == "sim")
-    where = (f"simulated {(cfg.get('hardware') or {}).get('name', '?')}" if sim else
-             f"executor {ex.get('name')} ({ex.get('device', '?')})")
-    head = (f"{cfg.get('scheduler', {}).get('name', '?')} | {cfg.get('model', {}).get('name', '?')}"
-            f" on {where} | trace {cfg.get('trace', {}).get('name', '?')}")
-    lines = [head, f"requests {s['num_finished']} finished, {s['num_rejected']} rejected, "
-             f"{s['preemptions']} preemptions; {s['num_iterations']} iterations; "
-             f"makespan {s['makespan_s']:.1f} s ({'simulated' if sim else 'run'} in "
-             f"{s['wall_time_s']:.2f} s of wall time)",
-             f"throughput {s['throughput_rps']:.2f} req/s, {s['throughput_tok_s']:.0f} output tok/s",
-             "", f"{'metric (s)':<18}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}"]
-    for key in ("ttft", "tbt", "tpot", "e2e", "scheduling_delay"):
-        st = s[key]
-        cells = "".join(f"{st[k]:>10.4f}" if st[k] is not None else f"{'-':>10}"
-                        for k in ("p50", "p90", "p99", "max"))
-        lines.append(f"{key:<18}{cells}")
-    st = s["stalls"]
-    lines.append(f"\nstalls (gaps > {st['threshold_s'] * 1e3:.1f} ms): {st['count']}, "
-                 f"worst {st['worst_s'] * 1e3:.1f} ms")
-    if "kv" in s:
-        kv = s["kv"]
-        lines.append(f"KV: {kv['blocks_total']} blocks, utilisation mean "
-                     f"{kv['utilization_mean']:.1%} max {kv['utilization_max']:.1%}, "
-                     f"internal waste {kv['internal_waste_mean']:.1%}")
-    if "slo" in s:
-        slo = s["slo"]
-        lines.append(f"SLO {slo.get('name', '')}: attainment {slo['attainment']:.1%}, goodput "
-                     f"{slo['goodput_rps']:.2f} req/s, P99-TBT criterion "
-                     f"{'met' if slo['meets_tbt_slo'] else 'missed'}")
-    return "\n".join(lines)

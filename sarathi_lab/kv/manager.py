@@ -36,6 +36,11 @@ class KVCacheManager:
         # logical tokens whose KV is held (shared ones counted per request); a request holds
         # exactly its num_computed_tokens whenever it is freed
         self.num_stored_tokens = 0
+        # prefix-cache hit rate: prompt tokens of each admission (first allocation of a request
+        # with token ids, counted on success only, so a failed and retried admission counts
+        # once) and how many of them came from the cache
+        self.prefix_query_tokens = 0
+        self.prefix_hit_tokens = 0
 
     # -- sizes ---------------------------------------------------------------------------
     @property
@@ -119,7 +124,8 @@ class KVCacheManager:
                 and req.num_computed_tokens + num_new_tokens <= len(held) * self.block_size:
             self.num_stored_tokens += num_new_tokens   # hot path: the last block has room
             return []
-        if held is None:
+        first = held is None
+        if first:
             held = self.req_blocks[rid] = []
         n_hit = len(computed) * self.block_size if computed else 0
         upto = req.num_computed_tokens + n_hit + num_new_tokens + lookahead
@@ -142,6 +148,9 @@ class KVCacheManager:
         self.num_stored_tokens += added
         if self.enable_prefix_caching and req.prompt_token_ids is not None:
             self._cache_full_blocks(req, held, req.num_computed_tokens + added)
+            if first:
+                self.prefix_query_tokens += req.num_prompt_tokens
+                self.prefix_hit_tokens += n_hit
         return [b.block_id for b in new]
 
     def allocate_decodes(self, reqs: list[Request], k: int = 1) -> bool:
@@ -190,6 +199,15 @@ class KVCacheManager:
         self.pool.release(reversed(held))
         self.num_stored_tokens -= req.num_computed_tokens
         req.block_hashes = []
+
+    def prefix_cache_stats(self) -> dict | None:
+        """Prompt tokens looked up in the prefix cache and tokens served from it, summed over
+        admissions (a request re-admitted after preemption looks up again and counts again);
+        None when prefix caching is off. The last prompt token is never served from the cache
+        (the model must run on it), so the hit rate stays below 1."""
+        if not self.enable_prefix_caching:
+            return None
+        return {"hit_tokens": self.prefix_hit_tokens, "query_tokens": self.prefix_query_tokens}
 
     def block_table(self, req: Request) -> list[int]:
         return [b.block_id for b in self.req_blocks.get(req.request_id, ())]

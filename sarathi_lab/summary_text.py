@@ -1,0 +1,142 @@
+"""The run summary as a person reads it at the end of `sarathi-lab`, and the check that a run
+served anything at all."""
+from __future__ import annotations
+
+TOP_REJECTIONS = 3   # reason kinds shown; summary.json has them all
+
+
+class NothingServed(ValueError):
+    """Every request of the run was rejected: its latency and throughput figures mean nothing."""
+
+
+def check_served(s: dict) -> None:
+    """Raise NothingServed when every request of the run summary `s` was rejected."""
+    n = s["num_requests"]
+    if n and s["num_rejected"] == n:
+        raise NothingServed(f"all {n} requests were rejected, none was served: "
+                            f"{_top_rejections(s)} (per request: requests.parquet, "
+                            "column rejection_reason)")
+
+
+def _top_rejections(s: dict) -> str:
+    kinds = list((s.get("rejections") or {}).items())
+    text = "; ".join(f"{count} x {kind}" for kind, count in kinds[:TOP_REJECTIONS])
+    if len(kinds) > TOP_REJECTIONS:
+        text += f"; {len(kinds) - TOP_REJECTIONS} more kinds in summary.json"
+    return text
+
+
+def _duration(v: float, digits: int = 3) -> str:
+    return f"{v * 1e3:.{digits}g} ms" if abs(v) < 1 else f"{v:.{digits}g} s"
+
+
+def _share(v: float, digits: int = 3) -> str:
+    return f"{v * 100:.{digits}g}%"
+
+
+def _pair(fmt, value, limit) -> tuple[str, str]:
+    """value and limit written with as many digits as it takes to tell them apart."""
+    for digits in (3, 4, 5, 6):
+        a, b = fmt(value, digits), fmt(limit, digits)
+        if a != b or value == limit:
+            break
+    return a, b
+
+
+_CRITERIA = {   # name: (label, how a value is written)
+    "p99_tbt": ("P99 TBT", _duration),
+    "median_scheduling_delay": ("median scheduling delay", _duration),
+    "attainment": ("SLO attainment", _share),
+}
+
+
+def format_criterion(c: dict) -> str:
+    """"P99 TBT 64 ms <= 100 ms met", "median scheduling delay 3.1 s > 2 s missed by 1.1 s"."""
+    name, value, limit, met = c["name"], c["value"], c["limit"], c["met"]
+    if name == "num_rejected":
+        return f"rejected {value} requests ({'met' if met else 'missed'}: none may be)"
+    label, fmt = _CRITERIA.get(name, (name, lambda v, d: f"{v:.{d}g}"))
+    if value is None:
+        return f"{label} undefined (no data) missed"
+    at_least = name == "attainment"
+    v, lim = _pair(fmt, value, limit)
+    op = (">=" if met else "<") if at_least else ("<=" if met else ">")
+    by = "" if met else f" by {fmt(abs(value - limit), 3)}"
+    return f"{label} {v} {op} {lim} {'met' if met else 'missed'}{by}"
+
+
+def _slo_lines(slo: dict) -> list[str]:
+    lines = [f"SLO {slo.get('name', '')}: attainment {slo['attainment']:.1%}, "
+             f"goodput {slo['goodput_rps']:.2f} req/s"]
+    crit = slo.get("criteria") or []
+    for key, who in (("tbt", "Sarathi-Serve P99-TBT"), ("attainment", "DistServe attainment")):
+        parts = [format_criterion(c) for c in crit if c["criterion"] == key]
+        if parts:
+            ok = all(c["met"] for c in crit if c["criterion"] == key)
+            lines.append(f"  {who} criterion {'met' if ok else 'missed'}:")
+            lines += [f"    {p}" for p in parts]
+        elif key == "tbt":
+            lines.append(f"  {who} criterion: not defined (slo.p99_tbt is not set)")
+    return lines
+
+
+def _offered_line(s: dict) -> str:
+    off = s["offered_load"]
+    if off["requests_per_s"] is None:
+        return (f"offered load: {off['num_requests']} request(s) arriving at once "
+                "(no arrival rate)")
+    return (f"offered load {off['requests_per_s']:.2f} req/s over {off['arrival_span_s']:.1f} s "
+            f"of arrivals: {off['prompt_tokens_per_s']:.0f} prompt + "
+            f"{off['output_tokens_per_s']:.0f} output tok/s")
+
+
+def _prefix_line(s: dict) -> str:
+    pc = s["prefix_cache"]
+    if pc["hit_rate"] is None:
+        return "prefix cache: on, nothing looked up (the requests carry no token ids)"
+    return (f"prefix cache: {pc['hit_rate']:.1%} of prompt tokens served from cache "
+            f"({pc['hit_tokens']} of {pc['query_tokens']})")
+
+
+def format_summary(s: dict) -> str:
+    cfg = s.get("config", {})
+    ex = cfg.get("executor") or {}
+    sim = s.get("simulated", ex.get("name", "sim") == "sim")
+    where = (f"simulated {(cfg.get('hardware') or {}).get('name', '?')}" if sim else
+             f"executor {ex.get('name')} ({ex.get('device', '?')})")
+    head = (f"{cfg.get('scheduler', {}).get('name', '?')} | {cfg.get('model', {}).get('name', '?')}"
+            f" on {where} | trace {cfg.get('trace', {}).get('name', '?')}")
+    lines = [head]
+    n, n_rej = s["num_requests"], s["num_rejected"]
+    if n and n_rej == n:
+        bar = "!" * 78
+        lines += [bar, f"!!! ALL {n} REQUESTS WERE REJECTED: nothing was served, every figure "
+                  "below is empty", bar]
+    lines += [_offered_line(s),
+              f"requests {s['num_finished']} finished, {n_rej} rejected, "
+              f"{s['preemptions']} preemptions; {s['num_iterations']} iterations; "
+              f"makespan {s['makespan_s']:.1f} s ({'simulated' if sim else 'run'} in "
+              f"{s['wall_time_s']:.2f} s of wall time)"]
+    if n_rej:
+        lines.append(f"  rejected: {_top_rejections(s)}")
+    lines += [f"throughput {s['throughput_rps']:.2f} req/s, {s['throughput_tok_s']:.0f} "
+              "output tok/s",
+              "", f"{'metric (s)':<18}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}"]
+    for key in ("ttft", "tbt", "tpot", "e2e", "scheduling_delay"):
+        st = s[key]
+        cells = "".join(f"{st[k]:>10.4f}" if st[k] is not None else f"{'-':>10}"
+                        for k in ("p50", "p90", "p99", "max"))
+        lines.append(f"{key:<18}{cells}")
+    st = s["stalls"]
+    lines.append(f"\nstalls (gaps > {st['threshold_s'] * 1e3:.1f} ms): {st['count']}, "
+                 f"worst {st['worst_s'] * 1e3:.1f} ms")
+    if "kv" in s:
+        kv = s["kv"]
+        lines.append(f"KV: {kv['blocks_total']} blocks, utilisation mean "
+                     f"{kv['utilization_mean']:.1%} max {kv['utilization_max']:.1%}, "
+                     f"internal waste {kv['internal_waste_mean']:.1%}")
+    if "prefix_cache" in s:
+        lines.append(_prefix_line(s))
+    if "slo" in s:
+        lines += _slo_lines(s["slo"])
+    return "\n".join(lines)

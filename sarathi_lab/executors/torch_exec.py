@@ -23,7 +23,8 @@ import torch
 from sarathi_lab.executors.base import Executor, StepResult
 from sarathi_lab.models.llama import AttnMetadata
 from sarathi_lab.config import plain
-from sarathi_lab.models.loader import load_model, parse_dtype
+from sarathi_lab.models.dtypes import torch_dtype
+from sarathi_lab.models.loader import load_model
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,8 @@ class TorchExecutor(Executor):
         cuda = torch.cuda.is_available()
         self.device = torch.device(_auto(cfg.get("device"), "cuda" if cuda else "cpu"))
         on_gpu = self.device.type == "cuda"
-        self.dtype = parse_dtype(_auto(cfg.get("dtype"), "bfloat16" if on_gpu else "float32"))
+        self.dtype = torch_dtype(_auto(cfg.get("dtype"), "bfloat16" if on_gpu else "float32"),
+                                 "executor.dtype")
         self.backend = _auto(cfg.get("attention_backend"), "triton" if on_gpu else "torch")
         if self.backend == "triton" and not on_gpu and self.dtype == torch.bfloat16:
             raise ValueError("executor.attention_backend=triton on a CPU runs the Triton "
@@ -62,8 +64,7 @@ class TorchExecutor(Executor):
     # -- sizing ---------------------------------------------------------------------------------
     def block_bytes(self, block_size: int) -> int:
         a = self.args
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * a.num_layers * block_size * a.num_kv_heads * a.head_dim * elem
+        return 2 * a.num_layers * block_size * a.num_kv_heads * a.head_dim * self.dtype.itemsize
 
     def num_kv_blocks(self, block_size: int) -> int:
         per_block = self.block_bytes(block_size)
@@ -81,7 +82,7 @@ class TorchExecutor(Executor):
         return n
 
     def max_model_len(self) -> int:
-        n = self.args.max_position_embeddings
+        n = self.args.max_model_len
         cap = self.model_cfg.get("max_model_len")
         return min(n, int(cap)) if cap else n
 

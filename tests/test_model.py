@@ -161,7 +161,7 @@ def test_loader_errors_name_the_input(tmp_path):
         model_shape({"path": str(tmp_path)})
     with pytest.raises(ValueError, match="lacks hidden_size, intermediate_size"):
         model_shape({"name": "x", "num_layers": 1})
-    with pytest.raises(ValueError, match="executor.dtype=.float8.: the torch executor does not run"):
+    with pytest.raises(ValueError, match="executor.dtype=.float8.: the torch executor does not"):
         load_model({"path": None, "name": "x", **_preset()}, "cpu", "float8")
 
 

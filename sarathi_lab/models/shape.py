@@ -31,7 +31,7 @@ class ModelShape:
     num_kv_heads: int | None           # None: num_heads (no grouped-query attention)
     head_dim: int | None               # None: hidden_size // num_heads
     vocab_size: int
-    max_model_len: int                 # positions the model is built for (HF max_position_embeddings)
+    max_model_len: int                 # positions it is built for (HF max_position_embeddings)
     dtype: str = "bfloat16"            # the weights' element type, as named in models.dtypes
     tie_word_embeddings: bool = False
     rms_norm_eps: float = 1e-5

@@ -29,15 +29,11 @@ CSV_COLUMNS = (
 
 
 def csv_row(c: dict, run_dir: Path, result: dict) -> dict:
-    from sarathi_lab.report import flat_metrics
+    from sarathi_lab.report import flat_metrics, identity
     row = {
         "time": datetime.now().isoformat(timespec="seconds"), "name": c.get("name"),
         "mode": c.get("mode", "run"), "run_dir": str(Path(run_dir).resolve()),
-        "overrides": ",".join(rundir.overrides(run_dir)),
-        "policy": c["scheduler"]["name"], "token_budget": c["scheduler"].get("token_budget"),
-        "model": c["model"].get("name"), "hardware": (c.get("hardware") or {}).get("name"),
-        "trace": c["trace"].get("name"), "qps": c["trace"].get("qps"),
-        "slo": (c.get("slo") or {}).get("name"),
+        "overrides": ",".join(rundir.overrides(run_dir)), **identity(c),
     }
     if result.get("mode") == "capacity":
         row["num_requests"] = result["num_requests"]

@@ -89,7 +89,8 @@ def _offered_qps(cfg_qps, run_dir: Path):
     return (len(t) - 1) / span if len(t) > 1 and span > 0 else np.nan
 
 
-def _identity(cfg: dict) -> dict:
+def identity(cfg: dict) -> dict:
+    """What a run ran, from its config: policy and its budgets, model, hardware, trace, SLO."""
     sch, tr = cfg.get("scheduler") or {}, cfg.get("trace") or {}
     return {
         "policy": sch.get("name"), "token_budget": sch.get("token_budget"),
@@ -149,7 +150,7 @@ def run_table(paths) -> pd.DataFrame:
         cfg = s.get("config") or {}
         ov = read_overrides(d)
         keys += [k for k in ov if k not in keys]
-        ident = _identity(cfg)
+        ident = identity(cfg)
         rows.append({"run_dir": str(d), "overrides": ",".join(f"{k}={v}" for k, v in ov.items()),
                      **ident, "offered_qps": _offered_qps(ident["qps"], d), **ov,
                      **flat_metrics(s)})

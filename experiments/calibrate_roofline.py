@@ -28,7 +28,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from sarathi_lab.costmodels.roofline import HardwareSpec, ModelShape, RooflineCostModel
+from sarathi_lab.costmodels.roofline import HardwareSpec, RooflineCostModel
+from sarathi_lab.models.shape import ModelShape
 
 REPO = Path(__file__).resolve().parents[1]
 GPUS = {"a100": "a100-80gb", "h100": "h100-sxm"}        # profile folder -> hardware preset
@@ -48,8 +49,10 @@ def hardware(gpu: str) -> HardwareSpec:
 
 
 def one_layer(name, hidden, inter, heads, kv_heads) -> ModelShape:
-    return ModelShape(name, 1, int(hidden), int(inter), int(heads), int(kv_heads),
-                      int(hidden) // int(heads), 32000, 4096)
+    return ModelShape(name=name, num_layers=1, hidden_size=int(hidden),
+                      intermediate_size=int(inter), num_heads=int(heads),
+                      num_kv_heads=int(kv_heads), head_dim=None, vocab_size=32000,
+                      max_model_len=4096)
 
 
 def summarize(df: pd.DataFrame, by: list[str], col: str) -> pd.DataFrame:

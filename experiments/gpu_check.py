@@ -122,8 +122,9 @@ def _time_ms(fn, device: str, reps: int) -> float:
 
 
 def run_kernel_case(case: KernelCase, device: str, reps: int, seed: int = 0) -> bool:
-    from sarathi_lab.kernels import (paged_attention_torch, paged_attention_triton, write_kv_torch,
-                                     write_kv_triton)
+    from sarathi_lab.kernels import paged_attention_torch, write_kv_torch
+    from sarathi_lab.kernels.triton_attention import paged_attention_triton
+    from sarathi_lab.kernels.triton_kv import write_kv_triton
 
     gen = torch.Generator().manual_seed(seed)
     dev_gen = torch.Generator(device=device).manual_seed(seed)

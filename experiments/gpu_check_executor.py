@@ -77,7 +77,7 @@ def main():
     ex = TorchExecutor(model, None, exe)
     a, bs = ex.args, args.block_size
     num_blocks = sum(batches) * -(-(args.context + 1) // bs) + 8
-    kv = KVCacheManager(num_blocks, bs, max_model_len=a.max_position_embeddings)
+    kv = KVCacheManager(num_blocks, bs, max_model_len=a.max_model_len)
     ex.bind(kv)
     ex.kv_cache.normal_()   # random K/V: real values, no NaN traps, same cost as a prefill's
     elem = ex.kv_cache.element_size()

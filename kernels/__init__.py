@@ -1,6 +1,8 @@
 """Paged-KV kernels: cache writes and paged attention, as Triton kernels and a torch reference.
 
-Importing this package never needs triton or a GPU: the Triton versions load on first use.
+Importing this package never needs triton or a GPU: the Triton versions live in their own modules
+(``triton_kv.write_kv_triton``, ``triton_attention.paged_attention_triton``), imported where they
+are used, and ``get_backend("triton")`` imports them when asked for.
 
     write_kv(key, value, k_cache, v_cache, slot_mapping)
     paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale) -> out
@@ -13,28 +15,7 @@ from typing import Callable
 
 from .reference import paged_attention_torch, write_kv_torch
 
-__all__ = [
-    "write_kv_torch",
-    "paged_attention_torch",
-    "write_kv_triton",
-    "paged_attention_triton",
-    "get_backend",
-    "triton_available",
-]
-
-_LAZY = {
-    "write_kv_triton": ".triton_kv",
-    "paged_attention_triton": ".triton_attention",
-}
-
-
-def __getattr__(name: str):
-    # PEP 562: resolve the Triton entry points only when someone asks for them.
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["write_kv_torch", "paged_attention_torch", "get_backend", "triton_available"]
 
 
 def _interpreting() -> bool:

@@ -15,13 +15,13 @@ full run directory.
 """
 from __future__ import annotations
 
-import json
-import os
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from sarathi_lab import rundir
 
 CRITERIA = {
     "tbt": ("meets_tbt_slo", "Sarathi-Serve"),
@@ -184,10 +184,9 @@ def search(c: dict, out_dir) -> dict:
         "probes": prober.probes,
         "config": c,
     }
-    pd.DataFrame(prober.probes).to_csv(out_dir / "capacity_probes.csv", index=False)
-    tmp = out_dir / "capacity.json.tmp"
-    tmp.write_text(json.dumps(out, indent=2, default=str))
-    os.replace(tmp, out_dir / "capacity.json")
+    probes = pd.DataFrame(prober.probes)
+    rundir.atomic_write(out_dir / rundir.CAPACITY_PROBES, lambda p: probes.to_csv(p, index=False))
+    rundir.write_json(out_dir / rundir.CAPACITY, out)
     return out
 
 

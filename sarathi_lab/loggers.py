@@ -13,9 +13,11 @@ import os
 from datetime import datetime
 from pathlib import Path
 
+from sarathi_lab import rundir
+
 log = logging.getLogger(__name__)
 
-CSV_COLUMNS = [
+CSV_COLUMNS = (
     "time", "name", "mode", "run_dir", "overrides", "policy", "token_budget", "model",
     "hardware", "trace", "qps", "num_requests", "slo",
     "num_finished", "num_rejected", "preemptions", "throughput_rps", "throughput_tok_s",
@@ -23,28 +25,15 @@ CSV_COLUMNS = [
     "scheduling_delay_p50", "stalls_count", "stalls_worst_s", "slo_attainment",
     "slo_goodput_rps", "slo_meets_tbt_slo", "slo_meets_attainment",
     "capacity_tbt_qps", "capacity_attainment_qps", "wall_time_s",
-]
-
-
-def _overrides(run_dir: Path) -> list[str]:
-    import yaml
-    p = run_dir / ".hydra" / "overrides.yaml"
-    try:
-        return list(yaml.safe_load(p.read_text()) or [])
-    except OSError:
-        return []
+)
 
 
 def csv_row(c: dict, run_dir: Path, result: dict) -> dict:
-    from sarathi_lab.report import flat_metrics
+    from sarathi_lab.report import flat_metrics, identity
     row = {
         "time": datetime.now().isoformat(timespec="seconds"), "name": c.get("name"),
         "mode": c.get("mode", "run"), "run_dir": str(Path(run_dir).resolve()),
-        "overrides": ",".join(_overrides(Path(run_dir))),
-        "policy": c["scheduler"]["name"], "token_budget": c["scheduler"].get("token_budget"),
-        "model": c["model"].get("name"), "hardware": (c.get("hardware") or {}).get("name"),
-        "trace": c["trace"].get("name"), "qps": c["trace"].get("qps"),
-        "slo": (c.get("slo") or {}).get("name"),
+        "overrides": ",".join(rundir.overrides(run_dir)), **identity(c),
     }
     if result.get("mode") == "capacity":
         row["num_requests"] = result["num_requests"]
@@ -96,7 +85,7 @@ def log_wandb(c: dict, run_dir: Path, result: dict):
     from sarathi_lab.report import flat_metrics
     lc = dict(c.get("logger") or {})
     run_dir = Path(run_dir)
-    overrides = _overrides(run_dir)
+    overrides = rundir.overrides(run_dir)
     wdir = lc.get("dir") or (None if os.environ.get("WANDB_DIR") else str(run_dir))
     run = wandb.init(
         project=lc.get("project") or "sarathi-lab", entity=lc.get("entity"),
@@ -114,9 +103,9 @@ def log_wandb(c: dict, run_dir: Path, result: dict):
             run.log({"probes": wandb.Table(dataframe=pd.DataFrame(result["probes"]))})
             return run
         run.summary.update({k: v for k, v in flat_metrics(result).items() if v is not None})
-        if lc.get("log_requests", True) and (run_dir / "requests.parquet").exists():
+        if lc.get("log_requests", True) and (run_dir / rundir.REQUESTS).exists():
             import pandas as pd
-            req = pd.read_parquet(run_dir / "requests.parquet")
+            req = pd.read_parquet(run_dir / rundir.REQUESTS)
             req = req.drop(columns=[k for k in ("token_times", "prompt_token_ids",
                                                 "output_token_ids") if k in req])
             run.log({"requests": wandb.Table(dataframe=req)})

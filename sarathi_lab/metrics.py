@@ -77,14 +77,17 @@ def iterations_table(rows) -> pd.DataFrame:
     return df
 
 
-def tbt_gaps(req_df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """All TBT gaps pooled, and the request row each belongs to."""
+def tbt_gaps(req_df: pd.DataFrame, with_times: bool = False) -> tuple[np.ndarray, ...]:
+    """All TBT gaps pooled, and the request row each belongs to; with_times adds when each gap
+    ends (the time of its later token)."""
     times = req_df["token_times"]
     lens = np.fromiter((len(t) for t in times), np.int64, len(times))
     flat = np.fromiter(itertools.chain.from_iterable(times), float, int(lens.sum()))
     owner = np.repeat(np.arange(len(lens)), lens)
     gaps = np.diff(flat)
     same = owner[1:] == owner[:-1]
+    if with_times:
+        return gaps[same], owner[1:][same], flat[1:][same]
     return gaps[same], owner[1:][same]
 
 

@@ -3,26 +3,30 @@ as `out.<fmt>` for each format and returns (files, the DataFrame it drew), so th
 shows can be checked against the table. A plot the data cannot support raises Skip(why).
 
 Colours: one hue per policy (vLLM red, Sarathi blue, ...), shades of it for that policy's runs.
+
+Figures are drawn on `matplotlib.figure.Figure` objects, not through pyplot: saving them needs no
+GUI backend, so nothing here selects one or keeps figures open in a global registry.
 """
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib import colormaps
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
-matplotlib.use("Agg")   # files only; never a window, also without a display
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from sarathi_lab.metrics import tbt_gaps  # noqa: E402
+from sarathi_lab import rundir
+from sarathi_lab.metrics import tbt_gaps
 
 _CMAPS = {"request_level": "Greys", "orca": "Purples", "vllm": "Reds", "sarathi": "Blues"}
-_SPARE = ["Greens", "Oranges", "YlOrBr", "PuRd", "BuGn"]
+_SPARE = ("Greens", "Oranges", "YlOrBr", "PuRd", "BuGn")
 # CDF points: an even grid plus a dense tail, and the percentiles the table reports, exactly
 QUANTILES = np.unique(np.concatenate([np.linspace(0, 1, 401), 1 - np.logspace(-4, -1, 120),
                                       [0.5, 0.9, 0.99]]))
+QUANTILES.flags.writeable = False
 
 
 class Skip(Exception):
@@ -39,11 +43,10 @@ def _save(fig, out, formats) -> list[Path]:
         p = Path(f"{out}.{fmt}")
         fig.savefig(p, dpi=130, bbox_inches="tight")
         files.append(p)
-    plt.close(fig)
     return files
 
 
-_DASHES = ["-", "--", ":", "-."]
+_DASHES = ("-", "--", ":", "-.")
 
 
 def _rank_keys(table) -> list[str]:
@@ -58,7 +61,7 @@ def run_styles(table: pd.DataFrame) -> dict:
     styles, spare = {}, iter(_SPARE * 4)
     keys = _rank_keys(table)
     for policy, rows in table.groupby("policy", sort=False):
-        cmap = plt.get_cmap(_CMAPS.get(policy) or next(spare))
+        cmap = colormaps[_CMAPS.get(policy) or next(spare)]
         shade_key = keys[0] if keys else None
         dash_key = keys[1] if len(keys) > 1 else None
 
@@ -90,7 +93,7 @@ def series_colors(data: pd.DataFrame) -> dict:
     out = {}
     for policy, g in data.groupby("policy", sort=False):
         names = list(dict.fromkeys(g["series"]))
-        cmap = plt.get_cmap(_CMAPS.get(policy, "Greens"))
+        cmap = colormaps[_CMAPS.get(policy, "Greens")]
         for i, name in enumerate(names):
             out[name] = cmap(0.8 if len(names) == 1 else 0.45 + 0.5 * i / (len(names) - 1))
     return out
@@ -138,8 +141,8 @@ def _plain_log(ax, axis="x"):
         digit = round(v / 10 ** np.floor(np.log10(v)))
         span = hi / lo if lo > 0 else np.inf
         return f"{v:g}" if span < 5 or (span < 300 and digit in (2, 5)) else ""
-    which.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-    which.set_minor_formatter(matplotlib.ticker.FuncFormatter(minor))
+    which.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    which.set_minor_formatter(FuncFormatter(minor))
 
 
 def _legend(ax, n, fig=None):
@@ -156,7 +159,7 @@ def _legend(ax, n, fig=None):
 # ------------------------------------------------------------------------------------------
 
 def _load(run_dir, columns):
-    p = Path(run_dir) / "requests.parquet"
+    p = Path(run_dir) / rundir.REQUESTS
     if not p.exists():
         return None
     return pd.read_parquet(p, columns=columns)
@@ -180,9 +183,10 @@ def ttft_cdf(table, out, formats=("png",)):
         return None if df is None else df["ttft"].dropna().to_numpy()
     data = _quantile_frame(table, values)
     if data.empty:
-        raise Skip("no requests.parquet with a first token in the input runs")
+        raise Skip(f"no {rundir.REQUESTS} with a first token in the input runs")
     styles = run_styles(table)
-    fig, ax = plt.subplots(figsize=(7.5, 4.8), layout="constrained")
+    fig = Figure(figsize=(7.5, 4.8), layout="constrained")
+    ax = fig.subplots()
     for label, d in data.groupby("label", sort=False):
         c, ls = styles[label]
         ax.plot(d["value"], d["q"], color=c, ls=ls, lw=1.8, label=label)
@@ -205,10 +209,11 @@ def tbt_cdf(table, out, formats=("png",)):
         return None if df is None else tbt_gaps(df)[0]
     data = _quantile_frame(table, values)
     if data.empty:
-        raise Skip("no requests.parquet with two or more output tokens in the input runs")
+        raise Skip(f"no {rundir.REQUESTS} with two or more output tokens in the input runs")
     styles = run_styles(table)
     slo = _slo_value(table, "slo_p99_tbt")
-    fig, (ax, tail) = plt.subplots(1, 2, figsize=(12, 4.8), layout="constrained")
+    fig = Figure(figsize=(12, 4.8), layout="constrained")
+    ax, tail = fig.subplots(1, 2)
     for label, d in data.groupby("label", sort=False):
         ms = d["value"] * 1e3
         c, ls = styles[label]
@@ -268,7 +273,8 @@ def budget_tradeoff(table, out, formats=("png",)):
     data = pd.DataFrame(rows)
     budgets = sorted(data.loc[~data["reference"], "token_budget"].unique())
     slo = _slo_value(table, "slo_p99_tbt")
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), layout="constrained")
+    fig = Figure(figsize=(12, 4.6), layout="constrained")
+    axes = fig.subplots(1, 2)
     colors = series_colors(data)
     for ax, col, scale, ylabel in ((axes[0], "tbt_p99", 1e3, "P99 TBT (ms)"),
                                    (axes[1], "ttft_p50", 1.0, "median TTFT (s)")):
@@ -319,7 +325,8 @@ def load_curves(table, out, formats=("png",)):
                          "label": r["label"]})
     data = pd.DataFrame(rows)
     target = _slo_value(table, "slo_attainment_target")
-    fig, (g_ax, a_ax) = plt.subplots(1, 2, figsize=(12, 4.6), layout="constrained")
+    fig = Figure(figsize=(12, 4.6), layout="constrained")
+    g_ax, a_ax = fig.subplots(1, 2)
     colors = series_colors(data)
     for s, d in data.groupby("series", sort=False):
         c = colors[s]
@@ -360,9 +367,10 @@ def capacity_bars(cap: pd.DataFrame, out, formats=("png",)):
     bars = list(dict.fromkeys(data["bar"]))
     groups = list(dict.fromkeys(data["group"]))
     width = 0.8 / len(bars)
-    fig, ax = plt.subplots(figsize=(max(6.5, 0.5 * len(groups) * (len(bars) + 1)), 4.6),
-                           layout="constrained")
-    cmap = plt.get_cmap("tab10")
+    fig = Figure(figsize=(max(6.5, 0.5 * len(groups) * (len(bars) + 1)), 4.6),
+                 layout="constrained")
+    ax = fig.subplots()
+    cmap = colormaps["tab10"]
     for j, b in enumerate(bars):
         d = data[data["bar"] == b].set_index("group").reindex(groups)
         x = np.arange(len(groups)) + (j - (len(bars) - 1) / 2) * width
@@ -389,16 +397,6 @@ def capacity_bars(cap: pd.DataFrame, out, formats=("png",)):
 # One run: the iteration timeline
 # ------------------------------------------------------------------------------------------
 
-def _gaps_with_times(req: pd.DataFrame) -> pd.DataFrame:
-    lens = req["token_times"].map(len).to_numpy()
-    if lens.sum() < 2:
-        return pd.DataFrame({"t": [], "gap": []})
-    flat = np.concatenate([np.asarray(t, float) for t in req["token_times"] if len(t)])
-    owner = np.repeat(np.arange(len(lens)), lens)
-    same = owner[1:] == owner[:-1]
-    return pd.DataFrame({"t": flat[1:][same], "gap": np.diff(flat)[same]})
-
-
 def _rects(it: pd.DataFrame):
     """Outline of one rectangle per iteration: x = start..end, height = its tokens."""
     st = it["start"].to_numpy(float)
@@ -415,11 +413,12 @@ def _rects(it: pd.DataFrame):
 
 def timeline(row: pd.Series, out, formats=("png",), window=None):
     run_dir = Path(row["run_dir"])
-    if not (run_dir / "iterations.parquet").exists() or not (run_dir / "requests.parquet").exists():
-        raise Skip(f"{run_dir.name}: no iterations.parquet / requests.parquet")
-    it = pd.read_parquet(run_dir / "iterations.parquet")
-    gaps = _gaps_with_times(pd.read_parquet(run_dir / "requests.parquet",
-                                            columns=["token_times"]))
+    if not (run_dir / rundir.ITERATIONS).exists() or not (run_dir / rundir.REQUESTS).exists():
+        raise Skip(f"{run_dir.name}: no {rundir.ITERATIONS} / {rundir.REQUESTS}")
+    it = pd.read_parquet(run_dir / rundir.ITERATIONS)
+    gap, _, ends = tbt_gaps(pd.read_parquet(run_dir / rundir.REQUESTS, columns=["token_times"]),
+                            with_times=True)
+    gaps = pd.DataFrame({"t": ends, "gap": gap})
     if it.empty or gaps.empty:
         raise Skip(f"{run_dir.name}: no iterations or no TBT gaps")
     end = float((it["start"] + it["duration"]).max())
@@ -434,8 +433,8 @@ def timeline(row: pd.Series, out, formats=("png",), window=None):
     slo = row.get("slo_p99_tbt")
     slo = None if slo is None or pd.isna(slo) else float(slo)
 
-    fig, (ov, tok, gp) = plt.subplots(3, 1, figsize=(12, 8.5), layout="constrained",
-                                      gridspec_kw={"height_ratios": [1, 1.1, 1.1]})
+    fig = Figure(figsize=(12, 8.5), layout="constrained")
+    ov, tok, gp = fig.subplots(3, 1, gridspec_kw={"height_ratios": [1, 1.1, 1.1]})
     ov.scatter(gaps["t"], gaps["gap"] * 1e3, s=1.5, color="tab:blue", alpha=0.4, rasterized=True)
     ov.axvspan(a, b, color="orange", alpha=0.15, label="zoomed below")
     ov.set_xlim(0, end)

@@ -17,9 +17,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-POLICY_ORDER = ["request_level", "orca", "vllm", "sarathi"]
+from sarathi_lab import rundir
+
+POLICY_ORDER = ("request_level", "orca", "vllm", "sarathi")
 # what is not a "setting that varies" when labelling runs: the policy is named anyway
-_POLICY_KEYS = {"scheduler", "scheduler.name"}
+_POLICY_KEYS = frozenset({"scheduler", "scheduler.name"})
 
 
 def flat_metrics(summary: dict, prefix: str = "") -> dict:
@@ -60,18 +62,14 @@ def _value(text: str):
 
 
 # how a job was run, not what it ran (as hydra.job.config.override_dirname.exclude_keys)
-_BOOKKEEPING = {"resume", "progress", "results_root", "name", "num_threads"}
+_BOOKKEEPING = frozenset({"resume", "progress", "results_root", "name", "num_threads"})
 
 
 def read_overrides(run_dir: Path) -> dict:
-    """The job's command-line overrides, {key: value} (numbers as numbers)."""
-    import yaml
-    p = Path(run_dir) / ".hydra" / "overrides.yaml"
-    if not p.exists():
-        return {}
+    """The job's command-line settings, {key: value} (numbers as numbers), bookkeeping left out."""
     out = {}
-    for item in yaml.safe_load(p.read_text()) or []:
-        key, _, val = str(item).partition("=")
+    for item in rundir.overrides(run_dir):
+        key, _, val = item.partition("=")
         key = key.lstrip("+~")
         if key in _BOOKKEEPING or key.split(".")[0] in ("logger", "hydra"):
             continue
@@ -84,14 +82,15 @@ def _offered_qps(cfg_qps, run_dir: Path):
     if cfg_qps is not None:
         return float(cfg_qps)
     try:
-        t = pd.read_parquet(run_dir / "requests.parquet", columns=["arrival_time"])["arrival_time"]
+        t = pd.read_parquet(run_dir / rundir.REQUESTS, columns=["arrival_time"])["arrival_time"]
     except Exception:
         return np.nan
     span = t.max() - t.min()
     return (len(t) - 1) / span if len(t) > 1 and span > 0 else np.nan
 
 
-def _identity(cfg: dict) -> dict:
+def identity(cfg: dict) -> dict:
+    """What a run ran, from its config: policy and its budgets, model, hardware, trace, SLO."""
     sch, tr = cfg.get("scheduler") or {}, cfg.get("trace") or {}
     return {
         "policy": sch.get("name"), "token_budget": sch.get("token_budget"),
@@ -149,14 +148,14 @@ def _finish(df: pd.DataFrame) -> pd.DataFrame:
 def run_table(paths) -> pd.DataFrame:
     """One row per run below `paths`."""
     rows, keys = [], []
-    for d in find(paths, "summary.json"):
-        s = json.loads((d / "summary.json").read_text())
+    for d in find(paths, rundir.SUMMARY):
+        s = json.loads((d / rundir.SUMMARY).read_text())
         cfg = s.get("config") or {}
         # a multirun leaves out settings the run's components do not read: so does its label
         unread = {n.split(":", 1)[0] for n in (s.get("settings") or {}).get("unread", [])}
         ov = {k: v for k, v in read_overrides(d).items() if k not in unread}
         keys += [k for k in ov if k not in keys]
-        ident = _identity(cfg)
+        ident = identity(cfg)
         for k in unread:
             if k.startswith("scheduler.") and k.split(".", 1)[1] in ident:
                 ident[k.split(".", 1)[1]] = None
@@ -172,8 +171,8 @@ def capacity_table(paths) -> pd.DataFrame:
     """One row per (capacity search, criterion) below `paths`."""
     from sarathi_lab.capacity import capacity_rows
     rows, keys = [], []
-    for d in find(paths, "capacity.json"):
-        res = json.loads((d / "capacity.json").read_text())
+    for d in find(paths, rundir.CAPACITY):
+        res = json.loads((d / rundir.CAPACITY).read_text())
         ov = read_overrides(d)
         keys += [k for k in ov if k not in keys]
         for r in capacity_rows(res):
@@ -205,14 +204,14 @@ def _write_tables(df: pd.DataFrame, out: Path, stem: str, roots) -> list[Path]:
             df[c] = df[c].map(lambda v: None if v is None or (isinstance(v, float) and np.isnan(v))
                               else str(v))
     files = [out / f"{stem}.csv", out / f"{stem}.parquet"]
-    df.to_csv(files[0], index=False)
-    df.to_parquet(files[1], index=False)
+    rundir.atomic_write(files[0], lambda p: df.to_csv(p, index=False))
+    rundir.atomic_write(files[1], lambda p: df.to_parquet(p, index=False))
     return files
 
 
-_KEY_COLUMNS = ["label", "policy", "token_budget", "offered_qps", "ttft_p50", "ttft_p99",
+_KEY_COLUMNS = ("label", "policy", "token_budget", "offered_qps", "ttft_p50", "ttft_p99",
                 "tbt_p50", "tbt_p99", "stalls_count", "stalls_worst_s", "throughput_rps",
-                "slo_attainment", "slo_goodput_rps", "slo_meets_tbt_slo"]
+                "slo_attainment", "slo_goodput_rps", "slo_meets_tbt_slo")
 
 
 def _md_table(df: pd.DataFrame, cols) -> str:
@@ -243,7 +242,8 @@ def _write_markdown(rep: Report, paths) -> Path:
     if rep.skipped:
         lines += ["Not made:", ""] + [f"- {k}: {v}" for k, v in rep.skipped.items()] + [""]
     p = rep.out / "report.md"
-    p.write_text("\n".join(lines))
+    text = "\n".join(lines)
+    rundir.atomic_write(p, lambda tmp: tmp.write_text(text))
     return p
 
 
@@ -252,11 +252,11 @@ def make_report(paths, out, *, pdf: bool = False, timeline: str = "auto",
     from sarathi_lab import plots
     paths = [Path(p) for p in paths]
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     rep = Report(out, run_table(paths), capacity_table(paths))
     if rep.table.empty and rep.capacity.empty:
-        raise SystemExit(f"sarathi-lab-report: no summary.json or capacity.json below "
-                         f"{', '.join(map(str, paths))}")
+        raise FileNotFoundError(f"no {rundir.SUMMARY} or {rundir.CAPACITY} below "
+                                f"{', '.join(map(str, paths))}")
+    out.mkdir(parents=True, exist_ok=True)
     formats = ("png", "pdf") if pdf else ("png",)
     if not rep.table.empty:
         rep.tables += _write_tables(rep.table, out, "summary", paths)
@@ -329,9 +329,10 @@ def main(argv=None) -> None:
             ap.error(f"{p}: no such file or directory")
     out = Path(a.out) if a.out else (Path(a.paths[0]) / "report" if len(a.paths) == 1
                                      else Path("report"))
-    import matplotlib
-    matplotlib.use("Agg")
-    rep = make_report(a.paths, out, pdf=a.pdf, timeline=a.timeline, window=a.window)
+    try:
+        rep = make_report(a.paths, out, pdf=a.pdf, timeline=a.timeline, window=a.window)
+    except FileNotFoundError as e:
+        sys.exit(f"sarathi-lab-report: {e}")
     n_cap = 0 if rep.capacity.empty else rep.capacity["run_dir"].nunique()
     print(f"{len(rep.table)} runs, {n_cap} capacity searches -> {out}")
     for f in rep.tables:

@@ -1,14 +1,13 @@
 """Build a run from a config, execute it, write the run directory."""
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import os
 import sys
 import time
 from pathlib import Path
 
+from sarathi_lab import rundir
 from sarathi_lab.config import Resolved, plain, resolve
 from sarathi_lab.engine import Engine
 from sarathi_lab.kv import KVCacheManager
@@ -94,12 +93,6 @@ def _progress_bar(total: int, enabled, simulated: bool = True):
     return bar, update
 
 
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
         resolved: Resolved | None = None) -> dict:
     """Simulate or execute the configured run; write requests.parquet, iterations.parquet and
@@ -133,8 +126,7 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
     summary["settings"] = used_settings(r, policy)
     if not write:
         return summary
-    _atomic_write(run_dir / "requests.parquet", lambda p: req_df.to_parquet(p, index=False))
-    _atomic_write(run_dir / "iterations.parquet", lambda p: it_df.to_parquet(p, index=False))
-    _atomic_write(run_dir / "summary.json",
-                  lambda p: p.write_text(json.dumps(summary, indent=2, default=str)))
+    rundir.atomic_write(run_dir / rundir.REQUESTS, lambda p: req_df.to_parquet(p, index=False))
+    rundir.atomic_write(run_dir / rundir.ITERATIONS, lambda p: it_df.to_parquet(p, index=False))
+    rundir.write_json(run_dir / rundir.SUMMARY, summary)
     return summary

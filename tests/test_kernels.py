@@ -16,6 +16,8 @@ import sarathi_lab.kernels as K
 from sarathi_lab.kernels import reference
 
 pytest.importorskip("triton")
+from sarathi_lab.kernels.triton_attention import paged_attention_triton  # noqa: E402
+from sarathi_lab.kernels.triton_kv import write_kv_triton  # noqa: E402
 
 # (seq_len, q_len) per sequence: q_len == seq_len is a first chunk with an empty context.
 BATCHES = {
@@ -75,7 +77,7 @@ def dense_attention(qs, ks, vs, scale):
 def attention_impl(name, tiles="auto"):
     if name == "torch":
         return K.paged_attention_torch
-    fn = K.paged_attention_triton
+    fn = paged_attention_triton
     if tiles == "auto":
         return fn
 
@@ -138,14 +140,14 @@ def test_empty_batch():
     q, k_cache, v_cache, tables, _, _ = args
     no_seqs = torch.zeros(0, dtype=torch.int32)
     empty = (q[:0], k_cache, v_cache, tables[:0], torch.zeros(1, dtype=torch.int32), no_seqs)
-    for fn in (K.paged_attention_torch, K.paged_attention_triton):
+    for fn in (K.paged_attention_torch, paged_attention_triton):
         assert fn(*empty, 1.0).shape == (0, 4, 16)
 
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_write_kv(impl, dtype):
-    write_kv = K.write_kv_torch if impl == "torch" else K.write_kv_triton
+    write_kv = K.write_kv_torch if impl == "torch" else write_kv_triton
     gen = torch.Generator().manual_seed(5)
     num_blocks, block_size, num_kv_heads, head_dim, num_tokens = 6, 4, 3, 16, 10
     k_cache = torch.full((num_blocks, block_size, num_kv_heads, head_dim), 7.0, dtype=dtype)
@@ -175,8 +177,8 @@ def test_write_then_attend_triton():
     for i, (seq_len, _) in enumerate(specs):
         pos = torch.arange(seq_len)
         slots = tables[i, pos // 4].long() * 4 + pos % 4
-        K.write_kv_triton(dense[1][i], dense[2][i], k_new, v_new, slots)
-    out = K.paged_attention_triton(q, k_new, v_new, tables, qsl, seq_lens, 0.25)
+        write_kv_triton(dense[1][i], dense[2][i], k_new, v_new, slots)
+    out = paged_attention_triton(q, k_new, v_new, tables, qsl, seq_lens, 0.25)
     torch.testing.assert_close(out, dense_attention(*dense, 0.25), atol=2e-5, rtol=2e-5)
 
 
@@ -196,7 +198,7 @@ def test_interpreter_active():
 
 def test_get_backend(monkeypatch):
     assert K.get_backend("torch") == (K.write_kv_torch, K.paged_attention_torch)
-    assert K.get_backend("triton") == (K.write_kv_triton, K.paged_attention_triton)
+    assert K.get_backend("triton") == (write_kv_triton, paged_attention_triton)
     with pytest.raises(ValueError):
         K.get_backend("cuda")
     monkeypatch.setenv("TRITON_INTERPRET", "0")
@@ -206,7 +208,8 @@ def test_get_backend(monkeypatch):
 
 
 def test_import_needs_no_triton():
-    code = "import sys, sarathi_lab.kernels; assert 'triton' not in sys.modules, 'triton imported'"
+    code = ("import sys, sarathi_lab.kernels as K; K.get_backend('torch'); "
+            "assert 'triton' not in sys.modules, 'triton imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

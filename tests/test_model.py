@@ -7,7 +7,7 @@ import torch
 
 from sarathi_lab.kernels import get_backend
 from sarathi_lab.models.llama import AttnMetadata
-from sarathi_lab.models.loader import load_model, model_args
+from sarathi_lab.models.loader import load_model, model_shape
 
 transformers = pytest.importorskip("transformers")
 
@@ -158,10 +158,10 @@ def test_loader_errors_name_the_input(tmp_path):
         load_model({"path": str(tmp_path)}, "cpu", "float32")
     (tmp_path / "config.json").write_text(json.dumps({**TINY, "model_type": "gpt2"}))
     with pytest.raises(ValueError, match="model_type 'gpt2'"):
-        model_args({"path": str(tmp_path)})
-    with pytest.raises(ValueError, match="needs vocab_size, hidden_size"):
-        model_args({"name": "x", "num_layers": 1})
-    with pytest.raises(ValueError, match="unknown dtype"):
+        model_shape({"path": str(tmp_path)})
+    with pytest.raises(ValueError, match="lacks hidden_size, intermediate_size"):
+        model_shape({"name": "x", "num_layers": 1})
+    with pytest.raises(ValueError, match="executor.dtype=.float8.: the torch executor does not"):
         load_model({"path": None, "name": "x", **_preset()}, "cpu", "float8")
 
 

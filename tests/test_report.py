@@ -140,4 +140,33 @@ def test_report_command(inputs, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit, match="no summary.json"):
         main([str(tmp_path / "empty")])
+    # the library raises; only the command exits
+    with pytest.raises(FileNotFoundError, match="no summary.json or capacity.json below .*empty"):
+        make_report([tmp_path / "empty"], tmp_path / "not_made")
+    assert not (tmp_path / "not_made").exists()
     assert Path(tmp_path / "r" / "report.md").read_text().count("![") == 4
+
+
+def test_tbt_gaps_with_times_by_hand():
+    req = pd.DataFrame({"token_times": [[0.0, 1.0, 3.0], [2.0], [], [5.0, 5.5]]})
+    gaps, owner, ends = tbt_gaps(req, with_times=True)
+    assert gaps.tolist() == [1.0, 2.0, 0.5]
+    assert owner.tolist() == [0, 0, 3]
+    assert ends.tolist() == [1.0, 3.0, 5.5]
+    assert [a.tolist() for a in tbt_gaps(req)] == [[1.0, 2.0, 0.5], [0, 0, 3]]
+    assert all(len(a) == 0 for a in tbt_gaps(req.iloc[1:3], with_times=True))
+
+
+def test_drawing_leaves_the_matplotlib_backend_alone(inputs, tmp_path):
+    """Importing the plots and drawing select no backend and open no pyplot figures."""
+    run = sorted(p.parent for p in inputs[0].rglob("summary.json"))[0]
+    code = ("import sys, matplotlib; from sarathi_lab.report import make_report; "
+            f"rep = make_report([{str(run)!r}], {str(tmp_path)!r}); "
+            "assert 'timeline' in rep.plots, rep.skipped; "
+            "assert 'matplotlib.pyplot' not in sys.modules, 'pyplot imported'; "
+            "print('BACKEND', matplotlib.get_backend())")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "MPLBACKEND": "template"})
+    assert r.returncode == 0, r.stderr
+    assert "BACKEND template" in r.stdout
+    assert (tmp_path / "timeline.png").stat().st_size > 1000

@@ -61,7 +61,7 @@ def test_csv_logger_appends_one_row_per_run(tmp_path):
         summary = run(c, tmp_path / f"run{budget}")
         log_csv(c, tmp_path / f"run{budget}", summary)
     rows = list(csv.DictReader(path.open()))
-    assert len(rows) == 2 and list(rows[0]) == CSV_COLUMNS
+    assert len(rows) == 2 and tuple(rows[0]) == CSV_COLUMNS
     assert [r["token_budget"] for r in rows] == ["128", "512"]
     assert all(float(r["tbt_p99"]) > 0 and r["policy"] == "sarathi" for r in rows)
     assert rows[0]["num_finished"] == "15"

@@ -41,48 +41,11 @@ import numpy as np
 
 from sarathi_lab.config import plain
 from sarathi_lab.costmodels.base import CostModel, CostModelConfig
+from sarathi_lab.models.shape import ModelShape
 from sarathi_lab.settings import setting
-
-DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
-               "float32": 4, "fp32": 4, "float": 4, "float8": 1, "fp8": 1}
 
 # vLLM's default max_num_seqs: its memory profile holds this many rows of fp32 full-vocab logits.
 _MAX_SAMPLED_ROWS = 256
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    name: str
-    num_layers: int
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    max_model_len: int
-    dtype_bytes: int = 2
-    tie_word_embeddings: bool = False
-
-    @classmethod
-    def from_config(cls, cfg) -> "ModelShape":
-        c = plain(cfg)
-        dtype = str(c.get("dtype", "bfloat16")).replace("torch.", "")
-        if dtype not in DTYPE_BYTES:
-            raise ValueError(f"model {c.get('name')!r}: unknown dtype {dtype!r}")
-        return cls(
-            name=str(c.get("name", "model")),
-            num_layers=int(c["num_layers"]),
-            hidden_size=int(c["hidden_size"]),
-            intermediate_size=int(c["intermediate_size"]),
-            num_heads=int(c["num_heads"]),
-            num_kv_heads=int(c.get("num_kv_heads") or c["num_heads"]),
-            head_dim=int(c.get("head_dim") or c["hidden_size"] // c["num_heads"]),
-            vocab_size=int(c["vocab_size"]),
-            max_model_len=int(c["max_model_len"]),
-            dtype_bytes=DTYPE_BYTES[dtype],
-            tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
-        )
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ import torch
 
 from sarathi_lab.executors.base import Executor, ExecutorConfig, StepResult
 from sarathi_lab.models.llama import AttnMetadata
-from sarathi_lab.models.loader import load_model, parse_dtype
+from sarathi_lab.models.dtypes import torch_dtype
+from sarathi_lab.models.loader import load_model
 from sarathi_lab.settings import ConfigError, setting
 
 log = logging.getLogger(__name__)
@@ -64,10 +65,8 @@ class TorchExecutor(Executor):
         if on_gpu and not cuda:
             raise ConfigError(f"executor.device={cfg.device!r}: no CUDA device is available "
                               "(use executor.device=cpu or auto)")
-        try:
-            self.dtype = parse_dtype(_auto(cfg.dtype, "bfloat16" if on_gpu else "float32"))
-        except ValueError as e:
-            raise ConfigError(f"executor.dtype={cfg.dtype!r}: {e}") from None
+        self.dtype = torch_dtype(_auto(cfg.dtype, "bfloat16" if on_gpu else "float32"),
+                                 "executor.dtype")
         self.backend = _auto(cfg.attention_backend, "triton" if on_gpu else "torch")
         if self.backend == "triton" and not on_gpu and self.dtype == torch.bfloat16:
             raise ConfigError("executor.attention_backend=triton on a CPU runs the Triton "
@@ -90,8 +89,7 @@ class TorchExecutor(Executor):
     # -- sizing ---------------------------------------------------------------------------------
     def block_bytes(self, block_size: int) -> int:
         a = self.args
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * a.num_layers * block_size * a.num_kv_heads * a.head_dim * elem
+        return 2 * a.num_layers * block_size * a.num_kv_heads * a.head_dim * self.dtype.itemsize
 
     def num_kv_blocks(self, block_size: int) -> int:
         per_block = self.block_bytes(block_size)
@@ -109,7 +107,7 @@ class TorchExecutor(Executor):
         return n
 
     def max_model_len(self) -> int:
-        n = self.args.max_position_embeddings
+        n = self.args.max_model_len
         cap = self.model_cfg.get("max_model_len")
         return min(n, int(cap)) if cap else n
 

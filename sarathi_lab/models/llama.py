@@ -17,31 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-@dataclass
-class ModelArgs:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    max_position_embeddings: int
-    rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    rope_scaling: dict | None = None   # {"rope_type": "linear" | "llama3", ...} or None
-    tie_word_embeddings: bool = False
-    qkv_bias: bool = False             # Qwen2; Llama's attention_bias sets it and o_bias
-    o_bias: bool = False
-    mlp_bias: bool = False
-
-    def num_params(self) -> int:
-        h, d = self.hidden_size, self.head_dim
-        attn = h * d * (2 * self.num_heads + 2 * self.num_kv_heads)
-        layer = attn + 3 * h * self.intermediate_size + 2 * h
-        emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * layer + emb + h
+from sarathi_lab.models.shape import ModelShape
 
 
 @dataclass
@@ -53,7 +29,7 @@ class AttnMetadata:
     attn_kwargs: dict = field(default_factory=dict)   # backend extras (triton: max_query_len)
 
 
-def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
+def rope_inv_freq(args: ModelShape) -> torch.Tensor:
     """Inverse frequencies as Hugging Face computes them (same ops, so the same fp32 bits)."""
     d = args.head_dim
     inv = 1.0 / (args.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
@@ -94,7 +70,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 class Attention(nn.Module):
-    def __init__(self, a: ModelArgs):
+    def __init__(self, a: ModelShape):
         super().__init__()
         self.nh, self.nkv, self.d = a.num_heads, a.num_kv_heads, a.head_dim
         self.q_size, self.kv_size = self.nh * self.d, self.nkv * self.d
@@ -116,7 +92,7 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, a: ModelArgs):
+    def __init__(self, a: ModelShape):
         super().__init__()
         self.inter = a.intermediate_size
         self.gate_up_proj = nn.Linear(a.hidden_size, 2 * a.intermediate_size, bias=a.mlp_bias)
@@ -128,7 +104,7 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, a: ModelArgs):
+    def __init__(self, a: ModelShape):
         super().__init__()
         self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.self_attn = Attention(a)
@@ -141,7 +117,7 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, a: ModelArgs):
+    def __init__(self, a: ModelShape):
         super().__init__()
         self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(a) for _ in range(a.num_layers))
@@ -151,7 +127,7 @@ class LlamaModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """Module names mirror Hugging Face's, except the fused ``qkv_proj`` and ``gate_up_proj``."""
 
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelShape):
         super().__init__()
         self.args = args
         self.model = LlamaModel(args)
@@ -164,7 +140,7 @@ class LlamaForCausalLM(nn.Module):
     def setup(self, kernels, device, max_len: int | None = None) -> None:
         """Pick the attention kernels and build the RoPE table once (not per step)."""
         self.kernels = kernels
-        n = max(max_len or 0, self.args.max_position_embeddings)
+        n = max(max_len or 0, self.args.max_model_len)
         freqs = torch.arange(n, dtype=torch.float)[:, None] * rope_inv_freq(self.args)[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         dtype = self.model.embed_tokens.weight.dtype

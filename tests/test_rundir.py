@@ -1,0 +1,99 @@
+"""A run directory: one reader of its overrides (report and loggers both use it), one atomic
+writer of its results."""
+import json
+import multiprocessing
+import os
+
+import pandas as pd
+import pytest
+
+from sarathi_lab import rundir
+from sarathi_lab.loggers import csv_row
+from sarathi_lab.report import read_overrides
+
+
+def hydra_dir(tmp_path, text):
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text(text)
+    return tmp_path
+
+
+def test_overrides_are_read_once_for_report_and_loggers(tmp_path):
+    d = hydra_dir(tmp_path, "- scheduler=sarathi\n- scheduler.token_budget=512\n"
+                            "- +trace.note=a=b\n- results_root=/x\n- logger=csv\n")
+    assert rundir.overrides(d) == ["scheduler=sarathi", "scheduler.token_budget=512",
+                                   "+trace.note=a=b", "results_root=/x", "logger=csv"]
+    # the report keeps what was run (numbers as numbers), not how
+    assert read_overrides(d) == {"scheduler": "sarathi", "scheduler.token_budget": 512,
+                                 "trace.note": "a=b"}
+    cfg = {"scheduler": {"name": "sarathi"}, "model": {}, "trace": {}}
+    assert csv_row(cfg, d, {})["overrides"] == ",".join(rundir.overrides(d))
+
+
+def test_a_directory_hydra_did_not_make_has_no_overrides(tmp_path):
+    assert rundir.overrides(tmp_path) == [] and read_overrides(tmp_path) == {}
+    assert rundir.overrides(hydra_dir(tmp_path, "")) == []
+
+
+@pytest.mark.parametrize("text, message", [("- a=1\n  b: [", "not valid YAML"),
+                                           ("a: 1\n", "expected a list of overrides, got dict")])
+def test_a_damaged_overrides_file_is_named(tmp_path, text, message):
+    d = hydra_dir(tmp_path, text)
+    with pytest.raises(ValueError, match=f"overrides.yaml: {message}"):
+        rundir.overrides(d)
+
+
+def test_atomic_write_replaces_in_one_step_from_a_unique_temporary(tmp_path):
+    target = tmp_path / "summary.json"
+    target.write_text("old")
+    seen, before = [], []
+
+    def write(p):
+        before.append(target.read_text())   # while writing, readers still see the old file
+        seen.append(p)
+        p.write_text(f"new {len(seen)}")
+    rundir.atomic_write(target, write)
+    rundir.atomic_write(target, write)
+    assert before == ["old", "new 1"] and target.read_text() == "new 2"
+    a, b = seen
+    assert a != b and a.parent == b.parent == tmp_path
+    assert str(os.getpid()) in a.name and a.name.endswith(".tmp")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
+    target = tmp_path / "requests.parquet"
+    target.write_text("complete")
+
+    def half(p):
+        p.write_text("par")
+        raise OSError("disk full")
+    with pytest.raises(OSError, match="disk full"):
+        rundir.atomic_write(target, half)
+    assert target.read_text() == "complete"
+    assert [p.name for p in tmp_path.iterdir()] == ["requests.parquet"]
+    with pytest.raises(TypeError):      # not JSON-serialisable keys: nothing written at all
+        rundir.write_json(tmp_path / "summary.json", {(1, 2): 3})
+    assert [p.name for p in tmp_path.iterdir()] == ["requests.parquet"]
+
+
+def _writer(args):
+    path, i = args
+    df = pd.DataFrame({"writer": [i] * 20000, "x": range(20000)})
+    for _ in range(5):
+        rundir.atomic_write(path, lambda p: df.to_parquet(p, index=False))
+    return i
+
+
+def test_parallel_writers_never_leave_a_mixed_or_partial_file(tmp_path):
+    path = tmp_path / "iterations.parquet"
+    with multiprocessing.get_context("spawn").Pool(3) as pool:
+        assert sorted(pool.map(_writer, [(path, i) for i in range(3)])) == [0, 1, 2]
+    df = pd.read_parquet(path)
+    assert len(df) == 20000 and df["writer"].nunique() == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["iterations.parquet"]
+
+
+def test_write_json_round_trips(tmp_path):
+    rundir.write_json(tmp_path / "capacity.json", {"a": 1.5, "p": tmp_path})
+    assert json.loads((tmp_path / "capacity.json").read_text()) == {"a": 1.5, "p": str(tmp_path)}

@@ -16,12 +16,13 @@ full run directory.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from sarathi_lab.files import atomic_write
 
 CRITERIA = {
     "tbt": ("meets_tbt_slo", "Sarathi-Serve"),
@@ -187,9 +188,8 @@ def search(c: dict, out_dir) -> dict:
         "config": c,
     }
     pd.DataFrame(prober.probes).to_csv(out_dir / "capacity_probes.csv", index=False)
-    tmp = out_dir / "capacity.json.tmp"
-    tmp.write_text(json.dumps(out, indent=2, default=str))
-    os.replace(tmp, out_dir / "capacity.json")
+    atomic_write(out_dir / "capacity.json",
+                 lambda p: p.write_text(json.dumps(out, indent=2, default=str)))
     return out
 
 

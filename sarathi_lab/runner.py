@@ -11,6 +11,7 @@ from pathlib import Path
 
 from sarathi_lab.config import plain
 from sarathi_lab.engine import Engine
+from sarathi_lab.files import atomic_write
 from sarathi_lab.kv import KVCacheManager
 from sarathi_lab.metrics import iterations_table, requests_table, summarize
 from sarathi_lab.registry import executor_class, policy_class
@@ -72,12 +73,6 @@ def _progress_bar(total: int, enabled):
     return bar, update
 
 
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True) -> dict:
     """Simulate or execute the configured run; write requests.parquet, iterations.parquet and
     summary.json (last, atomically: its presence marks a complete run). Returns the summary.
@@ -107,10 +102,10 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True) -> d
     summary["config"] = c
     if not write:
         return summary
-    _atomic_write(run_dir / "requests.parquet", lambda p: req_df.to_parquet(p, index=False))
-    _atomic_write(run_dir / "iterations.parquet", lambda p: it_df.to_parquet(p, index=False))
-    _atomic_write(run_dir / "summary.json",
-                  lambda p: p.write_text(json.dumps(summary, indent=2, default=str)))
+    atomic_write(run_dir / "requests.parquet", lambda p: req_df.to_parquet(p, index=False))
+    atomic_write(run_dir / "iterations.parquet", lambda p: it_df.to_parquet(p, index=False))
+    atomic_write(run_dir / "summary.json",
+                 lambda p: p.write_text(json.dumps(summary, indent=2, default=str)))
     return summary
 
 

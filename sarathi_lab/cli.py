@@ -17,7 +17,7 @@ import traceback
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from sarathi_lab.sweeps import _failures, _Job
+from sarathi_lab.sweeps import Abort, Interrupted, _Job, register_resolvers, stop_on_signals
 
 MODES = ("run", "capacity")
 LOGGERS = ("none", "csv", "wandb")
@@ -175,17 +175,14 @@ def _main(cfg: DictConfig):
         result = _execute(c, job)
     except Exception as e:   # recorded, never lost: the sweep goes on without this job
         tb = traceback.format_exc()
-        job.dir.mkdir(parents=True, exist_ok=True)
-        (job.dir / "error.txt").write_text(tb)
-        expected = isinstance(e, (ValueError, FileNotFoundError))
+        where = job.save_error(tb)
         if job.multirun:
-            job.record(name, "failed", f"{type(e).__name__}: {e} (traceback: {job.dir}/error.txt)")
-        else:
-            if not expected:
-                sys.stderr.write(tb)
-            sys.stderr.write(f"sarathi-lab: error: {e}\n(traceback in {job.dir}/error.txt)\n")
-            _failures.append(job.label)
-        return None
+            job.record(name, "failed", f"{type(e).__name__}: {e} ({where})")
+            return None
+        if not isinstance(e, (ValueError, OSError)):   # a bug, not a setting or the disk
+            sys.stderr.write(tb)
+        sys.stderr.write(f"sarathi-lab: error: {e}\n({where})\n")
+        raise Abort(1) from None
     job.record(name, "done", f"{time.perf_counter() - t0:.1f} s | {_key_metrics(mode, result)}")
     if not job.multirun:
         print(f"\n{'capacity' if mode == 'capacity' else 'run'} directory: {job.dir.resolve()}")
@@ -193,10 +190,17 @@ def _main(cfg: DictConfig):
 
 
 def main() -> None:
+    """`sarathi-lab`. Exit status 0: every job done; 1: a job failed, or the command could not
+    start (one line says why); 128 + N: stopped by signal N, with the sweep's workers."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    _main()
-    if _failures:
-        sys.exit(1)
+    register_resolvers()
+    try:
+        with stop_on_signals():
+            _main()
+    except Interrupted as e:
+        sys.stderr.write(f"sarathi-lab: stopped by {e}; finished jobs keep their results "
+                         "(resume=true runs the rest)\n")
+        sys.exit(128 + e.signum)
 
 
 if __name__ == "__main__":

@@ -20,11 +20,11 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from sarathi_lab import rundir
 from sarathi_lab.settings import ConfigError
+from sarathi_lab.sweeps import Abort, Interrupted, _Job, register_resolvers, stop_on_signals
 
-from sarathi_lab.sweeps import _failures, _Job
-
-RESULT_FILE = {"run": "summary.json", "capacity": "capacity.json"}
+RESULT_FILE = {"run": rundir.SUMMARY, "capacity": rundir.CAPACITY}
 
 
 
@@ -173,14 +173,13 @@ def _main(cfg: DictConfig):
             # a single run's configuration error leaves no run directory behind
             _remove_fresh_run_dir(job.dir)
             sys.stderr.write(f"sarathi-lab: error: {e}\n")
-            _failures.append(job.label)
-            return None
+            raise Abort(1) from None
         if job.multirun:
             same_as = _claim(job.sweep_dir, resolved, job)
             if same_as is not None:
                 why = "; ".join(resolved.notes) or "same settings"
-                (job.dir / "merged.json").write_text(json.dumps(
-                    {"same_as": same_as, "unread": resolved.notes}, indent=2))
+                rundir.write_json(job.dir / rundir.MERGED,
+                                  {"same_as": same_as, "unread": resolved.notes})
                 job.record(name, "merged", f"same run as {same_as} ({why})")
                 return None
             for note in resolved.notes:
@@ -190,17 +189,14 @@ def _main(cfg: DictConfig):
         result = _execute(c, job, resolved)
     except Exception as e:   # recorded, never lost: the sweep goes on without this job
         tb = traceback.format_exc()
-        job.dir.mkdir(parents=True, exist_ok=True)
-        (job.dir / "error.txt").write_text(tb)
-        expected = isinstance(e, (ValueError, FileNotFoundError))
+        where = job.save_error(tb)
         if job.multirun:
-            job.record(name, "failed", f"{type(e).__name__}: {e} (traceback: {job.dir}/error.txt)")
-        else:
-            if not expected:
-                sys.stderr.write(tb)
-            sys.stderr.write(f"sarathi-lab: error: {e}\n(traceback in {job.dir}/error.txt)\n")
-            _failures.append(job.label)
-        return None
+            job.record(name, "failed", f"{type(e).__name__}: {e} ({where})")
+            return None
+        if not isinstance(e, (ValueError, OSError)):   # a bug, not a setting or the disk
+            sys.stderr.write(tb)
+        sys.stderr.write(f"sarathi-lab: error: {e}\n({where})\n")
+        raise Abort(1) from None
     job.record(name, "done", f"{time.perf_counter() - t0:.1f} s | {_key_metrics(mode, result)}")
     if not job.multirun:
         print(f"\n{'capacity' if mode == 'capacity' else 'run'} directory: {job.dir.resolve()}")
@@ -208,15 +204,22 @@ def _main(cfg: DictConfig):
 
 
 def main() -> None:
+    """`sarathi-lab`. Exit status 0: every job done; 1: a job failed, or the command could not
+    start (one line says why); 128 + N: stopped by signal N, with the sweep's workers."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from sarathi_lab.extras import MissingExtra, check_extras
     try:
         check_extras(sys.argv[1:])   # before Hydra composes: no job starts without its extras
     except MissingExtra as e:
         sys.exit(f"sarathi-lab: error: {e}")
-    _main()
-    if _failures:
-        sys.exit(1)
+    register_resolvers()
+    try:
+        with stop_on_signals():
+            _main()
+    except Interrupted as e:
+        sys.stderr.write(f"sarathi-lab: stopped by {e}; finished jobs keep their results "
+                         "(resume=true runs the rest)\n")
+        sys.exit(128 + e.signum)
 
 
 if __name__ == "__main__":

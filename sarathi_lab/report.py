@@ -4,7 +4,8 @@ PATH is a sweep directory, a run directory, or any directory above them: every `
 below is a run (one row), every `capacity.json` a capacity search. The swept settings come from
 each job's `.hydra/overrides.yaml` (one column per overridden key), the metrics from the summary,
 flattened (`tbt_p99`, `ttft_p50`, `slo_goodput_rps`, ...). Only the plots the data supports are
-made; the others are listed with the reason.
+made; the others are listed with the reason. Jobs without a result (failed, unfinished, never
+started) are listed beside the table.
 """
 from __future__ import annotations
 
@@ -183,6 +184,66 @@ def capacity_table(paths) -> pd.DataFrame:
     return _finish(df)
 
 
+_RESULTS = ("summary.json", "capacity.json")
+
+
+def _sweep_log_status(sweep_dir: Path) -> dict:
+    """{job directory name: (status, detail)} from the job's latest line in sweep.log."""
+    from sarathi_lab.sweeps import dirname
+    out = {}
+    try:
+        text = (sweep_dir / "sweep.log").read_text()
+    except OSError:
+        return out
+    for ln in text.splitlines():
+        f = ln.split("\t")
+        if len(f) >= 5:
+            out[dirname("" if f[3] == "(defaults)" else f[3])] = (f[2], f[4])
+    return out
+
+
+def incomplete_jobs(paths) -> pd.DataFrame:
+    """The jobs below `paths` without a result, one row each (status, run_dir, detail):
+    `failed` (an error.txt, or a failed line in sweep.log when the disk took no error.txt),
+    `unfinished` (a job directory with neither a result nor an error: running, interrupted or
+    killed) and `not started` (sweep.json counts more jobs than there are directories)."""
+    from sarathi_lab.sweeps import sweep_holder
+    rows, per_sweep, logs = [], {}, {}
+    for d in find(paths, ".hydra"):
+        per_sweep[d.parent] = per_sweep.get(d.parent, 0) + 1
+        has_result = any((d / f).exists() for f in _RESULTS)
+        if (d / "error.txt").exists():
+            lines = [ln for ln in (d / "error.txt").read_text(errors="replace").splitlines()
+                     if ln.strip()]
+            detail = lines[-1].strip() if lines else "empty error.txt"
+            if has_result:
+                detail += " (an earlier result is also there, and in the table)"
+            rows.append({"status": "failed", "run_dir": str(d), "detail": detail})
+        elif not has_result:
+            if d.parent not in logs:
+                logs[d.parent] = _sweep_log_status(d.parent)
+            status, detail = logs[d.parent].get(d.name, ("", ""))
+            if status == "failed":
+                rows.append({"status": "failed", "run_dir": str(d), "detail": detail})
+            else:
+                holder = sweep_holder(d.parent)
+                rows.append({"status": "unfinished", "run_dir": str(d), "detail":
+                             "no summary.json, capacity.json or error.txt" +
+                             (f"; the sweep is running ({holder})" if holder else "")})
+    for s in find(paths, "sweep.json"):
+        try:
+            total = json.loads((s / "sweep.json").read_text()).get("total")
+        except (OSError, ValueError, AttributeError):
+            continue
+        found = per_sweep.get(s, 0)
+        if isinstance(total, int) and total > found:
+            holder = sweep_holder(s)
+            rows.append({"status": "not started", "run_dir": str(s), "detail":
+                         f"{total - found} of the sweep's {total} jobs have no directory" +
+                         (f"; the sweep is running ({holder})" if holder else "")})
+    return pd.DataFrame(rows, columns=["status", "run_dir", "detail"])
+
+
 @dataclass
 class Report:
     out: Path
@@ -191,6 +252,7 @@ class Report:
     plots: dict = field(default_factory=dict)     # name -> (files, the DataFrame drawn)
     skipped: dict = field(default_factory=dict)   # name -> why not
     tables: list = field(default_factory=list)
+    incomplete: pd.DataFrame = field(default_factory=pd.DataFrame)   # jobs without a result
 
 
 def _write_tables(df: pd.DataFrame, out: Path, stem: str, roots) -> list[Path]:
@@ -235,6 +297,11 @@ def _write_markdown(rep: Report, paths) -> Path:
         lines += ["## Capacity", "", _md_table(rep.capacity, ["label", "policy", "slo",
                                                               "criterion", "capacity_qps",
                                                               "fails_at_qps", "probes"]), ""]
+    if not rep.incomplete.empty:
+        lines += [f"## Jobs without a result ({len(rep.incomplete)})", "",
+                  "Not in the tables above; also in `incomplete.csv`.", "",
+                  _md_table(rep.incomplete.assign(detail=rep.incomplete["detail"].str.replace(
+                      "|", "\\|", regex=False)), ["status", "run_dir", "detail"]), ""]
     lines += ["## Plots", ""]
     for name, (files, _) in rep.plots.items():
         png = [f for f in files if f.suffix == ".png"]
@@ -247,21 +314,36 @@ def _write_markdown(rep: Report, paths) -> Path:
     return p
 
 
+def incomplete_lines(df: pd.DataFrame) -> list[str]:
+    """The jobs without a result, as lines for a terminal."""
+    if df.empty:
+        return []
+    w = df["status"].str.len().max()
+    return [f"{len(df)} job(s) without a result (not in the table):"] + \
+        [f"  {r.status:<{w}}  {r.run_dir}  {r.detail}" for r in df.itertuples()]
+
+
 def make_report(paths, out, *, pdf: bool = False, timeline: str = "auto",
                 window=None) -> Report:
     from sarathi_lab import plots
     paths = [Path(p) for p in paths]
     out = Path(out)
     rep = Report(out, run_table(paths), capacity_table(paths))
+    rep.incomplete = incomplete_jobs(paths)
+    rep.incomplete["run_dir"] = rep.incomplete["run_dir"].map(lambda p: _rel(Path(p), paths))
     if rep.table.empty and rep.capacity.empty:
-        raise FileNotFoundError(f"no {rundir.SUMMARY} or {rundir.CAPACITY} below "
-                                f"{', '.join(map(str, paths))}")
+        raise FileNotFoundError("\n".join(
+            [f"no {rundir.SUMMARY} or {rundir.CAPACITY} below {', '.join(map(str, paths))}"]
+            + incomplete_lines(rep.incomplete)))
     out.mkdir(parents=True, exist_ok=True)
     formats = ("png", "pdf") if pdf else ("png",)
     if not rep.table.empty:
         rep.tables += _write_tables(rep.table, out, "summary", paths)
     if not rep.capacity.empty:
         rep.tables += _write_tables(rep.capacity, out, "capacity", paths)
+    if not rep.incomplete.empty:
+        rep.incomplete.to_csv(out / "incomplete.csv", index=False)
+        rep.tables.append(out / "incomplete.csv")
 
     def attempt(name, fn, *args, **kw):
         try:
@@ -345,6 +427,8 @@ def main(argv=None) -> None:
         with pd.option_context("display.width", 160, "display.max_columns", 20):
             print()
             print(rep.table[[c for c in _KEY_COLUMNS if c in rep.table]].to_string(index=False))
+    if not rep.incomplete.empty:
+        print("\n" + "\n".join(incomplete_lines(rep.incomplete)))
     sys.stdout.flush()
 
 

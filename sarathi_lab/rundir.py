@@ -14,6 +14,7 @@ ITERATIONS = "iterations.parquet"  # one row per engine iteration
 SUMMARY = "summary.json"           # written last: its presence marks a finished run
 CAPACITY = "capacity.json"         # written last by a capacity search
 CAPACITY_PROBES = "capacity_probes.csv"
+MERGED = "merged.json"             # a multirun job that ran as another (same effective settings)
 OVERRIDES = Path(".hydra") / "overrides.yaml"
 
 
@@ -47,8 +48,8 @@ def atomic_write(path, write: Callable[[Path], object]) -> None:
         write(tmp)
         os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+        with contextlib.suppress(OSError):   # the original error is the one worth reporting
+            tmp.unlink(missing_ok=True)
         raise
 
 

@@ -1,16 +1,30 @@
-"""Sweep bookkeeping: run and sweep directory names, sweep.json and sweep.log, the closing tally,
-and where a job stands in its sweep."""
+"""Sweep bookkeeping: run and sweep directory names, one sweep at a time per directory (a lock),
+sweep.json and sweep.log, the closing tally, where a job stands in its sweep, and stopping a
+sweep together with its worker processes."""
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
+import math
 import os
+import signal
+import socket
+import sys
+import threading
+import time
 from datetime import datetime
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
+
+from sarathi_lab.rundir import atomic_write
+
+LOCK = "sweep.lock"
+LOCK_PATIENCE_S = 1.0   # a reader probing the lock (sarathi-lab-report) holds it for an instant
+
 
 def dirname(overrides: str) -> str:
     """A job's overrides as one directory name: deterministic (resume finds it again), no path
@@ -21,10 +35,74 @@ def dirname(overrides: str) -> str:
     return name
 
 
-OmegaConf.register_new_resolver("dirname", dirname, replace=True)
+def register_resolvers() -> None:
+    """Register `${dirname:...}`, which the run and sweep directories in config.yaml use. The
+    CLI does this before Hydra composes; code that composes the config itself (Hydra's compose
+    API) and resolves the `hydra` section calls it first."""
+    if not OmegaConf.has_resolver("dirname"):
+        OmegaConf.register_new_resolver("dirname", dirname)
 
-# Set by the task function (single run) or the sweep callback (multirun); read by the CLI.
-_failures: list[str] = []
+
+class Abort(SystemExit):
+    """Ends the command from inside Hydra's machinery, which would turn an exception raised in a
+    callback into a warning (and go on) and one raised in a job into a traceback. A message is
+    printed as it is, one line on stderr; the exit status is 1."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP raised the way Ctrl-C is, so that everything unwinding it (joblib's
+    abort above all) treats them alike."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+    def __str__(self) -> str:
+        return signal.Signals(self.signum).name
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """While the command runs, SIGINT, SIGTERM and SIGHUP raise `Interrupted` in it. The
+    exception unwinds through the launcher: joblib then kills its worker processes, which the
+    default SIGTERM (this process gone at once) leaves computing. A further signal is ignored
+    while that clean-up runs; a signal ignored when the command started (a background job,
+    nohup) stays ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {}
+
+    def handler(signum, frame):
+        for s in previous:
+            signal.signal(s, signal.SIG_IGN)
+        raise Interrupted(signum)
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(s) is not signal.SIG_IGN:
+            previous[s] = signal.signal(s, handler)
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def _or_abort(what: str):
+    """An OSError (a full disk, a directory that cannot be made or written) ends the command
+    with one line naming what could not be written."""
+    try:
+        yield
+    except OSError as e:
+        raise Abort(f"sarathi-lab: error: cannot write {what}: {e}") from None
+
+
+def _setting(config: DictConfig, path: Path, key: str) -> str:
+    """The setting that put `path` where it is: results_root, unless `key` moved it elsewhere."""
+    root = config.get("results_root")
+    if root is not None and Path(str(root)) in (path, *path.parents):
+        return f"results_root={root}"
+    return f"{key}={path}"
 
 
 def _append(path: Path, line: str) -> None:
@@ -35,33 +113,103 @@ def _append(path: Path, line: str) -> None:
         f.write(line.rstrip("\n") + "\n")
 
 
-def count_jobs(config: DictConfig) -> int | None:
-    """How many jobs the basic sweeper will launch (None for other sweepers)."""
+def lock_sweep(sweep_dir: Path, name: str):
+    """Take the sweep directory's lock for the multirun's life and return it (an open file:
+    closing it, or this process ending in any way, releases it; flock, so a killed sweep leaves
+    no stale lock). A second sweep into the same directory is refused, naming the first."""
+    f = open(sweep_dir / LOCK, "a+")
+    deadline = time.monotonic() + LOCK_PATIENCE_S
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() < deadline:
+                time.sleep(0.05)
+                continue
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            f.close()
+            raise Abort(f"sarathi-lab: error: sweep {name} is already running in {sweep_dir} "
+                        f"({holder}); wait for it to end, or give this one another name=") \
+                from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()} on {socket.gethostname()}, "
+            f"started {datetime.now():%Y-%m-%d %H:%M:%S}\n")
+    f.flush()
+    return f
+
+
+def sweep_holder(sweep_dir: Path) -> str | None:
+    """Who runs the sweep in `sweep_dir` now ("pid N on HOST, started ..."), or None."""
     try:
-        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-        if "BasicSweeper" not in str(config.hydra.sweeper.get("_target_", "")):
-            return None
-        params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
-        parsed = OverridesParser.create().parse_overrides(
-            params + list(config.hydra.overrides.task))
-        return sum(len(b) for b in BasicSweeper.split_arguments(parsed, None))
-    except Exception:   # a count is a nicety; never let it break a sweep
+        f = open(Path(sweep_dir) / LOCK)
+    except OSError:
+        return None
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return f.read().strip() or "another process"
         return None
 
 
+def count_jobs(config: DictConfig) -> int | None:
+    """How many jobs the basic sweeper will launch: the product of each key's number of values,
+    `hydra.sweeper.params` first and a key on the command line replacing it, as the sweeper
+    expands them. None for another sweeper or a sweep that needs the sweeper's config loader
+    (glob) or cannot be enumerated (interval)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    if not str(config.hydra.sweeper.get("_target_", "")).endswith(".BasicSweeper"):
+        return None
+    params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+    values = {}
+    try:
+        for o in OverridesParser.create().parse_overrides(
+                params + list(config.hydra.overrides.task)):
+            values[o.get_key_element()] = \
+                len(list(o.sweep_string_iterator())) if o.is_sweep_override() else 1
+    except Exception:   # hydra.errors.HydraException and kin: the sweeper reports those itself
+        return None
+    return math.prod(values.values())
+
+
 class SweepLog(Callback):
-    """Writes sweep.json (name, job count) before the jobs start and, at the end, prints the
-    tally of this invocation's lines in sweep.log; failed jobs make the command exit non-zero."""
+    """The command's side of a multirun: takes the sweep directory's lock, writes sweep.json
+    (name, job count) before the jobs start and, at the end, prints the tally of this
+    invocation's lines in sweep.log; a failed job, or one that left no line, makes the command
+    exit non-zero. Before a single run it makes the run directory, so that one that cannot be
+    made is one line, not Hydra's traceback."""
+
+    def __init__(self):
+        self._lock = None
+        self._offset = 0
+        self._total = None
+
+    # Launchers that run jobs in other processes (joblib, submitit) pickle this callback with
+    # the Hydra context (the resolvers travel in Hydra's own state); the lock stays here.
+    def __getstate__(self):
+        return {**self.__dict__, "_lock": None}
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        run_dir = Path(str(config.hydra.run.dir))
+        with _or_abort(f"the run directory ({_setting(config, run_dir, 'hydra.run.dir')})"):
+            run_dir.mkdir(parents=True, exist_ok=True)
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        total = count_jobs(config)
-        (sweep_dir / "sweep.json").write_text(json.dumps(
-            {"name": str(config.name), "total": total, "started": datetime.now().isoformat()}))
+        with _or_abort(f"the directory of sweep {config.name} "
+                       f"({_setting(config, sweep_dir, 'hydra.sweep.dir')})"):
+            sweep_dir.mkdir(parents=True, exist_ok=True)
+            self._lock = lock_sweep(sweep_dir, str(config.name))
+            total = count_jobs(config)
+            atomic_write(sweep_dir / "sweep.json", lambda p: p.write_text(json.dumps(
+                {"name": str(config.name), "total": total,
+                 "started": datetime.now().isoformat()})))
         logf = sweep_dir / "sweep.log"
         self._offset = logf.stat().st_size if logf.exists() else 0
+        self._total = total
         print(f"sweep {config.name}: {total if total is not None else '?'} jobs -> {sweep_dir}",
               flush=True)
 
@@ -71,19 +219,24 @@ class SweepLog(Callback):
         lines = []
         if logf.exists():
             with open(logf) as f:
-                f.seek(getattr(self, "_offset", 0))
-                lines = f.read().splitlines()
-        status = [ln.split("\t")[2] for ln in lines if ln.count("\t") >= 3]
-        failed = [ln.split("\t")[3] for ln in lines
-                  if ln.count("\t") >= 3 and ln.split("\t")[2] == "failed"]
+                f.seek(self._offset)
+                lines = [ln.split("\t") for ln in f.read().splitlines() if ln.count("\t") >= 3]
+        status = [ln[2] for ln in lines]
+        failed = [ln[3] for ln in lines if ln[2] == "failed"]
+        silent = max(0, (self._total or 0) - len(lines))
         tally = ", ".join(f"{status.count(s)} {s}" for s in ("done", "skipped", "merged", "failed")
                           if s != "merged" or "merged" in status)
-        print(f"sweep {config.name}: {tally} -> {sweep_dir}", flush=True)
+        print(f"sweep {config.name}: {tally}" + (f", {silent} without a line in sweep.log"
+                                                  if silent else "") + f" -> {sweep_dir}",
+              flush=True)
         for f in failed:
             print(f"  failed: {f or '(no overrides)'}", flush=True)
-        if failed:
-            _failures.extend(failed)
-        elif status:
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+        if failed or silent:
+            raise Abort(1)
+        if status:
             print(f"report: sarathi-lab-report {sweep_dir}", flush=True)
 
 
@@ -111,13 +264,27 @@ class _Job:
     def tag(self, name: str) -> str:
         return f"[{name} {self.index}/{self.total or '?'}]"
 
+    def save_error(self, tb: str) -> str:
+        """The traceback into error.txt; says where it is, or why it is nowhere: a full disk
+        must not turn one error into a second one that hides the first."""
+        path = self.dir / "error.txt"
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, lambda p: p.write_text(tb))
+        except OSError as e:
+            return f"traceback not saved: {e}"
+        return f"traceback in {path}"
+
     def record(self, name: str, status: str, detail: str) -> None:
-        """The sweep-level progress line: plain text, one per job, fit for CI logs."""
+        """The sweep-level progress line: plain text, one per job, fit for CI logs. A line that
+        cannot be appended to sweep.log is said on stderr (and the tally counts it missing)."""
         if not self.multirun:
             return
         print(f"{self.tag(name)} {status:<7} {self.label}  {detail}", flush=True)
-        _append(self.sweep_dir / "sweep.log", "\t".join(
-            [datetime.now().isoformat(timespec="seconds"),
-             f"{self.index}/{self.total or '?'}", status, self.label, detail]))
-
-
+        try:
+            _append(self.sweep_dir / "sweep.log", "\t".join(
+                [datetime.now().isoformat(timespec="seconds"),
+                 f"{self.index}/{self.total or '?'}", status, self.label, detail]))
+        except OSError as e:
+            print(f"{self.tag(name)} cannot append to sweep.log: {e}", file=sys.stderr,
+                  flush=True)

@@ -108,3 +108,67 @@ def test_submitit_local_launcher(tmp_path):
     d = tmp_path / "sweeps" / "sub"
     assert len(run_table([d])) == 2
     assert sorted(f[2] for f in log_lines(d)) == ["done", "done"]
+
+
+def test_the_announced_job_count_is_the_number_of_jobs_run(tmp_path):
+    """The preset sweeps scheduler (1 value), token budget and load under hydra.sweeper.params;
+    the command line replaces two of those sweeps (one by a range): 1 x 2 x 3 jobs."""
+    r = cli("-m", f"results_root={tmp_path}", "name=count", "experiment=budget_sweep", *TINY,
+            "scheduler.token_budget=256,512", "trace.qps=range(2,5)", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    d = tmp_path / "sweeps" / "count"
+    jobs = [p for p in d.iterdir() if (p / ".hydra").is_dir()]
+    assert json.loads((d / "sweep.json").read_text())["total"] == len(jobs) == 6
+    assert len(log_lines(d)) == 6 and "sweep count: 6 jobs" in r.stdout
+
+
+def _sweep_config(task, params=None, sweeper="hydra._internal.core_plugins.basic_sweeper."
+                                              "BasicSweeper"):
+    from omegaconf import OmegaConf
+    return OmegaConf.create({"hydra": {"sweeper": {"_target_": sweeper, "params": params},
+                                       "overrides": {"task": task}}})
+
+
+@pytest.mark.parametrize("task, params, expected", [
+    ([], None, 1),
+    (["a=1,2,3", "b=x"], None, 3),
+    (["a=1,2", "b=range(0,10,2)"], None, 10),
+    (["a=choice(1,2)", "+c=tag(t,choice(x,y,z))"], {"b": "1,2"}, 12),
+    (["a=1,2"], {"a": "1,2,3,4", "b": "5,6"}, 4),        # the command line replaces a's sweep
+    (["a=interval(0,1)"], None, None),                   # the basic sweeper cannot enumerate it
+    (["scheduler=glob(*)"], None, None),                 # needs the sweeper's config loader
+])
+def test_count_jobs_expands_sweeps_as_the_basic_sweeper(task, params, expected):
+    from sarathi_lab.sweeps import count_jobs
+    assert count_jobs(_sweep_config(task, params)) == expected
+
+
+def test_count_jobs_does_not_guess_for_another_sweeper():
+    from sarathi_lab.sweeps import count_jobs
+    assert count_jobs(_sweep_config(["a=1,2"], sweeper="hydra_plugins.x.OptunaSweeper")) is None
+
+
+def test_no_resolver_state_or_private_hydra_at_import():
+    """Importing the package registers nothing; the CLI and register_resolvers() do, and Hydra's
+    compose API can then resolve the run and sweep directories."""
+    code = """
+from omegaconf import OmegaConf
+import sarathi_lab.sweeps, sarathi_lab.cli, sarathi_lab.report
+assert not OmegaConf.has_resolver("dirname")
+from hydra import compose, initialize_config_module
+from sarathi_lab.sweeps import register_resolvers
+register_resolvers(); register_resolvers()     # twice is harmless
+with initialize_config_module("sarathi_lab.configs", version_base="1.3"):
+    cfg = compose("config", overrides=["trace.path=/a/b.csv"], return_hydra_config=True)
+print(cfg.hydra.sweep.subdir)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "trace.path=%a%b.csv"
+    import inspect
+
+    from sarathi_lab import cli as cli_module, sweeps
+    for mod in (sweeps, cli_module):
+        assert "hydra._internal" not in inspect.getsource(mod)
+    assert not [k for k, v in vars(sweeps).items()
+                if not k.startswith("__") and isinstance(v, (list, dict, set))]

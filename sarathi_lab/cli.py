@@ -8,7 +8,6 @@ Start-up stays light: pandas, matplotlib, torch and wandb are imported only when
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
@@ -32,28 +31,11 @@ RESULT_FILE = {"run": rundir.SUMMARY, "capacity": rundir.CAPACITY}
 # Validation: every message names the setting, as it would be typed on the command line
 # ------------------------------------------------------------------------------------------
 
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _need(cond: bool, setting: str, value, why: str) -> None:
-    if not cond:
-        raise ConfigError(f"{setting}={value!r}: {why}")
-
-
 def check_config(c: dict, overrides=None, multirun: bool = False):
     """Every component's settings typed and checked (`config.resolve`), before any run
     directory is made or model loaded. Returns the `Resolved` config."""
     from sarathi_lab.config import resolve
-    r = resolve(c, overrides, drop_unread=multirun)
-    tr = r.trace
-    qps = tr.get("qps")
-    _need(qps is None or (_number(qps) and qps > 0), "trace.qps", qps,
-          "must be a positive arrival rate in requests/s (or null to keep a trace's own times)")
-    n = tr.get("num_requests")
-    _need(n is None or (isinstance(n, int) and not isinstance(n, bool) and n >= 1),
-          "trace.num_requests", n, "must be an integer >= 1 (or null for the whole trace)")
-    return r
+    return resolve(c, overrides, drop_unread=multirun)
 
 
 def _claim(sweep_dir: Path, resolved, job: _Job) -> str | None:

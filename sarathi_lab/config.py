@@ -230,6 +230,9 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
     executor_cfg = executor_cls.parse_config(e_node, "executor")
 
     hardware = c.get("hardware") or None
+    if hardware is not None and executor_cls.uses_hardware:
+        from sarathi_lab.costmodels.roofline import HardwareSpec
+        HardwareSpec.from_config(hardware)   # names and ranges of the preset's keys
     if hardware is not None and not executor_cls.uses_hardware:
         set_by_user = [k for k in user if k == "hardware" or k.startswith("hardware.")]
         if set_by_user:
@@ -254,7 +257,14 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
     model = _node(c, "model")
     if not model:
         raise ConfigError("model: a model preset is needed (e.g. model=mistral-7b)")
+    for k in user:
+        if k.startswith("model.") and not executor_cls.reads_model_key(k.split(".")[1]):
+            unread(k, f"executor {e_name!r} does not read it (it reads the model's shape)")
+    from sarathi_lab.traces import TraceConfig
+    trace = _node(c, "trace")
+    if trace:   # a caller that passes its own requests may give no trace
+        parse(TraceConfig, trace, "trace")
     return Resolved(run=run, policy_cls=policy_cls, policy_cfg=policy_cfg, queue_cls=queue_cls,
                     executor_cls=executor_cls, executor_cfg=executor_cfg, slo=slo,
                     capacity=capacity, logger=logger, model=model, hardware=hardware,
-                    trace=_node(c, "trace"), notes=notes)
+                    trace=trace, notes=notes)

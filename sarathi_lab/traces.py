@@ -44,6 +44,7 @@ import os
 import re
 import zlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -52,6 +53,7 @@ import pandas as pd
 
 from sarathi_lab.config import plain
 from sarathi_lab.request import Request
+from sarathi_lab.settings import parse, setting
 
 logger = logging.getLogger(__name__)
 
@@ -192,36 +194,51 @@ def synthetic_trace(num_requests, qps, *, arrival="poisson", cv=1.0, prompt_len=
     return df
 
 
-_CONFIG_KEYS = {"name", "path", "num_requests", "qps", "arrival", "cv", "max_total_tokens",
-                "max_prompt_tokens", "seed", "prompt_len", "output_len", "tokenizer"}
+@dataclass
+class TraceConfig:
+    """A ``configs/trace/*.yaml`` entry: a trace to load (``path``) or to generate (``path:
+    null`` with ``prompt_len`` and ``output_len`` specs)."""
+    name: str | None = setting(None, help="label used in reports")
+    path: str | None = setting(None, help="a shipped trace's name or a file; null: generated")
+    num_requests: int | None = setting(None, ge=1, help="the first N; null: the whole trace")
+    qps: float | None = setting(None, gt=0, help="arrival rate, req/s; null: the trace's times")
+    arrival: str = setting("poisson", choices=ARRIVALS, help="arrival process for qps")
+    cv: float = setting(1.0, gt=0, help="gamma: coefficient of variation of the gaps")
+    max_total_tokens: int | None = setting(None, ge=2, help="drop longer requests")
+    max_prompt_tokens: int | None = setting(None, ge=1, help="drop longer prompts")
+    seed: int = setting(0, ge=0, help="arrivals, lengths and token ids")
+    prompt_len: int | dict | None = setting(None, help="generated: a length spec")
+    output_len: int | dict | None = setting(None, help="generated: a length spec")
+    tokenizer: str | None = setting(None, help="a local tokenizer dir for text prompts")
+
+    def validate(self) -> None:
+        if self.path is None:
+            for key in ("num_requests", "qps", "prompt_len", "output_len"):
+                if getattr(self, key) is None:
+                    raise ValueError(f"{key}: a generated trace (path: null) needs it")
+            if self.tokenizer is not None:
+                raise ValueError("tokenizer: read only for a trace file (path)")
+        else:
+            for key in ("prompt_len", "output_len"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"{key}={getattr(self, key)!r}: read only for a generated "
+                                     "trace (path: null)")
+        if self.cv != 1.0 and self.arrival != "gamma":
+            raise ValueError(f"cv={self.cv}: read only with arrival=gamma")
 
 
 def build_trace(cfg) -> pd.DataFrame:
-    """Build the trace a ``configs/trace/*.yaml`` entry describes (DictConfig or dict)."""
-    cfg = _to_plain_dict(cfg)
-    unknown = sorted(set(cfg) - _CONFIG_KEYS)
-    if unknown:
-        # A warning, not an error: other config groups may extend this schema.
-        logger.warning("trace config: ignoring unknown keys %s (known: %s)", unknown,
-                       sorted(_CONFIG_KEYS))
-    common = dict(
-        qps=cfg.get("qps"),
-        arrival=cfg.get("arrival") or "poisson",
-        cv=1.0 if cfg.get("cv") is None else cfg["cv"],
-        max_total_tokens=cfg.get("max_total_tokens"),
-        max_prompt_tokens=cfg.get("max_prompt_tokens"),
-        seed=0 if cfg.get("seed") is None else cfg["seed"],
-    )
-    if cfg.get("path") is None:
-        for key in ("num_requests", "qps", "prompt_len", "output_len"):
-            if cfg.get(key) is None:
-                raise ValueError(f"a synthetic trace config (path: null) needs {key!r}")
-        df = synthetic_trace(cfg["num_requests"], prompt_len=cfg["prompt_len"],
-                             output_len=cfg["output_len"], **common)
+    """Build the trace a ``configs/trace/*.yaml`` entry describes (a TraceConfig, a DictConfig
+    or a dict, checked as `TraceConfig`)."""
+    tc = cfg if isinstance(cfg, TraceConfig) else parse(TraceConfig, _to_plain_dict(cfg), "trace")
+    common = dict(qps=tc.qps, arrival=tc.arrival, cv=tc.cv, max_total_tokens=tc.max_total_tokens,
+                  max_prompt_tokens=tc.max_prompt_tokens, seed=tc.seed)
+    if tc.path is None:
+        df = synthetic_trace(tc.num_requests, prompt_len=tc.prompt_len,
+                             output_len=tc.output_len, **common)
     else:
-        df = load_trace(cfg["path"], num_requests=cfg.get("num_requests"),
-                        tokenizer=cfg.get("tokenizer"), **common)
-    df.attrs["name"] = cfg.get("name") or str(cfg.get("path") or "synthetic")
+        df = load_trace(tc.path, num_requests=tc.num_requests, tokenizer=tc.tokenizer, **common)
+    df.attrs["name"] = tc.name or str(tc.path or "synthetic")
     return df
 
 

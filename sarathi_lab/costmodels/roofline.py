@@ -42,7 +42,7 @@ import numpy as np
 from sarathi_lab.config import plain
 from sarathi_lab.costmodels.base import CostModel, CostModelConfig
 from sarathi_lab.models.shape import ModelShape
-from sarathi_lab.settings import setting
+from sarathi_lab.settings import parse, setting
 
 # vLLM's default max_num_seqs: its memory profile holds this many rows of fp32 full-vocab logits.
 _MAX_SAMPLED_ROWS = 256
@@ -50,40 +50,31 @@ _MAX_SAMPLED_ROWS = 256
 
 @dataclass(frozen=True)
 class HardwareSpec:
-    name: str
-    peak_flops: float          # dense bf16 tensor-core FLOP/s
-    mem_bandwidth: float       # HBM bytes/s
-    memory_bytes: int
-    link_bandwidth: float      # GPU-to-GPU bytes/s, one direction
-    link_latency_s: float      # per all-reduce
-    # Defaults, for a preset that leaves them out, are roughly the A100 fit.
-    compute_eff: float = 0.7   # achieved share of peak_flops in GEMMs
-    attn_eff: float = 0.25     # achieved share of peak_flops in attention
-    mem_eff: float = 0.75      # achieved share of mem_bandwidth (weights and KV reads)
-    link_eff: float = 0.6      # achieved share of link_bandwidth (all-reduce bus bandwidth)
-    iteration_overhead_s: float = 2e-3  # CPU side of an iteration (host-dependent)
-    layer_overhead_s: float = 5e-5      # GPU kernel floors per layer and iteration
-
-    _EFFS = ("compute_eff", "attn_eff", "mem_eff", "link_eff", "iteration_overhead_s",
-             "layer_overhead_s")
+    """A GPU preset (configs/hardware/*.yaml). The peaks come from datasheets; the efficiencies
+    and floors are fitted by experiments/calibrate_roofline.py (defaults: roughly the A100 fit,
+    for a preset that leaves them out)."""
+    name: str = setting(help="label")
+    peak_flops: float = setting(gt=0, help="dense bf16 tensor-core FLOP/s")
+    mem_bandwidth: float = setting(gt=0, help="HBM bytes/s")
+    memory_bytes: float = setting(gt=0, help="GPU memory, bytes")
+    link_bandwidth: float = setting(gt=0, help="GPU-to-GPU bytes/s, one direction")
+    link_latency_s: float = setting(ge=0, help="per all-reduce")
+    compute_eff: float = setting(0.7, gt=0, le=1, help="achieved share of peak_flops in GEMMs")
+    attn_eff: float = setting(0.25, gt=0, le=1, help="achieved share of peak_flops in attention")
+    mem_eff: float = setting(0.75, gt=0, le=1, help="achieved share of mem_bandwidth")
+    link_eff: float = setting(0.6, gt=0, le=1, help="achieved share of link_bandwidth")
+    iteration_overhead_s: float = setting(2e-3, ge=0, help="CPU side of an iteration")
+    layer_overhead_s: float = setting(5e-5, ge=0, help="GPU kernel floors per layer")
 
     @classmethod
     def from_config(cls, cfg, overrides=None) -> "HardwareSpec":
-        """`overrides` (the executor config) replaces efficiency factors that it sets non-null."""
+        """`overrides` (the cost model's settings) replaces efficiency factors it sets
+        non-null; a preset's keys are checked like any setting (``hardware.<key>``)."""
         c = plain(cfg)
         for key, val in plain(overrides).items():
-            if key in cls._EFFS and val is not None:
+            if val is not None and key in cls.__dataclass_fields__:
                 c[key] = val
-        kw = {k: c[k] for k in cls.__dataclass_fields__ if k in c and c[k] is not None}
-        missing = {"name", "peak_flops", "mem_bandwidth", "memory_bytes", "link_bandwidth",
-                   "link_latency_s"} - kw.keys()
-        if missing:
-            raise ValueError(f"hardware preset {c.get('name')!r} lacks {sorted(missing)}")
-        for k in cls.__dataclass_fields__:
-            if k != "name" and k in kw:
-                kw[k] = float(kw[k])
-        kw["memory_bytes"] = int(kw["memory_bytes"])
-        return cls(**kw)
+        return parse(cls, c, "hardware", f"hardware preset {c.get('name')!r}")
 
 
 @dataclass

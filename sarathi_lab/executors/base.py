@@ -58,6 +58,12 @@ class Executor(abc.ABC):
         return parse(cls.config_class, values, where, f"executor {cls.__qualname__}")
 
     @classmethod
+    def reads_model_key(cls, key: str) -> bool:
+        """Whether this executor reads the model preset's `key` (an override of one it does
+        not read is an error)."""
+        return True
+
+    @classmethod
     def from_config(cls, values: dict, model: dict, hardware: dict | None = None):
         """Construct from a raw ``executor`` node (its ``name`` ignored) and the presets (dicts
         or OmegaConf nodes)."""

@@ -33,6 +33,12 @@ class SimExecutor(Executor):
     supports_fast_forward = True
 
     @classmethod
+    def reads_model_key(cls, key: str) -> bool:
+        from sarathi_lab.models.shape import ModelShape
+        # the shape, and hf_name (where the shape came from, for the reader)
+        return key in ModelShape.__dataclass_fields__ or key in ("hf_name", "dtype")
+
+    @classmethod
     def parse_config(cls, values: dict, where: str = "executor") -> SimConfig:
         """The sim executor's settings and, from the same node, its cost model's."""
         from sarathi_lab.registry import cost_model_class

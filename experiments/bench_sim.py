@@ -22,7 +22,8 @@ def config(policy: str, fast_forward: bool) -> dict:
     from hydra import compose, initialize_config_module
     with initialize_config_module("sarathi_lab.configs", version_base="1.3"):
         cfg = compose("config", overrides=[
-            f"scheduler={policy}", "scheduler.max_num_seqs=128", "scheduler.token_budget=512",
+            f"scheduler={policy}", "scheduler.max_num_seqs=128",
+            *(["scheduler.token_budget=512"] if policy == "sarathi" else []),
             "model=llama-2-70b", "hardware=a100-80gb", "executor.tensor_parallel=2",
             f"fast_forward={fast_forward}"])
     return OmegaConf.to_container(cfg, resolve=True)

@@ -139,7 +139,8 @@ def summarize(req_df: pd.DataFrame, it_df: pd.DataFrame, *, slo: dict | None = N
     out["tbt"] = _stats(gaps)
     # stall: a gap far above the time of a decode-only iteration
     dec_only = it_df.loc[it_df["prefill_tokens"] == 0, "duration"]
-    base = float(dec_only.median()) if len(dec_only) else float(it_df["duration"].median() or 0)
+    base = float(dec_only.median()) if len(dec_only) else \
+        float(it_df["duration"].median()) if len(it_df) else 0.0   # no NaN in summary.json
     thresh = stall_factor * base
     out["stalls"] = {"threshold_s": thresh, "count": int((gaps > thresh).sum()),
                      "worst_s": float(gaps.max()) if len(gaps) else 0.0}

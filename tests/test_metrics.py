@@ -10,7 +10,7 @@ import pytest
 
 from sarathi_lab.engine import ITER_COLUMNS, Engine
 from sarathi_lab.executors.base import Executor, StepResult
-from sarathi_lab.metrics import iterations_table, requests_table, summarize
+from sarathi_lab.metrics import iterations_table, request_p99_tbt, requests_table, summarize
 from sarathi_lab.request import Request, Status
 from sarathi_lab.runner import build, run
 
@@ -70,6 +70,66 @@ def test_requests_table_per_request_formulas():
     assert all(np.isnan(rq.loc[3, c]) for c in ("ttft", "tpot", "e2e", "scheduling_delay"))
 
 
+
+REQUEST_COLUMNS = ["request_id", "status", "rejection_reason", "arrival_time",
+                   "num_prompt_tokens", "num_output_tokens", "target_output_tokens",
+                   "first_scheduled_time", "first_token_time", "finish_time", "ttft", "tpot", "e2e",
+                   "normalized_e2e", "scheduling_delay", "num_preemptions", "token_times"]
+
+
+@pytest.mark.filterwarnings("error")   # one-token and rejected requests divide by zero quietly
+def test_requests_table_columns_and_types():
+    rq = four_requests()
+    assert list(rq.columns) == REQUEST_COLUMNS        # requests.parquet's schema
+    assert list(rq["request_id"]) == [0, 1, 2, 3]
+    assert list(rq["num_prompt_tokens"]) == [4] * 4
+    assert list(rq["target_output_tokens"]) == [3, 4, 1, 3]
+    assert list(rq["first_scheduled_time"][:3]) == [0.5, 1.0, 4.0]
+    assert list(rq["first_token_time"][:3]) == [1.0, 2.0, 6.0]
+    assert list(rq["finish_time"][:3]) == [3.0, 9.0, 6.0]
+    assert list(rq["num_preemptions"]) == [1, 2, 0, 0]
+    for col in REQUEST_COLUMNS[3:-1]:
+        want = np.int64 if col.startswith("num_") or col.startswith("target") else np.float64
+        assert rq[col].dtype == want, col
+
+
+def test_requests_table_keeps_token_ids_when_a_request_has_them():
+    a = finished(0, 0.0, 0.0, [1.0, 2.0])
+    a.prompt_token_ids, a.output_token_ids = [5, 6, 7, 8], [9, 10]
+    b = rejected(1, 0.0)
+    rq = requests_table([a, b])
+    assert list(rq.columns) == REQUEST_COLUMNS + ["prompt_token_ids", "output_token_ids"]
+    assert list(rq["prompt_token_ids"]) == [[5, 6, 7, 8], None]
+    assert list(rq["output_token_ids"]) == [[9, 10], []]
+    assert "prompt_token_ids" not in requests_table([finished(0, 0.0, 0.0, [1.0])])
+
+
+def test_two_token_request_tpot_is_its_one_gap():
+    rq = requests_table([finished(0, 0.0, 0.0, [1.0, 1.25])])
+    assert rq["tpot"][0] == 0.25 and rq["normalized_e2e"][0] == 0.625
+
+
+def test_iterations_table_columns_and_types():
+    it = iterations_table([it_row(0.5, prefill=3, decode=2, blocks=4, stored=7, preempted=1,
+                                  start=2.0)])
+    assert list(it.columns) == list(ITER_COLUMNS)
+    assert it.iloc[0].tolist() == [2.0, 0.5, 3, 2, 5, 4, 7, 1]
+    assert [str(t) for t in it.dtypes] == ["float64"] * 2 + ["int64"] * 6
+    assert len(iterations_table([])) == 0
+
+
+def test_request_p99_tbt_is_each_requests_own_percentile():
+    rng = np.random.default_rng(0)
+    # 150 gaps (where P99 falls between two values that are not the last two), one gap, none,
+    # and last a request with exactly one gap
+    times = [np.cumsum(rng.uniform(0.01, 1.0, 151)).tolist(), [1.0, 3.0], [2.0], [0.5, 0.75]]
+    rq = requests_table([finished(i, 0.0, 0.0, t) for i, t in enumerate(times)])
+    own = request_p99_tbt(rq)
+    assert own[0] == approx(np.percentile(np.diff(times[0]), 99), rel=1e-12)
+    assert own[1] == 2.0 and np.isnan(own[2]) and own[3] == 0.25
+    assert np.isnan(request_p99_tbt(requests_table([finished(0, 0.0, 0.0, [1.0])]))).all()
+
+
 def test_counts_makespan_throughput_preemptions():
     s = summarize(four_requests(), ITERS)
     assert (s["num_requests"], s["num_finished"], s["num_rejected"]) == (4, 3, 1)
@@ -101,6 +161,22 @@ def test_tbt_pools_gaps_within_requests_only():
     assert s["tbt"] == approx({"mean": 1.8, "p50": 1.0, "p90": 4.0, "p99": 5.8, "max": 6.0})
 
 
+
+def test_summary_does_not_depend_on_when_the_run_starts():
+    def shifted(dt):
+        return requests_table([
+            finished(0, 0.0 + dt, 0.5 + dt, [1.0 + dt, 2.0 + dt, 3.0 + dt], preemptions=1),
+            finished(1, 1.0 + dt, 1.0 + dt, [2.0 + dt, 2.5 + dt, 3.0 + dt, 9.0 + dt]),
+            finished(2, 2.0 + dt, 4.0 + dt, [6.0 + dt]),
+            rejected(3, 3.0 + dt)])
+    slo = {"ttft": 2.0, "tpot": 1.5}
+    a, b = summarize(shifted(0.0), ITERS, slo=slo), summarize(shifted(100.0), ITERS, slo=slo)
+    assert b["makespan_s"] == approx(9.0) and b["throughput_rps"] == approx(3 / 9)
+    assert b["slo"]["goodput_rps"] == approx(1 / 9)
+    for key in ("ttft", "tpot", "e2e", "scheduling_delay", "tbt"):
+        assert b[key] == approx(a[key]), key
+
+
 def test_stalls_against_decode_only_median():
     s = summarize(four_requests(), ITERS)
     # median decode-only duration 1 (the 10 s prefill iteration is not a decode), x 5 = 5
@@ -118,6 +194,15 @@ def test_stalls_without_decode_only_iterations_use_all():
     assert st == {"threshold_s": 2.4, "count": 1, "worst_s": 6.0}   # median 1.2
 
 
+
+def test_stalls_when_iterations_take_no_time():
+    # an executor that reports zero durations: every positive gap exceeds 5 x 0
+    free = iterations_table([it_row(0.0, prefill=4), it_row(0.0, prefill=4)])
+    assert summarize(four_requests(), free)["stalls"] == {"threshold_s": 0.0, "count": 5,
+                                                          "worst_s": 6.0}
+
+
+@pytest.mark.filterwarnings("error")   # the empty iteration's 0 / 0 is quiet
 def test_kv_utilisation_and_internal_waste():
     # 8 blocks of 4 slots: used 2, 4, 6, 0; stored 8, 10, 12, 0 tokens
     it = iterations_table([it_row(1.0, blocks=b, stored=t)
@@ -137,6 +222,17 @@ def test_kv_waste_clipped_when_shared_prefixes_store_more_than_the_slots():
     it = iterations_table([it_row(1.0, blocks=2, stored=12), it_row(1.0, blocks=2, stored=4)])
     kv = summarize(four_requests(), it, kv_blocks_total=4, block_size=4)["kv"]
     assert kv["internal_waste_mean"] == approx((0 + 0.5) / 2)
+
+
+
+def test_kv_waste_of_one_token_blocks_and_the_default_block_size():
+    # block_size 1: one block, one slot; empty it wastes all of it, full none
+    it = iterations_table([it_row(1.0, blocks=1, stored=0), it_row(1.0, blocks=1, stored=1)])
+    assert summarize(four_requests(), it, kv_blocks_total=2, block_size=1
+                     )["kv"]["internal_waste_mean"] == 0.5
+    # default 16 slots a block: 2 blocks holding 24 tokens waste 1 - 24/32
+    it = iterations_table([it_row(1.0, blocks=2, stored=24)])
+    assert summarize(four_requests(), it, kv_blocks_total=2)["kv"]["internal_waste_mean"] == 0.25
 
 
 def test_no_kv_section_without_the_cache_size():
@@ -165,6 +261,20 @@ def test_slo_attainment_and_goodput_count_only_requests_meeting_it():
     assert slo["attainment"] == 0.75 and slo["goodput_rps"] == approx(3 / 9)
 
 
+
+def test_slo_limits_are_inclusive_and_missing_tpot_or_tbt_cannot_miss():
+    rq = four_requests()
+
+    def attainment(**slo):
+        return summarize(rq, ITERS, slo=slo)["slo"]["attainment"]
+    # r0 sits exactly on each limit: TTFT 1, TPOT 1, own P99 TBT 1 (r1's TTFT is 1 too)
+    assert attainment(ttft=1.0) == 0.5 and attainment(ttft=0.99) == 0.0
+    assert attainment(tpot=1.0) == 0.5 and attainment(tpot=0.99) == 0.25
+    assert attainment(request_p99_tbt=1.0) == 0.5 and attainment(request_p99_tbt=0.99) == 0.25
+    # below every real value, only the one-token request r2 (no TPOT, no gap) meets them
+    assert attainment(tpot=0.5) == 0.25 and attainment(request_p99_tbt=0.5) == 0.25
+
+
 def test_meets_attainment_against_its_target():
     rq = four_requests()
     assert not summarize(rq, ITERS, slo={"tpot": 1.5})["slo"]["meets_attainment"]   # 0.5 < 0.9
@@ -172,6 +282,9 @@ def test_meets_attainment_against_its_target():
                      )["slo"]["meets_attainment"]
     assert not summarize(rq, ITERS, slo={"tpot": 1.5, "attainment_target": 0.51}
                          )["slo"]["meets_attainment"]
+    # default target 0.9: 9 of 10 requests meeting it is enough
+    ten = requests_table([finished(i, 0.0, 0.0, [1.0]) for i in range(9)] + [rejected(9, 0.0)])
+    assert summarize(ten, ITERS, slo={"ttft": 1.0})["slo"]["meets_attainment"]
 
 
 def test_meets_tbt_slo_needs_p99_tbt_delay_and_no_rejection():
@@ -186,6 +299,10 @@ def test_meets_tbt_slo_needs_p99_tbt_delay_and_no_rejection():
     assert not meets(p99_tbt=5.8, max_median_scheduling_delay=0.49)
     assert meets(p99_tbt=5.8, max_median_scheduling_delay=0.5)
     assert not meets(four_requests(), p99_tbt=100.0)        # one request was rejected
+    # the default limit on the median scheduling delay is 2 s: 2.5 misses it
+    late = requests_table([finished(i, 0.0, 2.5, [3.0, 3.5]) for i in range(3)])
+    assert not meets(late, p99_tbt=1.0) and meets(late, p99_tbt=1.0,
+                                                  max_median_scheduling_delay=2.5)
     assert not meets(ttft=100.0)                            # no P99-TBT SLO, no verdict
 
 
@@ -195,10 +312,18 @@ def test_nothing_finished_gives_zeros_and_no_stats():
     assert (s["num_finished"], s["num_rejected"], s["num_iterations"]) == (0, 2, 0)
     assert s["makespan_s"] == 0.0 and s["throughput_rps"] == 0.0 and s["throughput_tok_s"] == 0.0
     assert s["ttft"] == {"mean": None, "p50": None, "p90": None, "p99": None, "max": None}
-    assert s["stalls"]["count"] == 0 and s["stalls"]["worst_s"] == 0.0
-    assert s["kv"]["utilization_mean"] == 0.0 and s["kv"]["internal_waste_mean"] == 0.0
+    assert s["stalls"] == {"threshold_s": 0.0, "count": 0, "worst_s": 0.0}   # no NaN
+    assert s["kv"] == {"blocks_total": 4, "utilization_mean": 0.0, "utilization_max": 0.0,
+                       "internal_waste_mean": 0.0}
     assert s["slo"]["attainment"] == 0.0 and s["slo"]["goodput_rps"] == 0.0
     assert not s["slo"]["meets_attainment"]
+
+
+@pytest.mark.filterwarnings("error")
+def test_no_requests_at_all():
+    s = summarize(requests_table([]), iterations_table([]), slo={"ttft": 1.0}, kv_blocks_total=4)
+    assert (s["num_requests"], s["num_finished"], s["makespan_s"]) == (0, 0, 0.0)
+    assert s["slo"]["attainment"] == 0.0 and not s["slo"]["meets_attainment"]
 
 
 # ---- runs through the engine ------------------------------------------------------------------

@@ -37,8 +37,17 @@ def rejected(rid, arrival):
     return r
 
 
+# the engine's iteration records these tests know
+COLUMNS = ("start", "duration", "prefill_tokens", "decode_tokens", "num_requests",
+           "kv_blocks_used", "kv_tokens_stored", "preemptions")
+
+
 def it_row(duration, prefill=0, decode=1, blocks=0, stored=0, preempted=0, start=0.0):
-    return (start, duration, prefill, decode, prefill + decode, blocks, stored, preempted)
+    """One engine record, by column name (columns added later default to 0)."""
+    row = dict.fromkeys(ITER_COLUMNS, 0)
+    row.update(zip(COLUMNS, (start, duration, prefill, decode, prefill + decode, blocks, stored,
+                             preempted)))
+    return tuple(row[c] for c in ITER_COLUMNS)
 
 
 def four_requests():
@@ -70,7 +79,7 @@ def test_requests_table_per_request_formulas():
     assert all(np.isnan(rq.loc[3, c]) for c in ("ttft", "tpot", "e2e", "scheduling_delay"))
 
 
-
+# requests.parquet's columns (others may be added)
 REQUEST_COLUMNS = ["request_id", "status", "rejection_reason", "arrival_time",
                    "num_prompt_tokens", "num_output_tokens", "target_output_tokens",
                    "first_scheduled_time", "first_token_time", "finish_time", "ttft", "tpot", "e2e",
@@ -80,7 +89,7 @@ REQUEST_COLUMNS = ["request_id", "status", "rejection_reason", "arrival_time",
 @pytest.mark.filterwarnings("error")   # one-token and rejected requests divide by zero quietly
 def test_requests_table_columns_and_types():
     rq = four_requests()
-    assert list(rq.columns) == REQUEST_COLUMNS        # requests.parquet's schema
+    assert set(REQUEST_COLUMNS) <= set(rq.columns)
     assert list(rq["request_id"]) == [0, 1, 2, 3]
     assert list(rq["num_prompt_tokens"]) == [4] * 4
     assert list(rq["target_output_tokens"]) == [3, 4, 1, 3]
@@ -98,10 +107,11 @@ def test_requests_table_keeps_token_ids_when_a_request_has_them():
     a.prompt_token_ids, a.output_token_ids = [5, 6, 7, 8], [9, 10]
     b = rejected(1, 0.0)
     rq = requests_table([a, b])
-    assert list(rq.columns) == REQUEST_COLUMNS + ["prompt_token_ids", "output_token_ids"]
+    assert {"prompt_token_ids", "output_token_ids"} <= set(rq.columns)
     assert list(rq["prompt_token_ids"]) == [[5, 6, 7, 8], None]
     assert list(rq["output_token_ids"]) == [[9, 10], []]
-    assert "prompt_token_ids" not in requests_table([finished(0, 0.0, 0.0, [1.0])])
+    plain = requests_table([finished(0, 0.0, 0.0, [1.0])]).columns
+    assert "prompt_token_ids" not in plain and "output_token_ids" not in plain
 
 
 def test_two_token_request_tpot_is_its_one_gap():
@@ -113,8 +123,9 @@ def test_iterations_table_columns_and_types():
     it = iterations_table([it_row(0.5, prefill=3, decode=2, blocks=4, stored=7, preempted=1,
                                   start=2.0)])
     assert list(it.columns) == list(ITER_COLUMNS)
-    assert it.iloc[0].tolist() == [2.0, 0.5, 3, 2, 5, 4, 7, 1]
-    assert [str(t) for t in it.dtypes] == ["float64"] * 2 + ["int64"] * 6
+    assert it.iloc[0][list(COLUMNS)].tolist() == [2.0, 0.5, 3, 2, 5, 4, 7, 1]
+    assert it["start"].dtype == it["duration"].dtype == np.float64
+    assert all(it[c].dtype == np.int64 for c in ITER_COLUMNS if c not in ("start", "duration"))
     assert len(iterations_table([])) == 0
 
 
@@ -330,17 +341,21 @@ def test_no_requests_at_all():
 
 class TokenCost(Executor):
     """A plug-in executor (loaded by dotted path, as a user's would be): an iteration costs
-    `base` + `per_token` x its scheduled tokens, so durations add up by hand."""
+    `base` + `per_token` x its scheduled tokens (+ `per_ctx` x the tokens already in KV), so
+    durations add up by hand."""
     supports_fast_forward = True
 
     def __init__(self, model, hardware, cfg):
         self.base, self.per_token = float(cfg["base"]), float(cfg["per_token"])
+        self.per_ctx = float(cfg.get("per_ctx", 0.0))
 
     def execute(self, out):
-        return StepResult(self.base + self.per_token * out.total_tokens)
+        ctx = sum(r.num_computed_tokens for r in out.reqs)
+        return StepResult(self.base + self.per_token * out.total_tokens + self.per_ctx * ctx)
 
     def decode_run(self, contexts, k):
-        return np.full(k, self.base + self.per_token * len(contexts))
+        B = len(contexts)
+        return self.base + self.per_token * B + self.per_ctx * (contexts.sum() + B * np.arange(k))
 
 
 def token_cost_cfg(scheduler, *, base=0.01, per_token=0.001, max_model_len=64, **top):
@@ -440,7 +455,8 @@ def preempting_pair():
     return [Request(0, 0.0, 8, 10), Request(1, 0.0, 8, 10)]
 
 
-# (start, duration, prefill, decode, requests, blocks used, tokens stored, preempted), by hand:
+# Iterations (COLUMNS: start, duration, prefill, decode, requests, blocks used, tokens stored,
+# preempted), by hand:
 # 6 blocks of 4 tokens hold both 8-token prompts, and both grow together until, at 13 tokens
 # each, they need a 4th block apiece and only 0 are left: b (the newest) is preempted, a runs
 # alone to its 10th token, then b recomputes its 8 + 5 tokens and finishes. An iteration costs
@@ -469,7 +485,7 @@ def test_preempting_run_recorded_by_the_engine(ff):
     reqs = preempting_pair()
     policy, it = engine_run(token_cost_cfg(VLLM_TINY_KV), reqs, fast_forward=ff)
     expected = np.array(PREEMPTING_ITERS)
-    for j, col in enumerate(ITER_COLUMNS):
+    for j, col in enumerate(COLUMNS):
         np.testing.assert_allclose(it[col], expected[:, j], atol=1e-12, err_msg=col)
     a, b = reqs
     assert (a.num_preemptions, b.num_preemptions) == (0, 1)
@@ -574,3 +590,55 @@ def test_kv_watermark_keeps_blocks_free_at_admission(name, prompt, waits):
     else:
         assert it["num_requests"][0] == 2 and it["kv_blocks_used"][0] == 90
         assert b.first_scheduled_time == 0.0
+
+
+@pytest.mark.parametrize("prompt,fits", [(15, True), (16, False)])
+def test_paged_admission_needs_the_prompt_and_one_more_token(prompt, fits):
+    """4 blocks of 4 tokens: a 15-token prompt and its first output fit; a 16-token prompt
+    could never emit its token's KV, so it is rejected on arrival."""
+    cfg = token_cost_cfg({"name": "sarathi", "block_size": 4, "num_kv_blocks": 4,
+                          "token_budget": 64})
+    r = Request(0, 0.0, prompt, 1)
+    run(cfg, None, requests=[r], write=False)
+    if fits:
+        assert r.status is Status.FINISHED and r.num_output_tokens == 1
+    else:
+        assert r.status is Status.REJECTED and "needs 5 KV blocks" in r.rejection_reason
+
+
+def prefix_cfg(num_kv_blocks, token_budget):
+    return token_cost_cfg({"name": "sarathi", "block_size": 4, "num_kv_blocks": num_kv_blocks,
+                           "token_budget": token_budget, "enable_prefix_caching": True})
+
+
+def test_prefix_cache_hits_blocks_computed_chunk_by_chunk():
+    """a's 18-token prompt runs in chunks of 6 (blocks of 4: the chunks end mid-block), each
+    full block cached as its chunk is computed; b, the same prompt after a finished, hits all 4
+    full blocks (its last token is always computed) and computes 2 tokens."""
+    ids = list(range(18))
+    a, b = Request(0, 0.0, 18, 1, prompt_token_ids=ids), Request(1, 1.0, 18, 1,
+                                                                   prompt_token_ids=list(ids))
+    _, it = engine_run(prefix_cfg(16, 6), [a, b])
+    assert list(it["prefill_tokens"]) == [6, 6, 6, 2]
+    assert a.status is b.status is Status.FINISHED
+
+
+def test_prefix_cache_evicts_uncached_blocks_before_cached_ones():
+    """6 blocks of 4, one request at a time. a (9 tokens) caches 2 full blocks and frees them
+    with its partial third; d (2 tokens) takes and frees one uncached block; e (16 tokens)
+    takes 4 blocks: the uncached and never-used ones, so a's 2 cached blocks survive and b
+    (a's prompt again) hits both: 8 tokens, computing 1."""
+    a_ids = list(range(100, 109))
+    reqs = [Request(0, 0.0, 9, 1, prompt_token_ids=a_ids),
+            Request(1, 1.0, 2, 1, prompt_token_ids=[7, 7]),
+            Request(2, 2.0, 16, 1, prompt_token_ids=list(range(200, 216))),
+            Request(3, 3.0, 9, 1, prompt_token_ids=list(a_ids))]
+    _, it = engine_run(prefix_cfg(6, 64), reqs)
+    assert list(it["prefill_tokens"]) == [9, 2, 16, 1]
+
+
+def test_prefix_caching_with_reserved_kv_is_refused():
+    cfg = token_cost_cfg({"name": "orca", "block_size": 4, "num_kv_blocks": 64,
+                          "enable_prefix_caching": True})
+    with pytest.raises(ValueError, match="enable_prefix_caching"):
+        build(cfg)

@@ -8,32 +8,15 @@ moving forward, every KV block back at the end, and fast-forward changing nothin
 import numpy as np
 from hypothesis import HealthCheck, event, given, reject, settings
 from hypothesis import strategies as st
+from test_metrics import TokenCost
 
 from sarathi_lab.engine import Engine
-from sarathi_lab.executors.base import Executor, StepResult
 from sarathi_lab.metrics import iterations_table
 from sarathi_lab.request import Request, Status
 from sarathi_lab.runner import build
 
 POLICIES = ["request_level", "orca", "vllm", "sarathi"]
 RESERVES_KV = {"request_level", "orca"}
-
-
-class ContextCost(Executor):
-    """base + per_token x scheduled tokens + per_ctx x tokens already in KV (so decode runs
-    slow down as contexts grow, and fast-forward has something to get wrong)."""
-    supports_fast_forward = True
-
-    def __init__(self, model, hardware, cfg):
-        self.base, self.per_token, self.per_ctx = cfg["base"], cfg["per_token"], cfg["per_ctx"]
-
-    def execute(self, out):
-        ctx = sum(r.num_computed_tokens for r in out.reqs)
-        return StepResult(self.base + self.per_token * out.total_tokens + self.per_ctx * ctx)
-
-    def decode_run(self, contexts, k):
-        B = len(contexts)
-        return self.base + self.per_token * B + self.per_ctx * (contexts.sum() + B * np.arange(k))
 
 
 def cdiv(a, b):
@@ -60,8 +43,9 @@ def configs(draw):
         "kv_watermark": draw(st.sampled_from([0.0, 0.01, 0.1, 0.3])),
     }
     return {"scheduler": sched,
-            "executor": {"name": f"{__name__}:ContextCost", "base": 0.01, "per_token": 1e-3,
-                         "per_ctx": draw(st.sampled_from([0.0, 1e-5]))},
+            # durations that grow with the context: fast-forward has something to get wrong
+            "executor": {"name": f"{TokenCost.__module__}:TokenCost", "base": 0.01,
+                         "per_token": 1e-3, "per_ctx": draw(st.sampled_from([0.0, 1e-5]))},
             "model": {"name": "toy", "max_model_len": max_model_len}}
 
 

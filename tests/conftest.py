@@ -53,3 +53,12 @@ def req(i, prompt, out, t=0.0, ids=None, max_tokens=None):
 @pytest.fixture
 def linear_cost():
     return LinearCost()
+
+
+def only_read(sched: dict) -> dict:
+    """A scheduler node for tests that set both policy-specific knobs: the one the named
+    policy does not read becomes null (unset), as in configs/scheduler/common.yaml."""
+    cls = policy_class(sched["name"])
+    fields = {f.name for f in dataclasses.fields(cls.config_class)}
+    return {k: (None if k in ("token_budget", "max_num_batched_tokens") and k not in fields
+                else v) for k, v in sched.items()}

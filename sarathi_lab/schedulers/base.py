@@ -92,10 +92,21 @@ class Policy(abc.ABC):
         if req.num_prompt_tokens + 1 > self.max_model_len:
             return (f"prompt of {req.num_prompt_tokens} tokens leaves no room to generate "
                     f"within max_model_len={self.max_model_len}")
-        need = self.kv.min_blocks(req)
-        if need > self.kv.num_blocks:
-            return (f"needs {need} KV blocks, the cache has {self.kv.num_blocks} "
-                    f"(block_size={self.kv.block_size})")
+        return self._never_fits(req)
+
+    def _never_fits(self, req: Request) -> str | None:
+        """Why the waiting `req` can never be admitted, or None."""
+        kv = self.kv
+        need = kv.min_blocks(req)
+        if need > kv.num_blocks:
+            return (f"needs {need} KV blocks, the cache has {kv.num_blocks} "
+                    f"(block_size={kv.block_size})")
+        # admission takes the whole prompt's blocks and leaves the watermark's free
+        need = kv.admission_blocks(req)
+        if need > kv.num_blocks - self.watermark:
+            return (f"needs {need} KV blocks to start, but only {kv.num_blocks - self.watermark} "
+                    f"of the cache's {kv.num_blocks} may be taken at admission: "
+                    f"scheduler.kv_watermark={self.cfg.kv_watermark} keeps {self.watermark} free")
         return None
 
     def preemption_victim(self, candidates: list[Request]) -> Request:
@@ -169,9 +180,17 @@ class Policy(abc.ABC):
         KV); add their tokens to `out`; return the budget left. Stops at the first that does
         not fit: no request overtakes the queue's head."""
         while self.waiting:
-            n = self.admit(self.waiting.peek(), budget, whole)
+            req = self.waiting.peek()
+            n = self.admit(req, budget, whole)
             if not n:
-                break
+                # a preempted request that has grown may no longer fit at all: it would wait
+                # forever at the head of the queue
+                reason = self._never_fits(req)
+                if reason is None:
+                    break
+                self.reject(self.waiting.pop(), reason)
+                out.rejected.append(req)
+                continue
             out.add(self.running[-1], n)
             budget -= n
         return budget

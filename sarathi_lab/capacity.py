@@ -1,6 +1,6 @@
 """Capacity: the highest arrival rate a configuration serves within its SLO, found by bisection.
 
-Two criteria (DESIGN.md, Metrics):
+Two criteria (sarathi_lab/DESIGN.md, Metrics):
   tbt         Sarathi-Serve: P99 TBT <= slo.p99_tbt and median scheduling delay
               <= slo.max_median_scheduling_delay, nothing rejected (summary["slo"]["meets_tbt_slo"])
   attainment  DistServe: >= slo.attainment_target of the requests meet every per-request SLO

@@ -1,4 +1,4 @@
-"""Per-request and per-iteration tables, and the summary (definitions as in DESIGN.md).
+"""Per-request and per-iteration tables, and the summary (definitions: sarathi_lab/DESIGN.md).
 
 TTFT  first output token - arrival            TBT  every gap between consecutive output tokens,
 TPOT  (E2E - TTFT) / (output tokens - 1)           pooled across requests for percentiles

@@ -212,6 +212,8 @@ def incomplete_jobs(paths) -> pd.DataFrame:
     for d in find(paths, ".hydra"):
         per_sweep[d.parent] = per_sweep.get(d.parent, 0) + 1
         has_result = any((d / f).exists() for f in _RESULTS)
+        if (d / rundir.MERGED).exists() and not has_result:
+            continue   # ran as another job of the sweep (same effective settings): not missing
         if (d / "error.txt").exists():
             lines = [ln for ln in (d / "error.txt").read_text(errors="replace").splitlines()
                      if ln.strip()]

@@ -102,7 +102,9 @@ def format_summary(s: dict) -> str:
     cfg = s.get("config", {})
     ex = cfg.get("executor") or {}
     sim = s.get("simulated", ex.get("name", "sim") == "sim")
-    where = (f"simulated {(cfg.get('hardware') or {}).get('name', '?')}" if sim else
+    # the hardware the run read (none for an executor that reads no preset)
+    hw = (s.get("settings") or {}).get("hardware", cfg.get("hardware")) or {}
+    where = (f"simulated {hw.get('name', '(no hardware preset)')}" if sim else
              f"executor {ex.get('name')} ({ex.get('device', '?')})")
     head = (f"{cfg.get('scheduler', {}).get('name', '?')} | {cfg.get('model', {}).get('name', '?')}"
             f" on {where} | trace {cfg.get('trace', {}).get('name', '?')}")

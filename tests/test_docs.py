@@ -68,7 +68,7 @@ def test_readme_marks_every_plugin_example():
     # each module's run command, as printed in the README, names its class by dotted path
     for cmd in ("scheduler.name=my_policy:DecodeFirst", "scheduler.name=my_fair:LeastServedTenant",
                 "scheduler.queue=my_fair:LongestPromptFirst",
-                "+executor.cost_model=my_costs:LinearCost", "executor.name=my_executor:TokenRate"):
+                "executor.cost_model=my_costs:LinearCost", "executor.name=my_executor:TokenRate"):
         assert cmd in text, cmd
 
 
@@ -141,8 +141,8 @@ def test_fair_policy_example_hooks(plugins, monkeypatch):
 
 
 def test_cost_model_example_sets_every_iteration_time(plugins, tmp_path):
-    s, _, it = cli(plugins, tmp_path / "run", "executor=custom", "executor.name=sim",
-                   "+executor.cost_model=my_costs:LinearCost", "+executor.base_s=0.05",
+    s, _, it = cli(plugins, tmp_path / "run",
+                   "executor.cost_model=my_costs:LinearCost", "+executor.base_s=0.05",
                    "+executor.per_token_s=0", "+executor.per_kv_token_s=0", *SMALL)
     assert s["num_finished"] == 20 and s["simulated"] is True
     assert s["settings"]["executor"]["cost_model_settings"]["base_s"] == 0.05

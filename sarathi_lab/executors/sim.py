@@ -50,6 +50,8 @@ class SimExecutor(Executor):
         except ValueError as e:
             raise ConfigError(f"{where}.cost_model: {e}") from None
         theirs = {f.name for f in fields(cm_cls.config_class)}
+        # sim.yaml lists the roofline's overrides as null: unset, whichever cost model is chosen
+        values = {k: v for k, v in values.items() if v is not None or k in own or k in theirs}
         unknown = sorted(set(values) - own - theirs)
         if unknown:
             raise ConfigError(

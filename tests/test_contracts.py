@@ -342,10 +342,14 @@ def compose_raw(*overrides):
     """The composed config, interpolations left as written."""
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
-    register_resolvers()
     with initialize_config_module("sarathi_lab.configs", version_base="1.3"):
         cfg = compose("config", overrides=list(overrides))
     return OmegaConf.to_container(cfg, resolve=False)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def resolvers():
+    register_resolvers()   # what the CLI does before Hydra composes
 
 
 def test_options_exist():
@@ -355,7 +359,6 @@ def test_options_exist():
 
 @pytest.mark.parametrize("option", sorted(POLICIES))
 def test_scheduler_files_mirror_the_policy_config(option):
-    register_resolvers()
     node = composed(f"scheduler={option}")["scheduler"]
     assert node.pop("name") == option
     cls = policy_class(option).config_class

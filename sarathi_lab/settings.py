@@ -84,9 +84,13 @@ def _check_type(tp, value, where: str):
             return value
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not math.isfinite(value):
+            try:
+                number = float(value)
+            except OverflowError:   # an int beyond any float: a typo, not a number to round
+                number = math.inf
+            if not math.isfinite(number):
                 raise ConfigError(f"{where}={value!r}: must be a finite number")
-            return float(value)
+            return number
     elif tp is str:
         if isinstance(value, str):
             return value

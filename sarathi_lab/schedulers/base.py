@@ -14,7 +14,7 @@ from typing import ClassVar
 from sarathi_lab.kv import KVCacheManager
 from sarathi_lab.request import Request, Status
 from sarathi_lab.schedulers.output import SchedulerOutput
-from sarathi_lab.schedulers.queues import QUEUES, RequestQueue
+from sarathi_lab.schedulers.queues import RequestQueue
 from sarathi_lab.settings import setting
 
 
@@ -63,7 +63,10 @@ class Policy(abc.ABC):
         self.cfg = cfg
         self.kv = kv
         self.max_model_len = kv.max_model_len
-        self.waiting: RequestQueue = queue if queue is not None else QUEUES[cfg.queue]()
+        if queue is None:   # built in code: the same names and dotted paths as the CLI's
+            from sarathi_lab.registry import queue_class
+            queue = queue_class(cfg.queue)()
+        self.waiting: RequestQueue = queue
         self.running: list[Request] = []
         # admissions leave this many blocks free, so running requests can grow without
         # preempting each other at once (reserved KV never grows)

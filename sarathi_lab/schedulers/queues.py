@@ -119,6 +119,3 @@ class ShortestPromptQueue(OrderedQueue):
     @staticmethod
     def key(req: Request):
         return req.num_prompt_tokens
-
-
-QUEUES = {q.name: q for q in (RequestQueue, PriorityQueue, DeadlineQueue, ShortestPromptQueue)}

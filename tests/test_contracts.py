@@ -1,0 +1,431 @@
+"""The plug-in contracts of issue 7: a policy that overrides `update` gets every update (the
+fast-forward is switched off for it, or goes through its `advance_decodes`); no policy can read
+a request's true output length unless it declares itself an oracle; the config files mirror the
+settings classes."""
+import collections
+import dataclasses
+import random
+import types
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import LinearCost, make_policy
+from test_cli import composed
+
+from sarathi_lab.config import CapacityConfig, RunConfig, SLOConfig
+from sarathi_lab.engine import Engine, fast_forward_safe
+from sarathi_lab.executors.base import Executor
+from sarathi_lab.registry import cost_model_class, executor_class, policy_class
+from sarathi_lab.request import Request, Status
+from sarathi_lab.schedulers.base import SchedulerConfig
+from sarathi_lab.settings import parse
+from sarathi_lab.sweeps import register_resolvers
+from sarathi_lab.traces import to_requests
+
+POLICIES = ["request_level", "orca", "vllm", "sarathi"]
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+# -- fast-forward and policies that override update() ----------------------------------------------
+def state(r):
+    return (r.request_id, r.num_computed_tokens, r.num_output_tokens, r.status.name)
+
+
+class CountsUpdates:
+    """Counts update() calls and keeps its own per-request token count and a log of every state
+    change, as a research policy that keeps statistics in update() would."""
+
+    def update(self, out, step, start, end):
+        self.updates += 1
+        before = {id(r): r.num_output_tokens for r in out.reqs}
+        done = super().update(out, step, start, end)
+        for r in out.reqs:
+            self.tokens[r.request_id] += r.num_output_tokens - before[id(r)]
+        self.log.append((end, tuple(state(r) for r in out.reqs),
+                         tuple(r.request_id for r in out.preempted), tuple(map(state, done))))
+        return done
+
+
+class CountsAdvances(CountsUpdates):
+    """...and writes the matching advance_decodes (what k of its update() calls would do)."""
+
+    def advance_decodes(self, times):
+        self.advanced += len(times)
+        start = [(r.request_id, r.num_computed_tokens, r.num_output_tokens, r.status.name)
+                 for r in self.running]
+        super().advance_decodes(times)
+        for j, t in enumerate(times, 1):
+            self.log.append((t, tuple((i, c + j, o + j, s) for i, c, o, s in start), (), ()))
+        for r in self.running:
+            self.tokens[r.request_id] += len(times)
+
+
+class CountsSchedules:
+    def schedule(self, now):
+        self.schedules += 1
+        return super().schedule(now)
+
+
+class SteadyToo(CountsSchedules):
+    def steady_decode(self):
+        return super().steady_decode()
+
+
+def subclass(mixin, name, **kw):
+    """`mixin` over the built-in policy `name`, on a fresh KV cache."""
+    base = make_policy(name, **kw)
+    cls = type(f"{mixin.__name__}{type(base).__name__}", (mixin, type(base)), {})
+    p = cls(base.cfg, base.kv)
+    p.updates = p.advanced = p.schedules = 0
+    p.tokens, p.log = collections.Counter(), []
+    return p
+
+
+def trace(seed=7, n=30):
+    rng, t, out = random.Random(seed), 0.0, []
+    for i in range(n):
+        t += rng.expovariate(20.0)
+        out.append(Request(i, t, rng.randint(1, 60), rng.randint(1, 40)))
+    return out
+
+
+def run(p, ff):
+    reqs = trace()
+    eng = Engine(p, LinearCost(per_ctx=1e-5), fast_forward=ff)
+    eng.run(reqs)
+    return eng, reqs
+
+
+def assert_same_run(a, b):
+    """Same requests' fates and token times, and the same iteration table."""
+    (ea, ra), (eb, rb) = a, b
+    for x, y in zip(ra, rb):
+        assert (x.status, x.num_output_tokens, x.num_preemptions, x.finish_reason,
+                x.rejection_reason) == (y.status, y.num_output_tokens, y.num_preemptions,
+                                        y.finish_reason, y.rejection_reason)
+        np.testing.assert_allclose(x.token_times, y.token_times, rtol=1e-12)
+        np.testing.assert_allclose([x.first_scheduled_time, x.finish_time],
+                                   [y.first_scheduled_time, y.finish_time], rtol=1e-12)
+    np.testing.assert_allclose(ea.iterations(), eb.iterations(), rtol=1e-12)
+
+
+def assert_same_log(a, b):
+    assert len(a) == len(b)
+    assert [entry[1:] for entry in a] == [entry[1:] for entry in b]
+    np.testing.assert_allclose([e[0] for e in a], [e[0] for e in b], rtol=1e-12)
+
+
+SCENARIOS = [dict(num_blocks=300, max_num_seqs=128),   # long steady decode runs
+             dict(num_blocks=60, max_num_seqs=128),    # KV blocks the queue head; preemptions
+             dict(num_blocks=300, max_num_seqs=3)]     # max_num_seqs blocks the queue head
+
+
+@pytest.mark.parametrize("name", POLICIES)
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_a_policy_overriding_update_gets_every_update(name, scenario):
+    kw = dict(max_model_len=128, token_budget=32, max_num_batched_tokens=128, **scenario)
+    builtin = make_policy(name, **kw)
+    assert fast_forward_safe(builtin)
+    reference = run(builtin, True)      # the built-in policy, fast-forwarded
+
+    # update() overridden alone: fast-forward switched off, asked for or not
+    logs = {}
+    for ff in (True, False):
+        p = subclass(CountsUpdates, name, **kw)
+        assert not fast_forward_safe(p)
+        eng, reqs = run(p, ff)
+        assert eng.fast_forward is False
+        assert p.updates == eng.num_iterations      # one update() per iteration, none skipped
+        assert_same_run((eng, reqs), reference)
+        assert p.tokens == {r.request_id: r.num_output_tokens for r in reqs if r.num_output_tokens}
+        logs[ff] = p.log
+    assert_same_log(logs[True], logs[False])
+
+    # update() and advance_decodes() overridden together: fast-forward stays on, goes through
+    # advance_decodes, and does what the skipped update() calls would have done
+    p = subclass(CountsAdvances, name, **kw)
+    assert fast_forward_safe(p)
+    eng, reqs = run(p, True)
+    assert eng.fast_forward is True
+    assert p.advanced > 0 and p.updates < eng.num_iterations     # it really skipped
+    assert p.updates + p.advanced == eng.num_iterations
+    assert_same_run((eng, reqs), reference)
+    assert p.tokens == {r.request_id: r.num_output_tokens for r in reqs if r.num_output_tokens}
+    assert_same_log(p.log, logs[False])
+    # and without fast-forward it is stepped like the rest
+    q = subclass(CountsAdvances, name, **kw)
+    eng, reqs = run(q, False)
+    assert q.advanced == 0 and q.updates == eng.num_iterations
+    assert_same_log(q.log, logs[False])
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_a_policy_overriding_schedule_without_steady_decode_is_stepped(name):
+    kw = dict(num_blocks=300, max_model_len=128, token_budget=32, max_num_batched_tokens=128)
+    reference = run(make_policy(name, **kw), True)
+    p = subclass(CountsSchedules, name, **kw)
+    assert not fast_forward_safe(p)
+    eng, reqs = run(p, True)
+    assert eng.fast_forward is False
+    assert p.schedules >= eng.num_iterations
+    assert_same_run((eng, reqs), reference)
+    # with its own steady_decode (here: the built-in's answer, vouched for) it is skipped
+    q = subclass(SteadyToo, name, **kw)
+    assert fast_forward_safe(q)
+    eng, reqs = run(q, True)
+    assert eng.fast_forward is True and q.schedules < eng.num_iterations
+    assert_same_run((eng, reqs), reference)
+
+
+def test_fast_forward_safe_follows_the_class_that_wrote_each_hook():
+    from sarathi_lab.schedulers.sarathi import Sarathi
+
+    class A(Sarathi):
+        def update(self, *a):
+            return super().update(*a)
+
+    class B(A):                      # advance_decodes written after (below) update: safe
+        def advance_decodes(self, times):
+            return super().advance_decodes(times)
+
+    class C(B):                      # update rewritten again below advance_decodes: unsafe
+        def update(self, *a):
+            return super().update(*a)
+
+    class D(Sarathi):                # only steady_decode: written for the schedule it inherits
+        def steady_decode(self):
+            return False
+
+    class E(Sarathi):                # only advance_decodes: written for the update it inherits
+        def advance_decodes(self, times):
+            return super().advance_decodes(times)
+
+    kv = make_policy("sarathi").kv
+    verdict = {c.__name__: fast_forward_safe(c(c.config_class(), kv)) for c in (A, B, C, D, E)}
+    assert verdict == {"A": False, "B": True, "C": False, "D": True, "E": True}
+
+
+# -- no policy reads the true output length -----------------------------------------------------
+SECRETS = (4242, 31337)
+# counters of work done, which pass through every value up to a request's length on the way
+PROGRESS = {"num_computed_tokens", "num_output_tokens", "num_stored_tokens"}
+
+
+def leaks(root, secrets=SECRETS):
+    """Paths from `root` to an int in `secrets`, following attributes (__dict__ and __slots__)
+    and containers; raises if the walk reaches an executor or an engine."""
+    found, seen, todo = [], set(), [(root, "policy")]
+    while todo:
+        obj, path = todo.pop()
+        if id(obj) in seen or obj is None or isinstance(obj, (str, bytes, float, bool)):
+            continue
+        seen.add(id(obj))
+        if type(obj) is int or isinstance(obj, np.integer):
+            if int(obj) in secrets:
+                found.append(path)
+            continue
+        if isinstance(obj, (Executor, Engine)):
+            raise AssertionError(f"{path}: the policy can reach the {type(obj).__name__}")
+        if isinstance(obj, (type, types.ModuleType, types.FunctionType, types.MethodType,
+                            types.BuiltinFunctionType)):
+            continue
+        if isinstance(obj, np.ndarray):
+            if obj.dtype.kind in "iu" and np.isin(obj, secrets).any():
+                found.append(path)
+            continue
+        if isinstance(obj, dict):
+            todo.extend((k, f"{path}.key") for k in obj)
+            todo.extend((v, f"{path}[{k!r}]") for k, v in obj.items())
+            continue
+        if isinstance(obj, (list, tuple, set, frozenset, collections.deque)):
+            todo.extend((v, f"{path}[{i}]") for i, v in enumerate(obj))
+            continue
+        names = set(getattr(obj, "__dict__", {}))
+        for klass in type(obj).__mro__:
+            names.update(n for n in getattr(klass, "__slots__", ()) if not n.startswith("__"))
+        for n in names - PROGRESS:
+            if hasattr(obj, n):
+                todo.append((getattr(obj, n), f"{path}.{n}"))
+    return found
+
+
+class Inspects:
+    """Looks at everything it can reach, and at every attribute of every request it is shown,
+    whenever the engine calls it (keeping every hook pair, so fast-forward stays on)."""
+
+    def look(self, reqs=()):
+        self.looks += 1
+        for r in reqs:
+            assert type(r) is Request and r._output_len is None
+            assert r.take_output_len() is None
+        found = leaks(self) + leaks(list(reqs))
+        assert not found, f"true output length reachable at {found}"
+        for r in reqs:
+            with pytest.raises(PermissionError, match="oracle = True"):
+                self.oracle_output_len(r)
+
+    def schedule(self, now):
+        self.look(list(self.waiting) + self.running)
+        return super().schedule(now)
+
+    def steady_decode(self):
+        self.look()
+        return super().steady_decode()
+
+    def update(self, out, step, start, end):
+        self.look(out.reqs)
+        return super().update(out, step, start, end)
+
+    def advance_decodes(self, times):
+        self.look(self.running)
+        return super().advance_decodes(times)
+
+
+class Oracle(CountsSchedules):
+    oracle = True
+
+    def schedule(self, now):
+        for r in self.waiting:
+            self.seen[r.request_id] = self.oracle_output_len(r)
+        return super().schedule(now)
+
+
+def secret_trace():
+    df = pd.DataFrame({"arrival_time": [0.0, 0.5], "num_prompt_tokens": [7, 5],
+                       "num_output_tokens": list(SECRETS[::-1]), "priority": [1, 0]})
+    return to_requests(df)
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_no_policy_can_read_the_true_output_length(name):
+    # long enough that nothing but the trace's length ends a request; blocks numbered below
+    # the secrets (a block id is an int the walk sees)
+    kw = dict(num_blocks=2600, block_size=32, max_model_len=40000, token_budget=256)
+    p = subclass(Inspects, name, **kw)
+    p.looks = 0
+    reqs = secret_trace()
+    assert leaks(reqs) != []             # the walk finds them where they are
+    eng = Engine(p, LinearCost(per_ctx=1e-7))
+    assert eng.fast_forward
+    eng.run(reqs)
+    assert p.looks > 10
+    assert [r.num_output_tokens for r in reqs] == [31337, 4242]
+    assert all(r.status is Status.FINISHED and r.finish_reason == "stop" for r in reqs)
+    # the lengths were in the system all along: the executor holds them
+    assert [eng.executor.output_len(r) for r in reqs] == [31337, 4242]
+    assert leaks(eng.output_lens) != []
+    # an oracle policy reads them, through the one door
+    o = subclass(Oracle, name, **kw)
+    o.seen = {}
+    Engine(o, LinearCost()).run(secret_trace())
+    assert o.seen == {0: 31337, 1: 4242}
+
+
+# -- the config files mirror the settings classes ------------------------------------------------
+def defaults(cls) -> dict:
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("internal"):
+            continue
+        out[f.name] = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    return out
+
+
+def options(group):
+    return sorted(p.stem for p in (CONFIGS / group).glob("*.yaml")
+                  if p.stem not in ("custom", "common"))
+
+
+def compose_raw(*overrides):
+    """The composed config, interpolations left as written."""
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+    with initialize_config_module("sarathi_lab.configs", version_base="1.3"):
+        cfg = compose("config", overrides=list(overrides))
+    return OmegaConf.to_container(cfg, resolve=False)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def resolvers():
+    register_resolvers()   # what the CLI does before Hydra composes
+
+
+def test_options_exist():
+    assert options("scheduler") == sorted(POLICIES)
+    assert options("executor") == ["sim", "torch"]
+
+
+@pytest.mark.parametrize("option", sorted(POLICIES))
+def test_scheduler_files_mirror_the_policy_config(option):
+    node = composed(f"scheduler={option}")["scheduler"]
+    assert node.pop("name") == option
+    cls = policy_class(option).config_class
+    own = defaults(cls)
+    assert node.keys() >= own.keys(), f"settings missing from the files: {own.keys() - node.keys()}"
+    for k, v in node.items():
+        if k in own:
+            assert v == own[k], f"scheduler.{k}: {v!r} in the files, {own[k]!r} in {cls.__name__}"
+        else:   # another policy's knob: null, which the policy does not read
+            assert v is None, f"scheduler.{k}={v!r}: {option} does not read it"
+    # common.yaml holds the shared settings and every built-in policy's own knob, nothing else
+    knobs = set().union(*(defaults(policy_class(n).config_class) for n in POLICIES))
+    assert set(node) == knobs
+    assert defaults(SchedulerConfig).keys() <= knobs
+
+
+@pytest.mark.parametrize("option", ["sim", "torch"])
+def test_executor_files_mirror_the_executor_config(option):
+    raw = compose_raw(f"executor={option}")
+    run_seed = composed(f"executor={option}", "seed=5")
+    node = composed(f"executor={option}")["executor"]
+    assert node.pop("name") == option
+    raw_node = raw["executor"]
+    cls = executor_class(option)
+    want = defaults(cls.config_class)
+    if "cost_model" in want:   # the sim executor: its cost model's settings sit beside its own
+        cm = defaults(cost_model_class(node["cost_model"]).config_class)
+        assert not want.keys() & cm.keys()
+        want.update(cm)
+    assert set(node) == set(want)
+    for k, v in node.items():
+        if isinstance(raw_node[k], str) and raw_node[k].startswith("${"):
+            assert raw_node[k] == "${seed}" and k == "seed"    # follows the run's seed
+            assert run_seed["executor"][k] == 5
+            continue
+        assert v == want[k] and type(v) is type(want[k]), \
+            f"executor.{k}: {v!r} in {option}.yaml, {want[k]!r} in {cls.config_class.__name__}"
+    # and the whole node is valid as it stands
+    cls.parse_config(node)
+
+
+def test_run_and_capacity_settings_mirror_the_classes():
+    raw = compose_raw()
+    c = composed()
+    top = {k: v for k, v in c.items() if not isinstance(v, dict) and k != "experiment"}
+    want = defaults(RunConfig)
+    assert set(top) == set(want)
+    assert raw["name"].startswith("${now:")        # a timestamp
+    for k in set(want) - {"name"}:
+        assert top[k] == want[k] and type(top[k]) is type(want[k]), (k, top[k], want[k])
+    assert c["capacity"] == defaults(CapacityConfig)
+    parse(RunConfig, top, "")
+    parse(CapacityConfig, c["capacity"], "capacity")
+
+
+@pytest.mark.parametrize("preset", sorted(p.stem for p in (CONFIGS / "slo").glob("*.yaml")))
+def test_slo_presets_parse(preset):
+    node = composed(f"slo={preset}")["slo"]
+    slo = parse(SLOConfig, node, "slo")
+    assert slo.name == preset
+    assert set(node) == set(defaults(SLOConfig))      # every criterion spelled out
+
+
+def test_logger_presets_parse():
+    from sarathi_lab.config import LOGGERS
+    for name in LOGGERS:
+        node = composed(f"logger={name}")["logger"]
+        parse(LOGGERS[name], node, "logger")
+        assert set(node) == set(defaults(LOGGERS[name])), name
+    assert composed("logger=csv")["logger"]["path"] == defaults(LOGGERS["csv"])["path"]

@@ -214,6 +214,9 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
         # null is common.yaml's placeholder: another policy's knob, or (for a setting that takes
         # no null) the policy's own default
         if v is None and (k not in fields or fields[k].default is not None):
+            if k in fields and f"scheduler.{k}" in user:
+                raise ConfigError(f"scheduler.{k}=null: must be set (default "
+                                  f"{fields[k].default!r})")
             p_node.pop(k)
     if drop_unread:
         for k in sorted(set(p_node) - policy_fields):

@@ -8,6 +8,7 @@ model emits one output token.
 from __future__ import annotations
 
 import enum
+import math
 
 
 class Status(enum.IntEnum):
@@ -57,6 +58,8 @@ class Request:
         self.priority = int(priority)   # lower value = more urgent (0 is the default class)
         self.tenant = str(tenant)
         self.deadline = None if deadline is None else float(deadline)  # absolute time, seconds
+        if self.deadline is not None and not math.isfinite(self.deadline):
+            raise ValueError(f"request {request_id!r}: deadline={deadline!r} must be finite")
         self.slo_class = str(slo_class)
 
     @property

@@ -141,6 +141,8 @@ def test_run_directory_names_stay_short_and_flat():
     (["+executor.no_such_knob=1"], "executor.no_such_knob"),
     (["scheduler.queue=lifo"], "scheduler.queue"),
     (["capacity.qps_low=1"], "capacity.qps_low"),           # read only with mode=capacity
+    (["scheduler.max_num_seqs=null"], "scheduler.max_num_seqs=null"),
+    (["model.path=/nonexistent"], "model.path"),             # the simulator reads no weights
 ])
 def test_a_setting_no_component_reads_or_accepts_is_an_error(tmp_path, args, key):
     r = cli(f"hydra.run.dir={tmp_path}/run", "trace=synthetic", "trace.num_requests=5", *args,

@@ -7,14 +7,17 @@ engine only moves the clock, hands arrivals over and records iterations.
 from __future__ import annotations
 
 import logging
+from operator import attrgetter
 
 import numpy as np
 
 from sarathi_lab.executors.base import Executor
+from sarathi_lab.guard import BatchGuard
 from sarathi_lab.request import Request
 from sarathi_lab.schedulers.base import Policy
 
 log = logging.getLogger(__name__)
+_COMPUTED = attrgetter("num_computed_tokens")
 
 ITER_COLUMNS = ("start", "duration", "prefill_tokens", "decode_tokens", "num_requests",
                 "kv_blocks_used", "kv_tokens_stored", "preemptions")
@@ -59,6 +62,10 @@ class Engine:
         # requests done so far (finished or rejected) and the tokens computed so far in executed
         # iterations (the simulator's fast-forwarded decode runs are not counted)
         self.progress = progress
+        self.guard = BatchGuard(policy, self.kv)
+        # the executor's default stop rule is applied in the guard's pass over the batch
+        self._stops = executor.stop_lengths() if type(executor).finished is Executor.finished \
+            else None
         # iteration records, fields as ITER_COLUMNS: tuples of the latest stepped iterations,
         # arrays for what came before them and for skipped runs
         self.rows: list[tuple] = []
@@ -125,10 +132,11 @@ class Engine:
         if not out:
             self.num_done += len(out.rejected)
             return out, [], 0, 0
+        emitted, ended = self.guard.check(out, self._where, self._stops)
         try:
             step = ex.execute(out)
             if step.finished is None:
-                step.finished = ex.finished(out)
+                step.finished = ended if ended is not None else ex.finished(out)
         except Exception as e:
             raise self._blame(ex, "execute", e) from e
         start, end = self.now, self.now + step.duration
@@ -142,6 +150,7 @@ class Engine:
         self.rows.append((start, step.duration, n_pre, n_dec, len(out), kv.pool.num_used,
                           kv.num_stored_tokens, len(out.preempted)))
         self.now = end
+        self.guard.progressed(emitted, len(done) + len(out.rejected), self._where)
         self.num_done += len(done) + len(out.rejected)
         if self.progress is not None:
             self.num_tokens += n_pre + n_dec
@@ -179,7 +188,11 @@ class Engine:
             if (self.fast_forward and not done and n_pre == 0 and not out.preempted
                     and n_dec == len(out) == len(policy.running) and policy.steady_decode()):
                 self._skip_decodes(reqs[i].arrival_time if i < n_total else float("inf"))
+        self.guard.finished()
         return reqs
+
+    def _where(self) -> str:
+        return f"at iteration {self.num_iterations} (t={self.now:.3f}s)"
 
     def _blame(self, obj, method: str, e: Exception) -> Exception:
         """The same kind of error, naming the plugin and the moment: a user's policy or
@@ -203,13 +216,13 @@ class Engine:
         if k < 2:
             return
         B = len(running)
-        ctx = np.fromiter((r.num_computed_tokens for r in running), np.int64, B)
+        ctx = np.fromiter(map(_COMPUTED, running), np.int64, B)
         durs = ex.decode_run(ctx, k)
         # left to right from `now`, as k single steps would add them (same rounding)
         ends = np.cumsum(np.concatenate(([self.now], durs)))[1:]
         # iteration j starts at ends[j-1]; arrivals at or before a start are admitted first
         k = min(k, int(np.searchsorted(ends, next_arrival, side="left")) + 1)
-        extra = kv.decode_growth(running, k)   # blocks held beyond today's after each step
+        extra = kv.decode_growth(running, ctx, k)   # blocks beyond today's after each step
         k = min(k, int(np.searchsorted(extra, kv.num_free_blocks, side="right")))
         if k < 2:
             return

@@ -114,9 +114,11 @@ def test_config_errors():
 class KVMachine(RuleBasedStateMachine):
     """Random allocate / append / free / prefix-hit sequences keep the pool consistent."""
 
+    caching = True
+
     def __init__(self):
         super().__init__()
-        self.kv = KVCacheManager(24, 4, enable_prefix_caching=True)
+        self.kv = KVCacheManager(24, 4, enable_prefix_caching=self.caching)
         self.live: dict[int, Request] = {}
         self.next_id = 0
 
@@ -157,8 +159,9 @@ class KVMachine(RuleBasedStateMachine):
             for i in ids:
                 owners[i] = owners.get(i, 0) + 1
         for b in pool.blocks:
-            assert b.ref_cnt == owners.get(b.block_id, 0) >= 0
-            assert (b.ref_cnt == 0) == (b.block_id in pool.free)
+            if pool.enable_caching:   # without caching no block is shared: no ref counts kept
+                assert b.ref_cnt == owners.get(b.block_id, 0) >= 0
+            assert (owners.get(b.block_id, 0) == 0) == pool.is_free(b)
         assert pool.num_free + len(owners) == pool.num_blocks
         for key, b in pool.cached.items():
             assert b.key == key
@@ -173,3 +176,12 @@ class KVMachine(RuleBasedStateMachine):
 
 TestKVMachine = KVMachine.TestCase
 TestKVMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+class PlainKVMachine(KVMachine):
+    """The same sequences on the pool without prefix caching (a stack of free blocks)."""
+    caching = False
+
+
+TestPlainKVMachine = PlainKVMachine.TestCase
+TestPlainKVMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)

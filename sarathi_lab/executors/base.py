@@ -9,10 +9,13 @@ and hardware presets as plain dicts (hardware is None when `uses_hardware` is Fa
 from __future__ import annotations
 
 import abc
+from operator import attrgetter
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
+
+_ID, _OUT = attrgetter("request_id"), attrgetter("num_output_tokens")
 
 
 @dataclass
@@ -85,7 +88,8 @@ class Executor(abc.ABC):
         """Called once, by the engine, with the KV-cache manager (block tables live there).
         Subclasses that override it call `super().bind(kv)`."""
         self.kv = kv
-        self._stop_at: dict = {}
+        self._stop_at: dict = {}     # request id -> (output length at which it ends, why)
+        self._stop_len: dict = {}    # request id -> that length alone (the hot path's lookup)
 
     def prepare_trace(self, df, trace_cfg: dict):
         """A chance to complete a trace before it becomes requests (the real model gives a
@@ -103,8 +107,15 @@ class Executor(abc.ABC):
             stops.append((req.max_tokens, "max_tokens"))
         if output_len is not None:
             stops.append((max(int(output_len), 1), "stop"))
-        self._stop_at[req.request_id] = min(stops, key=lambda s: s[0])
+        stop = self._stop_at[req.request_id] = min(stops, key=lambda s: s[0])
+        self._stop_len[req.request_id] = stop[0]
         return None
+
+    def stop_lengths(self):
+        """A read-only view, request id -> the output length at which `finished` ends it: lets
+        the engine apply the default rule in the same pass as its batch checks."""
+        from types import MappingProxyType
+        return MappingProxyType(self._stop_len)
 
     def output_len(self, req) -> int:
         """How many tokens `req` will emit in all (for oracle policies and the metrics)."""
@@ -112,17 +123,17 @@ class Executor(abc.ABC):
 
     def tokens_left(self, reqs) -> np.ndarray:
         """How many more tokens each request emits before it ends (for the fast-forward)."""
-        stop = self._stop_at
-        return np.fromiter((stop[r.request_id][0] - r.num_output_tokens for r in reqs),
-                           np.int64, len(reqs))
+        n = len(reqs)
+        stop = np.fromiter(map(self._stop_len.__getitem__, map(_ID, reqs)), np.int64, n)
+        return stop - np.fromiter(map(_OUT, reqs), np.int64, n)
 
     def finished(self, out) -> list[int]:
         """Indices of the batch's entries that emit their last token this step."""
-        stop = self._stop_at
+        stop = self._stop_len
         done = []
         for i, (r, n) in enumerate(zip(out.reqs, out.num_new_tokens)):
             if r.num_computed_tokens + n == r.num_prompt_tokens + r.num_output_tokens \
-                    and r.num_output_tokens + 1 >= stop[r.request_id][0]:
+                    and r.num_output_tokens + 1 >= stop[r.request_id]:
                 done.append(i)
         return done
 

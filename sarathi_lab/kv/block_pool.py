@@ -26,6 +26,11 @@ class BlockPool:
     mean equal token prefixes, exactly: the tuple is compared, not only hashed, and a parent that
     was evicted and reused has a new generation, so no stale child can match (no collisions)."""
 
+    def __new__(cls, num_blocks: int, enable_caching: bool = False):
+        if cls is BlockPool and not enable_caching:
+            return super().__new__(PlainBlockPool)
+        return super().__new__(cls)
+
     def __init__(self, num_blocks: int, enable_caching: bool = False):
         assert num_blocks > 0
         self.num_blocks = num_blocks
@@ -33,6 +38,9 @@ class BlockPool:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free: OrderedDict[int, Block] = OrderedDict((b.block_id, b) for b in self.blocks)
         self.cached: dict[tuple, Block] = {}
+
+    def is_free(self, block: Block) -> bool:
+        return block.block_id in self.free
 
     @property
     def num_free(self) -> int:
@@ -84,3 +92,36 @@ class BlockPool:
         block.key = key
         self.cached[key] = block
         return True
+
+
+class PlainBlockPool(BlockPool):
+    """The pool without prefix caching: a block is never shared, so no ref counts are kept and
+    the free blocks are a stack (allocation and release are list slices, not a step per block:
+    a reserving policy takes hundreds of blocks per request)."""
+
+    def __init__(self, num_blocks: int, enable_caching: bool = False):
+        assert num_blocks > 0 and not enable_caching
+        self.num_blocks = num_blocks
+        self.enable_caching = False
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free: list[Block] = self.blocks[::-1]   # lowest ids first
+        self.cached = {}
+
+    def is_free(self, block: Block) -> bool:
+        return block in self.free
+
+    def allocate(self, n: int) -> list[Block]:
+        free = self.free
+        assert n <= len(free), (n, len(free))
+        if n <= 0:
+            return []
+        out = free[-n:]
+        del free[-n:]
+        out.reverse()
+        return out
+
+    def touch(self, blocks: list[Block]) -> None:
+        raise AssertionError("blocks are shared only with prefix caching")
+
+    def release(self, blocks) -> None:
+        self.free.extend(blocks)

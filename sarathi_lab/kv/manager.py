@@ -1,12 +1,16 @@
 """The KV-cache manager: which blocks each request holds, paged or reserved up front."""
 from __future__ import annotations
 
+from operator import attrgetter
+from types import MappingProxyType
+
 import numpy as np
 
 from sarathi_lab.kv.block_pool import Block, BlockPool
 from sarathi_lab.request import Request
 
 ROOT = (-1, 0)  # parent of a request's first block
+_ID = attrgetter("request_id")
 
 
 def cdiv(a: int, b: int) -> int:
@@ -33,6 +37,7 @@ class KVCacheManager:
         self.max_model_len = max_model_len
         self.enable_prefix_caching = enable_prefix_caching
         self.req_blocks: dict[object, list[Block]] = {}
+        self._counts_view = MappingProxyType(self.req_blocks)
         # logical tokens whose KV is held (shared ones counted per request); a request holds
         # exactly its num_computed_tokens whenever it is freed
         self.num_stored_tokens = 0
@@ -80,16 +85,14 @@ class KVCacheManager:
         busy = sum(1 for b in hit if b.ref_cnt == 0)
         return cdiv(upto, self.block_size) - len(hit) + busy
 
-    def decode_growth(self, reqs: list[Request], k: int) -> np.ndarray:
-        """Blocks the running `reqs` hold beyond today's after each of k decode steps (one token
-        each per step): entry j is for j + 1 steps."""
+    def decode_growth(self, reqs: list[Request], contexts: np.ndarray, k: int) -> np.ndarray:
+        """Blocks the running `reqs` (with `contexts` tokens computed) hold beyond today's after
+        each of k decode steps (one token each per step): entry j is for j + 1 steps."""
         if self.reserve:
             return np.zeros(k, np.int64)
-        table = self.req_blocks
-        state = np.array([(r.num_computed_tokens, len(table[r.request_id])) for r in reqs],
-                         dtype=np.int64).reshape(-1, 2)
-        ctx, held = state[:, 0], state[:, 1]
-        need = -(-(ctx + np.arange(1, k + 1)[:, None]) // self.block_size) - held
+        held = np.fromiter(map(len, map(self.req_blocks.__getitem__, map(_ID, reqs))),
+                           np.int64, len(reqs))
+        need = -(-(contexts + np.arange(1, k + 1)[:, None]) // self.block_size) - held
         return np.maximum(need, 0).sum(axis=1)
 
     # -- prefix cache ----------------------------------------------------------------------
@@ -208,6 +211,21 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return None
         return {"hit_tokens": self.prefix_hit_tokens, "query_tokens": self.prefix_query_tokens}
+
+    def held_slots(self, reqs: list[Request]) -> list[int]:
+        """Tokens of KV each request holds room for (0 if none)."""
+        table, bs = self.req_blocks, self.block_size
+        empty = ()
+        return [len(table.get(r.request_id, empty)) * bs for r in reqs]
+
+    def block_counts(self):
+        """A read-only view: request id -> the blocks it holds (a sequence; use len()). For
+        checks on the hot path, where a call per request would cost too much."""
+        return self._counts_view
+
+    def holders(self) -> list:
+        """Ids of the requests holding blocks now."""
+        return list(self.req_blocks)
 
     def block_table(self, req: Request) -> list[int]:
         return [b.block_id for b in self.req_blocks.get(req.request_id, ())]

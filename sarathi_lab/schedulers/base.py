@@ -84,6 +84,11 @@ class Policy(abc.ABC):
     def schedule(self, now: float) -> SchedulerOutput:
         """The batch of this iteration: which requests advance, by how many tokens."""
 
+    def token_limit(self) -> int | None:
+        """The most tokens a batch of this policy may hold (None: no cap). The engine checks
+        every batch against it."""
+        return None
+
     def steady_decode(self) -> bool:
         """True if, while nothing arrives and nothing finishes, the next `schedule()` would again
         be exactly one decode of every running request (the engine checks that this one was).

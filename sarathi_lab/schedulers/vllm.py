@@ -1,18 +1,11 @@
 """vLLM (SOSP'23), v0 scheduler: prefill-only batches of whole prompts take priority; decodes
 wait for them, which is what stalls generation."""
-from sarathi_lab.schedulers.base import Policy
 from sarathi_lab.schedulers.output import SchedulerOutput
-from sarathi_lab.schedulers.whole_prompt import WholePromptConfig, batch_token_cap
+from sarathi_lab.schedulers.whole_prompt import WholePromptPolicy
 
 
-class VLLM(Policy):
+class VLLM(WholePromptPolicy):
     name = "vllm"
-    config_class = WholePromptConfig
-    whole_prompts = True
-
-    def __init__(self, cfg, kv, queue=None):
-        super().__init__(cfg, kv, queue)
-        self.token_cap = batch_token_cap(cfg, self.max_model_len)
 
     def schedule(self, now):
         out = SchedulerOutput()

@@ -1,9 +1,10 @@
-"""Settings of the policies that never chunk a prompt (request_level, orca, vllm)."""
+"""What the policies that never chunk a prompt (request_level, orca, vllm) share: their settings
+and the cap on a batch's tokens."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sarathi_lab.schedulers.base import SchedulerConfig
+from sarathi_lab.schedulers.base import Policy, SchedulerConfig
 from sarathi_lab.settings import setting
 
 
@@ -22,3 +23,15 @@ def batch_token_cap(cfg: WholePromptConfig, max_model_len: int) -> int:
             f"{max_model_len}: the policy schedules whole prompts, so a long prompt could never "
             "run (raise it or lower scheduler.max_model_len)")
     return cap
+
+
+class WholePromptPolicy(Policy):
+    config_class = WholePromptConfig
+    whole_prompts = True
+
+    def __init__(self, cfg, kv, queue=None):
+        super().__init__(cfg, kv, queue)
+        self.token_cap = batch_token_cap(cfg, self.max_model_len)
+
+    def token_limit(self) -> int:
+        return self.token_cap

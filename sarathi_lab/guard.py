@@ -1,0 +1,115 @@
+"""The engine's guard: every batch a policy returns is checked against the rules before it runs,
+so that a plug-in's mistake stops the run with an error naming the plug-in, the rule, the request
+and the iteration, instead of producing a plausible wrong number.
+
+Rules: the policy's token limit and `max_num_seqs`; each entry at least one token and at most
+what its request has left to compute; no request twice in a batch; only running requests; KV
+slots held for every token scheduled. A run that emits no token and ends no request for a bounded
+number of iterations is stuck (a policy that preempts and re-admits forever), and at the end of a
+run every KV block must be free or cached.
+"""
+from __future__ import annotations
+
+from sarathi_lab.request import Status
+
+RUNNING = Status.RUNNING
+
+
+class RuleViolation(RuntimeError):
+    """A policy broke a rule of the engine; the message names the plug-in, rule and request."""
+
+
+class BatchGuard:
+    def __init__(self, policy, kv):
+        self.policy, self.kv = policy, kv
+        self.limit = policy.token_limit()
+        self.max_seqs = policy.cfg.max_num_seqs
+        # a prompt is prefilled in at most max_model_len iterations (one token each), after
+        # which it emits; a window twice that long without any output is a livelock
+        self.patience = 2 * kv.max_model_len + 1000
+        self.idle = 0
+        self.blocks, self.block_size = kv.block_counts(), kv.block_size
+
+    def _fail(self, rule: str, detail: str, where) -> None:
+        cls = type(self.policy)
+        where = where() if callable(where) else where
+        raise RuleViolation(f"{cls.__module__}.{cls.__qualname__} broke the rule '{rule}' "
+                            f"{where}: {detail}")
+
+    def check(self, out, where, stop=None) -> tuple[int, list[int] | None]:
+        """Check the batch `out` before it runs. Returns how many of its entries sample a token
+        and, given `stop` (request id -> the output length at which it ends: the executor's
+        default rule), the indices of the entries that end now (else None). `where()` names the
+        moment (iteration and time) in errors."""
+        reqs, ns = out.reqs, out.num_new_tokens
+        n = len(reqs)
+        if len(ns) != n:
+            self._fail("one token count per request", f"{n} requests, {len(ns)} counts", where)
+        total = sum(ns)
+        if self.limit is not None and total > self.limit:
+            self._fail("token limit", f"the batch holds {total} tokens, the policy's limit is "
+                       f"{self.limit}", where)
+        if len(self.policy.running) > self.max_seqs:
+            self._fail("max_num_seqs", f"{len(self.policy.running)} requests running, "
+                       f"scheduler.max_num_seqs={self.max_seqs}", where)
+        if min(ns) < 1:
+            i = next(i for i, k in enumerate(ns) if k < 1)
+            self._fail("at least one token per entry", f"request {reqs[i].request_id!r} is given "
+                       f"{ns[i]} tokens", where)
+        if n > 1 and len(set(map(id, reqs))) < n:
+            seen = set()
+            dup = next(r for r in reqs if id(r) in seen or seen.add(id(r)))
+            self._fail("each request once per batch", f"request {dup.request_id!r} appears "
+                       "more than once", where)
+        samples, bs = 0, self.block_size
+        blocks = self.blocks.get
+        ended = None if stop is None else []
+        for i, (r, k) in enumerate(zip(reqs, ns)):
+            end = r.num_computed_tokens + k
+            todo = r.num_prompt_tokens + r.num_output_tokens
+            if end == todo:
+                samples += 1
+                if stop is not None and r.num_output_tokens + 1 >= stop[r.request_id]:
+                    ended.append(i)
+            elif end > todo:
+                self._entry(r, k, where)
+            if end > len(blocks(r.request_id, ())) * bs or r.status is not RUNNING:
+                self._entry(r, k, where)
+        return samples, ended
+
+    def _entry(self, r, k, where) -> None:
+        rid = r.request_id
+        end = r.num_computed_tokens + k
+        todo = r.num_prompt_tokens + r.num_output_tokens
+        held = self.kv.held_slots([r])[0]
+        if r.status is not RUNNING:
+            self._fail("only running requests", f"request {rid!r} is {r.status.name.lower()}",
+                       where)
+        if end > todo:
+            self._fail("no more tokens than a request has left", f"request {rid!r} is given {k} "
+                       f"tokens with {todo - r.num_computed_tokens} left to compute", where)
+        self._fail("KV slots for every token", f"request {rid!r} is given {k} tokens after "
+                   f"{r.num_computed_tokens} but holds KV slots for {held}", where)
+
+    def progressed(self, emitted: int, ended: int, where: str) -> None:
+        """After an iteration: count iterations without output; too many is a livelock."""
+        if emitted or ended:
+            self.idle = 0
+            return
+        self.idle += 1
+        if self.idle > self.patience:
+            p = self.policy
+            self._fail("progress", f"{self.idle} iterations in a row emitted no token and ended "
+                       f"no request ({len(p.waiting)} waiting, {len(p.running)} running); it "
+                       "would never finish", where)
+
+    def finished(self) -> None:
+        """At the end of a run: nothing left queued or running, no KV block held."""
+        p, kv = self.policy, self.kv
+        if p.waiting or p.running:
+            self._fail("every request ends", f"{len(p.waiting)} waiting and {len(p.running)} "
+                       "running requests were left when the run ended", "at the end")
+        holders = kv.holders()
+        if holders or kv.num_used_blocks:
+            self._fail("every KV block is freed", f"{kv.num_used_blocks} blocks still held, by "
+                       f"requests {sorted(holders, key=str)[:10]}", "at the end")

@@ -40,6 +40,9 @@ class RunConfig:
     name: str = setting("", help="the sweep's name")
     resume: bool = setting(False, help="skip a job whose result is already there")
     num_threads: int | str = setting("auto", help="torch threads per job: auto | N >= 1")
+    overlong: str = setting("reject", choices=("reject", "cap"),
+                            help="a request whose prompt + output exceeds max_model_len: "
+                                 "reject it, or cap its output (status length_capped)")
 
     def validate(self) -> None:
         if isinstance(self.progress, str) and self.progress != "auto":
@@ -140,7 +143,7 @@ class Resolved:
             return f"{c.__module__}:{c.__qualname__}"
         return {
             "run": {k: v for k, v in dataclasses.asdict(self.run).items()
-                    if k in ("seed", "mode", "fast_forward")},
+                    if k in ("seed", "mode", "fast_forward", "overlong")},
             "scheduler": {"class": cls_path(self.policy_cls), "queue": cls_path(self.queue_cls),
                           **dataclasses.asdict(self.policy_cfg)},
             "executor": {"class": cls_path(self.executor_cls),

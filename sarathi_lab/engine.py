@@ -45,7 +45,7 @@ class Engine:
     progress(num_done, num_tokens) after iterations that end requests."""
 
     def __init__(self, policy: Policy, executor: Executor, *, fast_forward: bool = True,
-                 progress=None):
+                 progress=None, overlong: str = "reject"):
         self.policy = policy
         self.executor = executor
         self.kv = policy.kv
@@ -62,6 +62,9 @@ class Engine:
         # requests done so far (finished or rejected) and the tokens computed so far in executed
         # iterations (the simulator's fast-forwarded decode runs are not counted)
         self.progress = progress
+        if overlong not in ("reject", "cap"):
+            raise ValueError(f"overlong={overlong!r}: must be reject or cap")
+        self.overlong = overlong
         self.guard = BatchGuard(policy, self.kv)
         # the executor's default stop rule is applied in the guard's pass over the batch
         self._stops = executor.stop_lengths() if type(executor).finished is Executor.finished \
@@ -105,10 +108,16 @@ class Engine:
         the policy queues it or refuses it. False (and counted done) if rejected."""
         out_len = req.take_output_len()
         self.output_lens[req.request_id] = out_len
-        try:
-            reason = self.executor.add_request(req, out_len)
-        except Exception as e:
-            raise self._blame(self.executor, "add_request", e) from e
+        room = self.kv.max_model_len - req.num_prompt_tokens
+        if out_len is not None and out_len > room > 0 and self.overlong == "reject" \
+                and (req.max_tokens is None or req.max_tokens > room):
+            reason = (f"prompt of {req.num_prompt_tokens} + output of {out_len} tokens exceeds "
+                      f"max_model_len={self.kv.max_model_len} (overlong=cap serves it cut short)")
+        else:
+            try:
+                reason = self.executor.add_request(req, out_len)
+            except Exception as e:
+                raise self._blame(self.executor, "add_request", e) from e
         if reason is not None:
             self.policy.reject(req, reason)
         else:

@@ -41,7 +41,9 @@ def requests_table(reqs: list[Request], output_lens: dict | None = None) -> pd.D
         norm_e2e = np.where(n_out > 0, e2e / n_out, np.nan)
     df = pd.DataFrame({
         "request_id": [r.request_id for r in reqs],
-        "status": [r.status.name.lower() for r in reqs],
+        # a request that stopped only because max_model_len ran out (overlong=cap) is marked
+        "status": ["length_capped" if r.finish_reason == "max_model_len" else r.status.name.lower()
+                   for r in reqs],
         "rejection_reason": [r.rejection_reason for r in reqs],
         "arrival_time": arrival,
         "num_prompt_tokens": np.array([r.num_prompt_tokens for r in reqs], np.int64),
@@ -197,6 +199,7 @@ def summarize(req_df: pd.DataFrame, it_df: pd.DataFrame, *, slo: dict | None = N
         "num_requests": int(len(req_df)),
         "num_finished": int(len(fin)),
         "num_rejected": int((req_df["status"] == "rejected").sum()),
+        "num_length_capped": int((req_df["status"] == "length_capped").sum()),
         "num_iterations": int(len(it_df)),
         "makespan_s": span,
         "throughput_rps": len(fin) / span if span > 0 else 0.0,

@@ -110,7 +110,8 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
         trace = executor.prepare_trace(build_trace(c["trace"]), c["trace"])
         requests = to_requests(trace)
     bar, progress = _progress_bar(len(requests), r.run.progress, executor.simulated)
-    engine = Engine(policy, executor, fast_forward=r.run.fast_forward, progress=progress)
+    engine = Engine(policy, executor, fast_forward=r.run.fast_forward, progress=progress,
+                    overlong=r.run.overlong)
     engine.run(requests)
     if bar is not None:
         bar.close()

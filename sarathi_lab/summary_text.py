@@ -116,6 +116,8 @@ def format_summary(s: dict) -> str:
                   "below is empty", bar]
     lines += [_offered_line(s),
               f"requests {s['num_finished']} finished, {n_rej} rejected, "
+              + (f"{s['num_length_capped']} cut short at max_model_len, "
+                 if s.get("num_length_capped") else "") +
               f"{s['preemptions']} preemptions; {s['num_iterations']} iterations; "
               f"makespan {s['makespan_s']:.1f} s ({'simulated' if sim else 'run'} in "
               f"{s['wall_time_s']:.2f} s of wall time)"]

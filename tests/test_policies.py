@@ -113,10 +113,37 @@ def test_prompt_beyond_max_model_len_rejected():
 
 
 def test_output_stops_at_max_model_len_and_max_tokens():
+    # a prompt of 10 + an output of 50 cannot fit max_model_len=16: rejected, with its reason,
+    # unless the run asks for outputs to be capped (then it ends after 6 tokens, marked)
     p = make_policy("sarathi", max_model_len=16)
     a, b = req(0, 10, 50), req(1, 4, 50, max_tokens=3)
     Engine(p, LinearCost()).run([a, b])
-    assert a.num_output_tokens == 6 and b.num_output_tokens == 3
+    assert a.status is Status.REJECTED and "exceeds max_model_len=16" in a.rejection_reason
+    assert b.num_output_tokens == 3 and b.finish_reason == "max_tokens"
+    p = make_policy("sarathi", max_model_len=16)
+    a, b = req(0, 10, 50), req(1, 4, 50, max_tokens=3)
+    Engine(p, LinearCost(), overlong="cap").run([a, b])
+    assert a.num_output_tokens == 6 and a.finish_reason == "max_model_len"
+    assert b.num_output_tokens == 3 and b.finish_reason == "max_tokens"
+    from sarathi_lab.metrics import requests_table, summarize, iterations_table
+    rq = requests_table([a, b])
+    assert list(rq["status"]) == ["length_capped", "finished"]
+    s = summarize(rq, iterations_table([]))
+    assert (s["num_finished"], s["num_length_capped"], s["num_rejected"]) == (1, 1, 0)
+
+
+def test_overlong_reject_through_the_cli_is_counted_and_capped_runs_say_so(tmp_path):
+    import json
+    from test_cli import cli
+    args = ("trace=synthetic", "trace.num_requests=10", "trace.prompt_len=100",
+            "trace.output_len=50", "scheduler.max_model_len=120")
+    r = cli(f"hydra.run.dir={tmp_path}/a", *args, cwd=tmp_path)
+    assert r.returncode == 1 and "ALL 10 REQUESTS WERE REJECTED" in r.stdout
+    r = cli(f"hydra.run.dir={tmp_path}/b", *args, "overlong=cap", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    s = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert (s["num_finished"], s["num_length_capped"]) == (0, 10)
+    assert "10 cut short at max_model_len" in r.stdout
 
 
 def test_policy_may_not_read_true_output_length():

@@ -37,6 +37,7 @@ def build(cfg, resolved: Resolved | None = None):
     if not num_blocks:
         raise ConfigError(f"executor {type(executor).__name__} cannot size the KV cache; "
                           "set scheduler.num_kv_blocks")
+    executor.check_kv_memory(num_blocks, pc.block_size)
     cls = r.policy_cls
     kv = KVCacheManager(num_blocks, pc.block_size, enable_prefix_caching=pc.enable_prefix_caching,
                         reserve=cls.reserves_kv, max_model_len=max_model_len)

@@ -216,3 +216,15 @@ def test_accepts_dictconfigs_and_stays_fast():
         ex.execute(out)
     per_call = (time.perf_counter() - t0) / n
     assert per_call < 100e-6          # a few µs in practice; loose for busy CI machines
+
+
+def test_num_kv_blocks_beyond_the_simulated_gpu_is_an_error():
+    from sarathi_lab.runner import build
+    cfg = {"executor": preset("executor", "sim"), "model": preset("model", "mistral-7b"),
+           "hardware": preset("hardware", "a100-80gb"),
+           "scheduler": {"name": "sarathi", "num_kv_blocks": 10**9}}
+    fit = sim("mistral-7b").num_kv_blocks(16)
+    with pytest.raises(ValueError, match=f"num_kv_blocks=1000000000: more than the {fit} blocks"):
+        build(cfg)
+    cfg["scheduler"]["num_kv_blocks"] = fit    # exactly what fits: fine
+    assert build(cfg)[0].kv.num_blocks == fit

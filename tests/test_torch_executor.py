@@ -162,6 +162,34 @@ def test_kv_budget_errors_name_the_setting(oracle):
     cfg["scheduler"]["name"] = "request_level"
     with pytest.raises(ValueError, match="cannot hold one request"):
         runner.build(cfg)
+    # more than this machine has: refused before anything is allocated
+    cfg["executor"]["kv_cache_gib"] = 100000.0
+    cfg["scheduler"]["name"] = "sarathi"
+    with pytest.raises(ValueError, match=r"executor.kv_cache_gib=100000.0: more than the"):
+        runner.build(cfg)
+    cfg["executor"]["kv_cache_gib"] = 0.01
+    cfg["scheduler"]["num_kv_blocks"] = 10**9   # set by hand: checked before anything is made
+    with pytest.raises(ValueError, match="needs .* GiB but .* GiB is free"):
+        runner.build(cfg)
+
+
+def test_model_load_errors_name_the_file(oracle, tmp_path):
+    import shutil
+    path, _, _ = oracle
+    bad = tmp_path / "bad"
+    shutil.copytree(path, bad)
+    for f in bad.glob("*.safetensors"):
+        f.write_bytes(b"not a safetensors file")
+    cfg = {"executor": {"name": "torch", "device": "cpu", "kv_cache_gib": 0.01},
+           "model": {"path": str(bad)}, "scheduler": {"name": "sarathi"}}
+    with pytest.raises(ValueError, match=r"\.safetensors: not a readable safetensors file"):
+        runner.build(cfg)
+    (bad / "model.safetensors.index.json").write_text("{not json")
+    with pytest.raises(ValueError, match="model.safetensors.index.json: not a safetensors index"):
+        runner.build(cfg)
+    (bad / "model.safetensors.index.json").write_text('{"weight_map": {"x": "gone.safetensors"}}')
+    with pytest.raises(FileNotFoundError, match="gone.safetensors, not found"):
+        runner.build(cfg)
 
 
 def test_prepare_trace_attaches_seeded_ids():

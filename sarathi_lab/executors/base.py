@@ -84,6 +84,10 @@ class Executor(abc.ABC):
         """The longest sequence the model takes (None: unknown)."""
         return None
 
+    def check_kv_memory(self, num_blocks: int, block_size: int) -> None:
+        """Raise if a KV cache of `num_blocks` blocks cannot be held (checked before anything
+        is allocated); the message names the setting to change."""
+
     def bind(self, kv) -> None:
         """Called once, by the engine, with the KV-cache manager (block tables live there).
         Subclasses that override it call `super().bind(kv)`."""

@@ -87,5 +87,13 @@ class SimExecutor(Executor):
         return self.cost_model.num_kv_blocks(block_size, c.gpu_memory_utilization,
                                              c.workspace_bytes, c.activation_tokens)
 
+    def check_kv_memory(self, num_blocks: int, block_size: int) -> None:
+        fit = self.num_kv_blocks(block_size)
+        if num_blocks > fit:
+            raise ConfigError(
+                f"scheduler.num_kv_blocks={num_blocks}: more than the {fit} blocks of "
+                f"{block_size} tokens that fit the simulated GPU's memory beside the weights "
+                "(see executor.gpu_memory_utilization, or the hardware preset)")
+
     def max_model_len(self) -> int:
         return self.cost_model.max_model_len

@@ -50,6 +50,18 @@ class TorchConfig(ExecutorConfig):
     shared_prefix_len: int = setting(0, ge=0, help="random prompts open with a common prefix")
 
 
+def available_memory() -> int | None:
+    """Bytes of host memory available now (Linux's MemAvailable), or None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 class TorchExecutor(Executor):
     config_class = TorchConfig
 
@@ -99,6 +111,10 @@ class TorchExecutor(Executor):
             budget, knob = free * self.gpu_memory_utilization, "executor.gpu_memory_utilization"
         else:
             budget, knob = self.kv_cache_gib * 2**30, "executor.kv_cache_gib"
+            free = available_memory()
+            if free is not None and budget > free:
+                raise ValueError(f"executor.kv_cache_gib={self.kv_cache_gib}: more than the "
+                                 f"{free / 2**30:.2f} GiB of memory available now; lower it")
         n = int(budget // per_block)
         if n < 1:
             raise ValueError(
@@ -110,6 +126,24 @@ class TorchExecutor(Executor):
         n = self.args.max_model_len
         cap = self.model_cfg.get("max_model_len")
         return min(n, int(cap)) if cap else n
+
+    def check_kv_memory(self, num_blocks: int, block_size: int) -> None:
+        """The KV cache must fit the memory free now: allocating more is an out-of-memory kill
+        (CPU) or error (GPU) with no word of which setting asked for it."""
+        need = num_blocks * self.block_bytes(block_size)
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+        else:
+            free = available_memory()
+            if free is None:
+                return
+        if need > free:
+            knob = ("executor.gpu_memory_utilization" if self.device.type == "cuda"
+                    else "executor.kv_cache_gib")
+            raise ValueError(
+                f"the KV cache of {num_blocks} blocks needs {need / 2**30:.2f} GiB but "
+                f"{free / 2**30:.2f} GiB is free on {self.device}; lower {knob} (or "
+                "scheduler.num_kv_blocks, if set)")
 
     def bind(self, kv) -> None:
         super().bind(kv)

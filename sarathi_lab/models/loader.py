@@ -70,7 +70,14 @@ def random_init(model: LlamaForCausalLM, seed: int, std: float = 0.02) -> None:
 def _checkpoint_files(d: Path) -> list[Path]:
     index = d / "model.safetensors.index.json"
     if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{index}: not a safetensors index (a JSON object with a "
+                             f"weight_map): {type(e).__name__}: {e}") from None
+        missing = [n for n in names if not (d / n).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{index} names {', '.join(missing[:3])}, not found in {d}")
         return [d / n for n in names]
     files = sorted(d.glob("*.safetensors"))
     if not files:
@@ -87,7 +94,11 @@ def load_weights(model: LlamaForCausalLM, d: Path) -> None:
     splits = {"qkv_proj": [q, kv, kv], "gate_up_proj": [a.intermediate_size] * 2}
     todo = {n: len(splits.get(n.split(".")[-2], [0])) for n in params}  # shards still missing
     for f in _checkpoint_files(d):
-        with safe_open(str(f), framework="pt", device="cpu") as st:
+        try:
+            st_file = safe_open(str(f), framework="pt", device="cpu")
+        except Exception as e:   # safetensors raises its own error types for a damaged file
+            raise ValueError(f"{f}: not a readable safetensors file ({e})") from None
+        with st_file as st:
             for key in st.keys():
                 if "rotary_emb" in key or (a.tie_word_embeddings and key == "lm_head.weight"):
                     continue   # derived buffers, or a tied head saved anyway

@@ -16,7 +16,8 @@ class WholePromptConfig(SchedulerConfig):
 
 def batch_token_cap(cfg: WholePromptConfig, max_model_len: int) -> int:
     """The cap in force; it must admit the longest prompt, or that prompt would wait forever."""
-    cap = cfg.max_num_batched_tokens or max(max_model_len, 2048)
+    # a policy built in code from the shared SchedulerConfig gets the default cap
+    cap = getattr(cfg, "max_num_batched_tokens", None) or max(max_model_len, 2048)
     if cap < max_model_len:
         raise ValueError(
             f"scheduler.max_num_batched_tokens={cap} is smaller than max_model_len="

@@ -7,6 +7,7 @@ Start-up stays light: pandas, matplotlib, torch and wandb are imported only when
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -21,7 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from sarathi_lab import rundir
 from sarathi_lab.settings import ConfigError
-from sarathi_lab.sweeps import Abort, Interrupted, _Job, register_resolvers, stop_on_signals
+from sarathi_lab.sweeps import (Abort, Interrupted, _Job, register_resolvers, start_collecting,
+                                stop_on_signals)
 
 RESULT_FILE = {"run": rundir.SUMMARY, "capacity": rundir.CAPACITY}
 
@@ -168,6 +170,7 @@ def _main(cfg: DictConfig):
                 print(f"{job.tag(name)} note: {note} (left out)", flush=True)
         (job.dir / "error.txt").unlink(missing_ok=True)   # a stale one from an earlier try
         _limit_threads(c, job)
+        start_collecting()
         result = _execute(c, job, resolved)
     except Exception as e:   # recorded, never lost: the sweep goes on without this job
         tb = traceback.format_exc()
@@ -189,6 +192,7 @@ def main() -> None:
     """`sarathi-lab`. Exit status 0: every job done; 1: a job failed, or the command could not
     start (one line says why); 128 + N: stopped by signal N, with the sweep's workers."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    gc.disable()   # until the job (or the sweep) starts: `sweeps.start_collecting`
     from sarathi_lab.extras import MissingExtra, check_extras
     try:
         check_extras(sys.argv[1:])   # before Hydra composes: no job starts without its extras
@@ -202,6 +206,9 @@ def main() -> None:
         sys.stderr.write(f"sarathi-lab: stopped by {e}; finished jobs keep their results "
                          "(resume=true runs the rest)\n")
         sys.exit(128 + e.signum)
+    # The interpreter's last collections before it exits would walk every object left (a
+    # tenth of a second after a run); nothing left holds an unwritten result.
+    gc.freeze()
 
 
 if __name__ == "__main__":

@@ -25,10 +25,12 @@ PCTS = (50, 90, 99)
 
 def requests_table(reqs: list[Request], output_lens: dict | None = None) -> pd.DataFrame:
     """One row per request; `output_lens` (request id -> the workload's output length, as the
-    engine recorded it) fills `target_output_tokens`."""
+    engine recorded it) fills `target_output_tokens`. `token_times` holds one float array per
+    request, all views into one flat array: the layout a parquet list column has, so that
+    `tbt_gaps` and the parquet writer take it without converting millions of Python floats."""
     n = len(reqs)
     lens = output_lens or {}
-    first = np.array([r.token_times[0] if r.token_times else np.nan for r in reqs], float)
+    token_times, first = _token_times([r.token_times for r in reqs])
     arrival = np.array([r.arrival_time for r in reqs], float)
     finish = np.array([np.nan if r.finish_time is None else r.finish_time for r in reqs], float)
     sched = np.array([np.nan if r.first_scheduled_time is None else r.first_scheduled_time
@@ -61,7 +63,7 @@ def requests_table(reqs: list[Request], output_lens: dict | None = None) -> pd.D
         "normalized_e2e": norm_e2e,
         "scheduling_delay": sched - arrival,
         "num_preemptions": np.array([r.num_preemptions for r in reqs], np.int64),
-        "token_times": [r.token_times for r in reqs],
+        "token_times": token_times,
     }, index=pd.RangeIndex(n))
     if any(r.prompt_token_ids is not None for r in reqs):
         df["prompt_token_ids"] = [r.prompt_token_ids for r in reqs]
@@ -69,22 +71,40 @@ def requests_table(reqs: list[Request], output_lens: dict | None = None) -> pd.D
     return df
 
 
+def _token_times(times: list) -> tuple[np.ndarray, np.ndarray]:
+    """(object array of one float array per request, views into one flat array; each
+    request's first token time, NaN without one)."""
+    lens = np.fromiter(map(len, times), np.int64, len(times))
+    flat = np.fromiter(itertools.chain.from_iterable(times), float, int(lens.sum()))
+    ends = np.cumsum(lens)
+    starts = ends - lens
+    first = np.full(len(times), np.nan)
+    has = lens > 0
+    first[has] = flat[starts[has]]
+    col = np.empty(len(times), object)
+    for i, (a, b) in enumerate(zip(starts.tolist(), ends.tolist())):
+        col[i] = flat[a:b]
+    return col, first
+
+
 def iterations_table(rows) -> pd.DataFrame:
     """One row per iteration from the engine's records (`Engine.iterations()`, or tuples with
     the fields of ITER_COLUMNS)."""
     a = np.asarray(rows, dtype=float).reshape(-1, len(ITER_COLUMNS))
-    df = pd.DataFrame(a, columns=list(ITER_COLUMNS))
-    ints = [c for c in ITER_COLUMNS if c not in ("start", "duration")]
-    df[ints] = df[ints].astype(np.int64)
-    return df
+    return pd.DataFrame({c: a[:, i] if c in ("start", "duration") else a[:, i].astype(np.int64)
+                         for i, c in enumerate(ITER_COLUMNS)})
 
 
 def tbt_gaps(req_df: pd.DataFrame, with_times: bool = False) -> tuple[np.ndarray, ...]:
-    """All TBT gaps pooled, and the request row each belongs to; with_times adds when each gap
-    ends (the time of its later token)."""
-    times = req_df["token_times"]
-    lens = np.fromiter((len(t) for t in times), np.int64, len(times))
-    flat = np.fromiter(itertools.chain.from_iterable(times), float, int(lens.sum()))
+    """All TBT gaps pooled, and the request row each belongs to (non-decreasing); with_times
+    adds when each gap ends (the time of its later token). `token_times` entries may be lists
+    or arrays (as requests_table and a parquet file give them)."""
+    times = req_df["token_times"].to_numpy()
+    lens = np.fromiter(map(len, times), np.int64, len(times))
+    if len(times) and all(isinstance(t, np.ndarray) for t in times):
+        flat = np.concatenate(times).astype(float, copy=False)
+    else:
+        flat = np.fromiter(itertools.chain.from_iterable(times), float, int(lens.sum()))
     owner = np.repeat(np.arange(len(lens)), lens)
     gaps = np.diff(flat)
     same = owner[1:] == owner[:-1]
@@ -93,19 +113,37 @@ def tbt_gaps(req_df: pd.DataFrame, with_times: bool = False) -> tuple[np.ndarray
     return gaps[same], owner[1:][same]
 
 
+# A request with at most this many gaps is sorted with the others in one lexsort; a longer one
+# is partitioned on its own (a Python-level call each, at most total gaps / this many calls).
+_SORT_TOGETHER = 64
+
+
 def request_p99_tbt(req_df: pd.DataFrame, gaps_owner=None) -> np.ndarray:
     """Each request's own P99 TBT (linear interpolation, as numpy's percentile); NaN with
-    fewer than two tokens."""
+    fewer than two tokens. `gaps_owner`: tbt_gaps(req_df), if already computed."""
     gaps, owner = gaps_owner if gaps_owner is not None else tbt_gaps(req_df)
     out = np.full(len(req_df), np.nan)
     if not len(gaps):
         return out
-    g = gaps[np.lexsort((gaps, owner))]
-    ids, start, count = np.unique(owner, return_index=True, return_counts=True)
+    assert (owner[1:] >= owner[:-1]).all(), "gaps must come grouped by request, as tbt_gaps"
+    start = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
+    count = np.diff(np.r_[start, len(owner)])
     pos = 0.99 * (count - 1)
     lo = np.floor(pos).astype(np.int64)
     hi = np.minimum(lo + 1, count - 1)
-    out[ids] = g[start + lo] + (g[start + hi] - g[start + lo]) * (pos - lo)
+    at_lo, at_hi = np.empty(len(start)), np.empty(len(start))
+    short = count <= _SORT_TOGETHER
+    if short.any():
+        keep = np.repeat(short, count)
+        g, o = gaps[keep], owner[keep]
+        g = g[np.lexsort((g, o))]
+        first = np.cumsum(count[short]) - count[short]
+        at_lo[short], at_hi[short] = g[first + lo[short]], g[first + hi[short]]
+    for j in np.flatnonzero(~short).tolist():
+        s, k_lo, k_hi = int(start[j]), int(lo[j]), int(hi[j])
+        part = np.partition(gaps[s:s + int(count[j])], (k_lo, k_hi))
+        at_lo[j], at_hi[j] = part[k_lo], part[k_hi]
+    out[owner[start]] = at_lo + (at_hi - at_lo) * (pos - lo)
     return out
 
 

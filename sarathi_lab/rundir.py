@@ -53,6 +53,23 @@ def atomic_write(path, write: Callable[[Path], object]) -> None:
         raise
 
 
+def write_parquet(path, df) -> None:
+    """A table as parquet, atomically. Dictionary encoding only for columns that are not
+    floating point: times and durations are nearly all distinct, and trying a dictionary on
+    each of their pages (pyarrow's default) costs more than the rest of the writing."""
+    import pyarrow as pa
+
+    def floating(t) -> bool:
+        return pa.types.is_floating(t) or (pa.types.is_list(t) and floating(t.value_type))
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    dictionary = [f.name for f in table.schema if not floating(f.type)]
+
+    def write(p):
+        import pyarrow.parquet as pq
+        pq.write_table(table, p, use_dictionary=dictionary)
+    atomic_write(path, write)
+
+
 def write_json(path, obj) -> None:
     """`obj` as indented JSON, atomically; values JSON cannot hold are written as their str()."""
     text = json.dumps(obj, indent=2, default=str)

@@ -128,7 +128,7 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
     summary["settings"] = used_settings(r, policy)
     if not write:
         return summary
-    rundir.atomic_write(run_dir / rundir.REQUESTS, lambda p: req_df.to_parquet(p, index=False))
-    rundir.atomic_write(run_dir / rundir.ITERATIONS, lambda p: it_df.to_parquet(p, index=False))
+    rundir.write_parquet(run_dir / rundir.REQUESTS, req_df)
+    rundir.write_parquet(run_dir / rundir.ITERATIONS, it_df)
     rundir.write_json(run_dir / rundir.SUMMARY, summary)
     return summary

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gc
 import hashlib
 import json
 import math
@@ -41,6 +42,17 @@ def register_resolvers() -> None:
     API) and resolves the `hydra` section calls it first."""
     if not OmegaConf.has_resolver("dirname"):
         OmegaConf.register_new_resolver("dirname", dirname)
+
+
+def start_collecting() -> None:
+    """`sarathi-lab` starts with the cyclic garbage collector off: start-up makes a few hundred
+    thousand objects that live to the end (modules, Hydra's state), and each collection would
+    walk them all again. When the first job (or a sweep) starts they are set aside (frozen), so
+    that later collections look only at what comes after. Only that once: a later job of a
+    multirun must not freeze the previous job's uncollected garbage for good."""
+    if not gc.isenabled():
+        gc.freeze()
+        gc.enable()
 
 
 class Abort(SystemExit):
@@ -198,6 +210,7 @@ class SweepLog(Callback):
             run_dir.mkdir(parents=True, exist_ok=True)
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        start_collecting()   # the sweep may run for hours here, its jobs elsewhere
         sweep_dir = Path(str(config.hydra.sweep.dir))
         with _or_abort(f"the directory of sweep {config.name} "
                        f"({_setting(config, sweep_dir, 'hydra.sweep.dir')})"):

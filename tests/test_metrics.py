@@ -13,7 +13,8 @@ from conftest import only_read
 
 from sarathi_lab.engine import ITER_COLUMNS, Engine
 from sarathi_lab.executors.base import Executor, ExecutorConfig, StepResult
-from sarathi_lab.metrics import iterations_table, request_p99_tbt, requests_table, summarize
+from sarathi_lab.metrics import (iterations_table, request_p99_tbt, requests_table, summarize,
+                                 tbt_gaps)
 from sarathi_lab.request import Request, Status
 from sarathi_lab.runner import build, run
 from sarathi_lab.settings import setting
@@ -149,6 +150,37 @@ def test_request_p99_tbt_is_each_requests_own_percentile():
     assert own[0] == approx(np.percentile(np.diff(times[0]), 99), rel=1e-12)
     assert own[1] == 2.0 and np.isnan(own[2]) and own[3] == 0.25
     assert np.isnan(request_p99_tbt(requests_table([finished(0, 0.0, 0.0, [1.0])]))).all()
+
+
+def test_request_p99_tbt_matches_numpy_for_every_length():
+    """Requests with few gaps are sorted together, longer ones one by one (metrics.
+    _SORT_TOGETHER): lengths on both sides of that line, in a shuffled order, each checked
+    against numpy's percentile of its own gaps; exact, not approximately."""
+    rng = np.random.default_rng(1)
+    lengths = rng.permutation([0, 1, 2, 3, 63, 64, 65, 66, 130, 300] * 3)
+    # few distinct values: ties, as a steady decode batch gives them
+    times = [np.cumsum(rng.choice([0.01, 0.02, 0.5, rng.uniform(0, 2)], n)).tolist()
+             for n in lengths]
+    own = request_p99_tbt(requests_table([finished(i, 0.0, 0.0, t) if t else rejected(i, 0.0)
+                                          for i, t in enumerate(times)]))
+    for i, t in enumerate(times):
+        if len(t) < 2:
+            assert np.isnan(own[i])
+        else:
+            assert own[i] == np.percentile(np.diff(t), 99), i
+
+
+def test_token_times_column_holds_each_requests_times_as_arrays():
+    reqs = [finished(0, 0.0, 0.0, [1.0, 2.5]), rejected(1, 0.5), finished(2, 1.0, 1.0, [3.0])]
+    rq = requests_table(reqs)
+    assert [t.tolist() for t in rq["token_times"]] == [[1.0, 2.5], [], [3.0]]
+    assert rq["first_token_time"][0] == 1.0 and np.isnan(rq["first_token_time"][1])
+    assert rq["first_token_time"][2] == 3.0
+    # lists (a table built by hand) and arrays (requests_table, parquet) give the same gaps
+    by_hand = rq.assign(token_times=[list(t) for t in rq["token_times"]])
+    for a, b in zip(tbt_gaps(rq, with_times=True), tbt_gaps(by_hand, with_times=True)):
+        assert a.tolist() == b.tolist()
+    assert tbt_gaps(rq)[0].tolist() == [1.5]
 
 
 def test_counts_makespan_throughput_preemptions():

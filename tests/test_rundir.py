@@ -97,3 +97,26 @@ def test_parallel_writers_never_leave_a_mixed_or_partial_file(tmp_path):
 def test_write_json_round_trips(tmp_path):
     rundir.write_json(tmp_path / "capacity.json", {"a": 1.5, "p": tmp_path})
     assert json.loads((tmp_path / "capacity.json").read_text()) == {"a": 1.5, "p": str(tmp_path)}
+
+
+def test_write_parquet_reads_back_as_pandas_wrote_it_with_dictionaries_only_off_floats(tmp_path):
+    import numpy as np
+    import pyarrow.parquet as pq
+    df = pd.DataFrame({"status": ["finished", "rejected", "finished"],
+                       "num_output_tokens": np.array([2, 0, 1], np.int64),
+                       "ttft": [0.5, np.nan, 0.25],
+                       "token_times": [np.array([1.0, 1.5]), np.array([]), np.array([2.0])]})
+    rundir.write_parquet(tmp_path / "new.parquet", df)
+    df.to_parquet(tmp_path / "pandas.parquet", index=False)
+    new = pq.read_schema(tmp_path / "new.parquet")
+    assert new.equals(pq.read_schema(tmp_path / "pandas.parquet"), check_metadata=True)
+    back = pd.read_parquet(tmp_path / "new.parquet")
+    pd.testing.assert_frame_equal(back.drop(columns="token_times"),
+                                  df.drop(columns="token_times"))
+    assert [t.tolist() for t in back["token_times"]] == [[1.0, 1.5], [], [2.0]]
+    meta = pq.ParquetFile(tmp_path / "new.parquet").metadata.row_group(0)
+    dictionary = {meta.column(i).path_in_schema.split(".")[0]
+                  for i in range(meta.num_columns)
+                  if any("DICTIONARY" in e for e in meta.column(i).encodings)}
+    assert dictionary == {"status", "num_output_tokens"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.parquet", "pandas.parquet"]

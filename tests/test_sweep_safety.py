@@ -198,12 +198,13 @@ def test_atomic_write_uses_a_temporary_file_of_its_own(tmp_path):
 # of anything through Path.write_text, error.txt included) fail as on a full disk, after
 # writing part of the file.
 FULL_DISK = """
-import errno, os, pathlib, pandas
+import errno, os, pathlib, pandas, pyarrow.parquet
 def _full(path):
     with open(path, "wb") as f:
         f.write(b"PAR1 half a file")
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 pandas.DataFrame.to_parquet = lambda self, path, **kw: _full(path)
+pyarrow.parquet.write_table = lambda table, path, **kw: _full(path)
 _write_text = pathlib.Path.write_text
 def write_text(self, *a, **kw):
     if os.environ["FULL"] == "all" or "error.txt" in self.name:

@@ -172,3 +172,41 @@ print(cfg.hydra.sweep.subdir)
         assert "hydra._internal" not in inspect.getsource(mod)
     assert not [k for k, v in vars(sweeps).items()
                 if not k.startswith("__") and isinstance(v, (list, dict, set))]
+
+
+def test_start_collecting_sets_start_up_aside_once_and_turns_the_collector_on():
+    import gc
+
+    from sarathi_lab.sweeps import start_collecting
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        before = gc.get_freeze_count()
+        start_collecting()
+        assert gc.isenabled() and gc.get_freeze_count() > before
+        frozen = gc.get_freeze_count()
+        later = [[] for _ in range(1000)]   # noqa: F841 -- a job's objects
+        start_collecting()                  # a later job: nothing more set aside
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+        (gc.enable if was else gc.disable)()
+
+
+def test_a_run_and_a_sweep_collect_garbage_while_their_jobs_run(tmp_path):
+    # runner.run reports the collector's state as the job sees it
+    probe = ("import gc, sys, sarathi_lab.runner as r\n"
+             "run = r.run\n"
+             "def seen(*a, **k):\n"
+             "    print('collector', gc.isenabled(), gc.get_freeze_count() > 0, flush=True)\n"
+             "    return run(*a, **k)\n"
+             "r.run = seen\n"
+             "from sarathi_lab.cli import main\n"
+             "main()\n")
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    for mode in ([], ["-m"]):
+        r = subprocess.run([sys.executable, "-c", probe, *mode, *TINY, f"results_root={tmp_path}",
+                            f"name=gc{len(mode)}"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=180)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "collector True True" in r.stdout, r.stdout

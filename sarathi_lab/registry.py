@@ -31,6 +31,7 @@ BUILTIN = {
     },
     "sarathi_lab.cost_models": {
         "roofline": "sarathi_lab.costmodels.roofline:RooflineCostModel",
+        "profiled": "sarathi_lab.costmodels.profiled:ProfiledCostModel",
     },
     "sarathi_lab.queues": {
         "fcfs": "sarathi_lab.schedulers.queues:RequestQueue",

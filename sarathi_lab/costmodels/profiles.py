@@ -1,0 +1,273 @@
+"""Measured operator profiles: loading them, and monotone interpolation over their grids.
+
+Two formats load into one `Profile` (whole-model seconds per operator, on one GPU of the group):
+
+**Project format** (a ``.csv`` or ``.parquet`` file, written by a profiler): one row per measured
+point, columns
+
+    operator      linear | prefill_attention | decode_attention | lm_head | overhead
+    num_tokens    linear: tokens in the batch; lm_head: rows sampled
+    chunk         prefill_attention: new tokens of the chunk
+    batch         decode_attention: decodes in the batch
+    context       prefill_attention: tokens already in KV; decode_attention: their mean
+    time_s        seconds, whole model (all layers), median of the repeats
+    model, dtype, device, tensor_parallel    metadata, the same on every row (in a Parquet
+                  file they may instead sit in the file's key-value metadata)
+
+``linear`` is everything that scales with the batch's tokens but attention and the LM head
+(projections, MLP, norms, RoPE, residual adds); ``overhead`` (one row, only time_s) is the
+measured CPU side of an iteration. Columns an operator does not use are left empty.
+
+**Vidur format** (a directory ``.../compute/<device>/<org>/<model>/`` holding ``mlp.csv`` and,
+optionally, ``attention.csv``, as in github.com/microsoft/vidur ``data/profiling``): per-layer
+times in ms. Vidur's operators map to the project's as follows (times x num_layers, except the
+embedding, once per iteration):
+
+    linear             emb (once) + input_layernorm + attn_pre_proj + attn_rope + attn_post_proj
+                       + post_attention_layernorm + mlp_up_proj + mlp_act + mlp_down_proj
+                       + 2 x add (the two residual adds of a layer), by num_tokens
+    prefill_attention  attn_prefill + attn_input_reshape + attn_output_reshape,
+                       by prefill_chunk_size and kv_cache_size (rows is_prefill=True)
+    decode_attention   attn_decode + attn_input_reshape + attn_output_reshape,
+                       by batch_size and kv_cache_size (rows is_prefill=False)
+
+Vidur has no LM head, all-reduce or CPU-overhead profile; the cost model takes those from the
+roofline (overhead: 0 unless set).
+"""
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+
+OPERATORS = ("linear", "prefill_attention", "decode_attention", "lm_head", "overhead")
+
+_VIDUR_LINEAR = {"input_layernorm": 1, "attn_pre_proj": 1, "attn_rope": 1, "attn_post_proj": 1,
+                 "post_attention_layernorm": 1, "mlp_up_proj": 1, "mlp_act": 1,
+                 "mlp_down_proj": 1, "add": 2}
+_VIDUR_ATTN_EXTRA = ("attn_input_reshape", "attn_output_reshape")
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be read, or one made for another model, TP, dtype or device."""
+
+
+class Curve:
+    """y(x) from measured points: the running maximum over the sorted grid (so a larger x never
+    predicts less; with `subadditive`, also y/x nonincreasing), linear between points, flat
+    below the first point, and beyond the last one linear with the last segment's slope (or,
+    where that is flat, proportional to x, the roofline's shape for a compute-bound operator)."""
+
+    def __init__(self, x, y, what: str, subadditive: bool = False):
+        x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+        if x.size == 0:
+            raise ProfileError(f"{what}: no measured points")
+        if not (np.all(np.isfinite(y)) and np.all(y >= 0) and np.all(np.isfinite(x))):
+            raise ProfileError(f"{what}: times must be finite and >= 0")
+        ux = np.unique(x)
+        # repeated points: their median
+        uy = np.array([np.median(y[x == v]) for v in ux])
+        self.x, self.y = ux, np.maximum.accumulate(uy)
+        if subadditive and ux[0] > 0:
+            # Time per token made nonincreasing (raised to its largest value at any larger x),
+            # so t(a) + t(b) >= t(a + b): splitting tokens over iterations never predicts less
+            # time. A GEMM's efficiency does not fall with size; measured rises are noise or
+            # clocks (Vidur's A100 Llama-2-70B TP2 linear layers: 1024 tokens 2.6% over 2 x 512).
+            per_token = np.maximum.accumulate((self.y / ux)[::-1])[::-1]
+            self.y = ux * per_token
+        self.what = what
+        if ux.size >= 2 and self.y[-1] > self.y[-2]:
+            self.slope = (self.y[-1] - self.y[-2]) / (ux[-1] - ux[-2])
+        else:
+            self.slope = self.y[-1] / ux[-1] if ux[-1] > 0 else 0.0
+
+    def __call__(self, v: float) -> float:
+        if v > self.x[-1]:
+            return float(self.y[-1] + self.slope * (v - self.x[-1]))
+        return float(np.interp(v, self.x, self.y))
+
+    def beyond(self, v: float) -> bool:
+        return v > self.x[-1]
+
+
+class Surface:
+    """t(a, b) from points on a grid of a (chunk or batch) x b (context): one `Curve` in b per
+    measured a, the running maximum across a at the queried b (monotone in both), linear between
+    the a's and, beyond the last one, with the last segment's slope (or proportional to a)."""
+
+    def __init__(self, a, b, t, what: str):
+        a, b, t = (np.asarray(v, dtype=float) for v in (a, b, t))
+        if a.size == 0:
+            raise ProfileError(f"{what}: no measured points")
+        self.a = np.unique(a)
+        rows = [Curve(b[a == v], t[a == v], f"{what} at {v:g}") for v in self.a]
+        # Every row is piecewise linear with knots on the union grid of b: tabulating the rows
+        # there makes a query two columns' blend instead of one np.interp per row.
+        self.b = np.unique(b)
+        self.table = np.array([[row(v) for v in self.b] for row in rows])
+        self.slopes = np.array([row.slope for row in rows])
+        self.b_max = self.b[-1]
+        self.what = what
+
+    def __call__(self, a: float, b: float) -> float:
+        bs = self.b
+        if b >= bs[-1]:
+            col = self.table[:, -1] + self.slopes * (b - bs[-1])
+        elif b <= bs[0]:
+            col = self.table[:, 0]
+        else:
+            j = int(np.searchsorted(bs, b, side="right"))
+            w = (b - bs[j - 1]) / (bs[j] - bs[j - 1])
+            col = self.table[:, j - 1] * (1 - w) + self.table[:, j] * w
+        vals = np.maximum.accumulate(col)
+        aa = self.a
+        if a > aa[-1]:
+            if aa.size >= 2 and vals[-1] > vals[-2]:
+                return float(vals[-1] + (vals[-1] - vals[-2]) / (aa[-1] - aa[-2]) * (a - aa[-1]))
+            return float(vals[-1] * a / aa[-1])
+        return float(np.interp(a, aa, vals))
+
+    def beyond(self, a: float, b: float) -> bool:
+        return a > self.a[-1] or b > self.b_max
+
+
+@dataclass
+class Profile:
+    """Whole-model seconds per operator, and what the profile was measured for."""
+    source: str
+    model: str                      # a model name (or Hugging Face name)
+    dtype: str | None
+    device: str
+    tensor_parallel: int
+    linear: Curve | None = None
+    lm_head: Curve | None = None
+    prefill_attention: Surface | None = None
+    decode_attention: Surface | None = None
+    overhead_s: float | None = None
+    shape: dict = field(default_factory=dict)   # Vidur's model geometry, checked against the run's
+
+
+def load(path, num_layers: int, tensor_parallel: int) -> Profile:
+    """A profile at `path`: a Vidur directory or a project-format .csv/.parquet file.
+    `num_layers` scales Vidur's per-layer times to the whole model; of a Vidur profile, the rows
+    measured at `tensor_parallel` are kept."""
+    p = Path(path)
+    if p.is_dir():
+        return _load_vidur(p, num_layers, tensor_parallel)
+    if not p.is_file():
+        raise ProfileError(f"executor.profile={path}: no such file or directory")
+    if p.suffix == ".csv":
+            rows, meta = _read_csv(p), {}
+    elif p.suffix == ".parquet":
+        import pyarrow.parquet as pq
+        table = pq.read_table(p)
+        rows = table.to_pylist()
+        meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()
+                if not k.startswith(b"pandas") and not k.startswith(b"ARROW")}
+    else:
+        raise ProfileError(f"executor.profile={path}: expected a .csv or .parquet file or a "
+                           "Vidur profile directory")
+    return _from_rows(rows, meta, str(p))
+
+
+def _num(row, key, where):
+    v = row.get(key)
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        raise ProfileError(f"{where}: column {key!r} must be a number, got {v!r}") from None
+
+
+def _from_rows(rows, meta, source) -> Profile:
+    if not rows:
+        raise ProfileError(f"{source}: no rows")
+    for key in ("model", "dtype", "device", "tensor_parallel"):
+        vals = {str(r[key]) for r in rows if r.get(key) not in (None, "")}
+        if len(vals) > 1:
+            raise ProfileError(f"{source}: column {key!r} differs between rows: {sorted(vals)}")
+        if vals:
+            meta[key] = vals.pop()
+        if key not in meta:
+            raise ProfileError(f"{source}: metadata {key!r} missing (a column or Parquet metadata)")
+    by_op = {op: [] for op in OPERATORS}
+    for i, r in enumerate(rows):
+        op = r.get("operator")
+        if op not in by_op:
+            raise ProfileError(f"{source} row {i + 1}: operator {op!r} is not one of {OPERATORS}")
+        by_op[op].append(r)
+    w = source
+    prof = Profile(source, meta["model"], meta["dtype"], meta["device"],
+                   int(float(meta["tensor_parallel"])))
+    if by_op["linear"]:
+        r = by_op["linear"]
+        prof.linear = Curve([_num(x, "num_tokens", w) for x in r],
+                            [_num(x, "time_s", w) for x in r], f"{w}: linear", subadditive=True)
+    if by_op["lm_head"]:
+        r = by_op["lm_head"]
+        prof.lm_head = Curve([_num(x, "num_tokens", w) for x in r],
+                             [_num(x, "time_s", w) for x in r], f"{w}: lm_head")
+    for op, a in (("prefill_attention", "chunk"), ("decode_attention", "batch")):
+        if by_op[op]:
+            r = by_op[op]
+            setattr(prof, op, Surface([_num(x, a, w) for x in r],
+                                      [_num(x, "context", w) for x in r],
+                                      [_num(x, "time_s", w) for x in r], f"{w}: {op}"))
+    if by_op["overhead"]:
+        prof.overhead_s = float(np.median([_num(x, "time_s", w) for x in by_op["overhead"]]))
+    return prof
+
+
+def _median(row, op):
+    v = row.get(f"time_stats.{op}.median", "")
+    return float(v) if v not in ("", None) else 0.0
+
+
+def _read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _rows_at_tp(rows, tp, what, source):
+    sel = [r for r in rows if int(r["num_tensor_parallel_workers"]) == tp]
+    if rows and not sel:
+        have = sorted({int(r["num_tensor_parallel_workers"]) for r in rows})
+        raise ProfileError(f"profile {source}: {what} has no rows for tensor_parallel={tp} "
+                           f"(it was measured at {have}); the run has "
+                           f"executor.tensor_parallel={tp}")
+    return sel
+
+
+def _load_vidur(d: Path, num_layers: int, tp: int) -> Profile:
+    mlp = d / "mlp.csv"
+    if not mlp.is_file():
+        raise ProfileError(f"executor.profile={d}: a directory must hold Vidur's mlp.csv")
+    parts = d.resolve().parts
+    # Vidur's layout: .../<device>/<org>/<model>/mlp.csv
+    prof = Profile(str(d), "/".join(parts[-2:]), None, parts[-3], tp)
+    all_rows = _read_csv(mlp)
+    if not all_rows:
+        raise ProfileError(f"{mlp}: no rows")
+    prof.shape = {k: int(all_rows[0][k])
+                  for k in ("n_head", "n_kv_head", "n_embd", "n_expanded_embd")}
+    rows = _rows_at_tp(all_rows, tp, "mlp.csv", d)
+    L, ms = num_layers, 1e-3
+    tokens = [int(r["num_tokens"]) for r in rows]
+    times = [ms * (_median(r, "emb") + L * sum(n * _median(r, op)
+                                              for op, n in _VIDUR_LINEAR.items()))
+             for r in rows]
+    prof.linear = Curve(tokens, times, f"{d}: linear", subadditive=True)
+    attn = d / "attention.csv"
+    attn_rows = _rows_at_tp(_read_csv(attn), tp, "attention.csv", d) if attn.is_file() else []
+    for op, is_pre, a in (("prefill_attention", "True", "prefill_chunk_size"),
+                          ("decode_attention", "False", "batch_size")):
+        sel = [r for r in attn_rows if r["is_prefill"] == is_pre]
+        if sel:
+            key = "attn_prefill" if is_pre == "True" else "attn_decode"
+            t = [ms * L * (_median(r, key) + sum(_median(r, x) for x in _VIDUR_ATTN_EXTRA))
+                 for r in sel]
+            setattr(prof, op, Surface([int(r[a]) for r in sel],
+                                      [int(r["kv_cache_size"]) for r in sel], t, f"{d}: {op}"))
+    return prof

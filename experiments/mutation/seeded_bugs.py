@@ -30,11 +30,11 @@ BUGS = {
         "float(used.mean() / kv_blocks_total)", "float(used.mean() / kv_blocks_total / 2)"),
     "max_num_seqs check removed from admission": (
         "sarathi_lab/schedulers/base.py",
-        "while budget > 0 and self.waiting and len(self.running) < self.cfg.max_num_seqs:",
-        "while budget > 0 and self.waiting:"),
+        "if len(self.running) >= self.cfg.max_num_seqs:", "if False:"),
     "KV watermark ignored": (
         "sarathi_lab/schedulers/base.py",
-        "        return not self.watermark or", "        return True or not self.watermark or"),
+        "        if need > self.kv.num_free_blocks - self.watermark:",
+        "        if need > self.kv.num_free_blocks:"),
 }
 
 

@@ -18,41 +18,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from dataclasses import dataclass
 
 from sarathi_lab.capacity import bisect, unit_arrivals
-from sarathi_lab.executors.base import Executor, ExecutorConfig, StepResult
-from sarathi_lab.settings import setting
 
 TESTS = Path(__file__).resolve().parent
 C, S, N, T = 0.01, 1.0, 201, 1.81
-
-
-@dataclass
-class ConstantStepConfig(ExecutorConfig):
-    step_s: float = setting(C, gt=0)
-
-
-class ConstantStep(Executor):
-    """A test executor (by dotted path): every iteration takes `executor.step_s` seconds."""
-    config_class = ConstantStepConfig
-    simulated = True
-    supports_fast_forward = True
-
-    def __init__(self, cfg, model, hardware=None):
-        self.c = cfg.step_s
-
-    def num_kv_blocks(self, block_size):
-        return 10_000
-
-    def max_model_len(self):
-        return 4096
-
-    def execute(self, out):
-        return StepResult(self.c)
-
-    def decode_run(self, contexts, k):
-        return np.full(k, self.c)
 
 
 def test_bisect_brackets_a_threshold():
@@ -84,7 +54,8 @@ def test_capacity_search_brackets_the_known_answer(tmp_path):
     env = {**os.environ, "WANDB_MODE": "disabled",
            "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     args = [f"hydra.run.dir={tmp_path}/cap", "mode=capacity",
-            "executor=custom", "executor.name=test_capacity:ConstantStep", "scheduler=request_level",
+            "executor=custom", "executor.name=plugins:FixedStep", f"+executor.step_s={C}",
+            "scheduler=request_level",
             "scheduler.max_num_seqs=1", "trace=synthetic",
             "trace.prompt_len.low=100", "trace.prompt_len.high=100",
             "trace.output_len.low=100", "trace.output_len.high=100",

@@ -185,3 +185,30 @@ class PlainKVMachine(KVMachine):
 
 TestPlainKVMachine = PlainKVMachine.TestCase
 TestPlainKVMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+def test_a_reused_block_never_lets_a_stale_child_match():
+    # x's first block fills with an output token and duplicates w's cached block, so it stays
+    # uncached while its second block is cached as its child; x's first block is then reused
+    # by y for other content, and z, whose prompt is y's block followed by x's second block's
+    # tokens, must hit y's block only: x's second block holds KV computed after [1, 2], not
+    # after [5, 6]
+    kv = KVCacheManager(8, 2, enable_prefix_caching=True)
+    w = R(0, 3, [1, 2, 9])
+    kv.allocate_slots(w, 3)
+    x = R(1, 1, [1])
+    assert kv.allocate_slots(x, 1) is not None
+    x.num_computed_tokens = 1
+    for tok in (2, 3, 4):   # each decode computes the token sampled before it
+        x.output_token_ids.append(tok)
+        x.num_output_tokens += 1
+        assert kv.allocate_slots(x, 1) is not None
+        x.num_computed_tokens += 1
+    x_first, x_second = kv.block_table(x)[:2]
+    assert kv.pool.blocks[x_first].key is None and kv.pool.blocks[x_second].key is not None
+    kv.free(x)
+    y = R(2, 3, [5, 6, 9])
+    kv.allocate_slots(y, 3)
+    assert kv.block_table(y)[0] == x_first       # the uncached block is reused first
+    hit, n = kv.get_computed_blocks(R(3, 5, [5, 6, 3, 4, 9]))
+    assert n == 2 and [b.block_id for b in hit] == [x_first]

@@ -19,7 +19,9 @@ def run(policy_cls, reqs, **kw):
 
 class FinishedAgain(Sarathi):
     """Schedules a request again after it finished."""
-    done = []
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.done = []   # its own: a list on the class would carry over from an earlier run
 
     def schedule(self, now):
         out = super().schedule(now)

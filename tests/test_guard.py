@@ -19,7 +19,9 @@ def run(policy_cls, reqs, **kw):
 
 class FinishedAgain(Sarathi):
     """Schedules a request again after it finished."""
-    done = []
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.done = []   # its own: a list on the class would carry over from an earlier run
 
     def schedule(self, now):
         out = super().schedule(now)
@@ -135,7 +137,8 @@ def test_each_rule_names_the_plugin_the_rule_and_the_request(cls, rule, kw, wher
     reqs = [req(0, 20, 3), req(1, 12, 4, t=0.001)]
     with pytest.raises(RuleViolation) as e:
         run(cls, reqs, **kw)
-    assert str(e.value) == f"test_guard.{cls.__qualname__} broke the rule '{rule}' {where}: {detail}"
+    assert str(e.value) == \
+        f"test_guard.{cls.__qualname__} broke the rule '{rule}' {where}: {detail}"
 
 
 class DuplicatesTheLast(Sarathi):

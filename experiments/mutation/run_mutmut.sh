@@ -45,9 +45,9 @@ mutmut run --max-children "${MUT_JOBS:-2}" "${names[@]}" > mutmut.log 2>&1 || { 
 tail -c 200 mutmut.log | tr '\r' '\n' | tail -2
 mutmut results --all true 2>/dev/null > results.txt || true
 # per module: mutants, survivors (a mutant's name is module.function__mutmut_N)
-awk -F: 'NF > 1 {split($1, a, ".x"); m = a[1]; n[m]++; if ($2 ~ /survived/) s[m]++}
+awk -F: 'NF > 1 {sub(/^ +/, "", $1); split($1, a, ".x"); m = a[1]; n[m]++; if ($2 ~ /survived/) s[m]++}
          END {for (m in n) printf "  %-40s %5d mutants %4d survived\n", m, n[m], s[m]}' results.txt | sort
-survivors=$(awk -F: '/survived/ {print $1}' results.txt)
+survivors=$(awk -F: '/survived/ {sub(/^ +/, "", $1); print $1}' results.txt)
 echo "survivors: $(echo "$survivors" | grep -c . || true)"
 for m in $survivors; do
   echo "=== $m"

@@ -23,6 +23,14 @@ ITER_COLUMNS = ("start", "duration", "prefill_tokens", "decode_tokens", "num_req
                 "kv_blocks_used", "kv_tokens_stored", "preemptions")
 
 
+def _all_decoding(reqs: list[Request]) -> bool:
+    for r in reqs:   # Request.is_decoding, inlined: asked after most iterations
+        n = r.num_output_tokens
+        if not n or r.num_computed_tokens != r.num_prompt_tokens + n - 1:
+            return False
+    return True
+
+
 def _owner(cls: type, method: str) -> type:
     return next(c for c in cls.__mro__ if method in vars(c))
 
@@ -192,11 +200,9 @@ class Engine:
                     f"{len(policy.waiting)} waiting and {len(policy.running)} running requests "
                     f"and {kv.num_free_blocks}/{kv.num_blocks} KV blocks free; it would never "
                     "make progress")
-            # a batch of nothing but one decode per running request, none finished: if the
-            # policy says the next batch would be the same, skip ahead
-            if (self.fast_forward and not done and n_pre == 0 and not out.preempted
-                    and n_dec == len(out) == len(policy.running) and policy.steady_decode()):
-                self._skip_decodes(reqs[i].arrival_time if i < n_total else float("inf"))
+            if self.fast_forward:
+                self.skip_ahead(out, done, n_pre, n_dec,
+                                reqs[i].arrival_time if i < n_total else float("inf"))
         self.guard.finished()
         return reqs
 
@@ -213,6 +219,18 @@ class Engine:
             return type(e)(f"{where}: {e}")
         except Exception:   # an exception class that takes other arguments
             return RuntimeError(f"{where} raised {type(e).__name__}: {e}")
+
+    def skip_ahead(self, out, done, n_pre: int, n_dec: int, next_arrival: float) -> None:
+        """After `step()` returned (out, done, n_pre, n_dec), with fast-forward on: if every
+        running request is now decoding (after a decode batch, a finish or the last chunk of a
+        prompt), the last batch preempted nothing and the policy says the next batch is one
+        decode of each of them, run the decode iterations before `next_arrival` at once. For
+        `run` and for drivers of their own that call `step` (closed-loop clients, fleets)."""
+        policy = self.policy
+        if policy.running and not out.preempted \
+                and (n_pre == 0 and n_dec == len(out) == len(policy.running) + len(done)
+                     or _all_decoding(policy.running)) and policy.steady_decode():
+            self._skip_decodes(next_arrival)
 
     def _skip_decodes(self, next_arrival: float) -> None:
         """Run k identical decode-only iterations at once: same requests, contexts +1 each step,

@@ -118,3 +118,33 @@ def test_same_config_and_seed_give_the_same_run(tmp_path):
     a, b, c = once(1, "a"), once(1, "b"), once(2, "c")
     pd.testing.assert_frame_equal(a, b)
     assert not a["arrival_time"].equals(c["arrival_time"])
+
+
+def _ff_pair(name, reqs_of, **kw):
+    """The same run with fast-forward on and off, and how many times each called schedule()."""
+    runs, calls = {}, {}
+    for ff in (True, False):
+        reqs, p = reqs_of(), make_policy(name, **kw)
+        calls[ff] = 0
+
+        def counted(now, _schedule=p.schedule, _ff=ff):
+            calls[_ff] += 1
+            return _schedule(now)
+        p.schedule = counted
+        eng = Engine(p, LinearCost(base=0.01, per_token=1e-4), fast_forward=ff)
+        eng.run(reqs)
+        runs[ff] = (eng, reqs)
+    return runs, calls
+
+
+def test_fast_forward_starts_right_after_the_prefill_and_after_a_finish():
+    # one prefill then 9 decodes: iteration 1 prefills, then a skip of 8 (the last decode,
+    # which finishes the request, is stepped); b's finish leaves a alone and steady again
+    runs, calls = _ff_pair("vllm", lambda: [req(0, 4, 40), req(1, 4, 10)], max_model_len=64)
+    (eng, reqs), (ref_eng, ref) = runs[True], runs[False]
+    assert [r.token_times for r in reqs] == [r.token_times for r in ref]
+    assert (eng.iterations() == ref_eng.iterations()).all()
+    # stepped: the prefill, b's last decode, a's last decode; skipped: 8 + 29 decodes
+    assert eng.num_iterations == ref_eng.num_iterations == calls[False] == 40
+    assert calls[True] == 3
+

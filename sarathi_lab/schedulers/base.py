@@ -90,9 +90,11 @@ class Policy(abc.ABC):
         return None
 
     def steady_decode(self) -> bool:
-        """True if, while nothing arrives and nothing finishes, the next `schedule()` would again
-        be exactly one decode of every running request (the engine checks that this one was).
-        Lets the simulator skip ahead; False is always safe."""
+        """True if, while nothing arrives and nothing finishes, the next `schedule()` would be
+        exactly one decode of every running request. Asked only when every running request is
+        decoding (its prompt done, its last token emitted), after any batch: a decode batch, one
+        in which requests finished, or one that completed prompts. Lets the simulator skip
+        ahead; False is always safe."""
         return False
 
     def rejection_reason(self, req: Request) -> str | None:

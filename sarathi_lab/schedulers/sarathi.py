@@ -44,4 +44,7 @@ class Sarathi(Policy):
         return self.cfg.token_budget
 
     def steady_decode(self):
-        return not self.waiting or self.head_blocked(self.cfg.token_budget - len(self.running))
+        # decodes never outnumber the budget (each request's prompt went through it first);
+        # checked anyway, as the engine no longer sees the last batch decode them all
+        left = self.cfg.token_budget - len(self.running)
+        return left >= 0 and (not self.waiting or self.head_blocked(left))

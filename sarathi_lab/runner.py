@@ -113,15 +113,28 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
     bar, progress = _progress_bar(len(requests), r.run.progress, executor.simulated)
     engine = Engine(policy, executor, fast_forward=r.run.fast_forward, progress=progress,
                     overlong=r.run.overlong)
-    engine.run(requests)
+    n = r.cluster.num_replicas
+    if n > 1:   # a fleet: the same replica n times, behind the router
+        from sarathi_lab.cluster import Cluster
+        fleet = Cluster([engine] + [Engine(*build(c, r), fast_forward=r.run.fast_forward,
+                                           overlong=r.run.overlong) for _ in range(n - 1)],
+                        r.router_cls(r.router_cfg, n, r.run.seed), progress=progress)
+        fleet.run(requests)
+    else:
+        engine.run(requests)
     if bar is not None:
         bar.close()
     wall = time.perf_counter() - t0
-    req_df = requests_table(requests, engine.output_lens)
-    it_df = iterations_table(engine.iterations())
-    summary = summarize(req_df, it_df, slo=c.get("slo"), kv_blocks_total=policy.kv.num_blocks,
-                        block_size=policy.kv.block_size,
-                        prefix_cache=policy.kv.prefix_cache_stats())
+    if n > 1:
+        req_df, it_df = fleet.tables(requests)
+        summary = fleet.summarize(req_df, it_df, slo=c.get("slo"))
+    else:
+        req_df = requests_table(requests, engine.output_lens)
+        it_df = iterations_table(engine.iterations())
+        summary = summarize(req_df, it_df, slo=c.get("slo"),
+                            kv_blocks_total=policy.kv.num_blocks,
+                            block_size=policy.kv.block_size,
+                            prefix_cache=policy.kv.prefix_cache_stats())
     summary["wall_time_s"] = wall
     summary["simulated"] = executor.simulated
     summary["config"] = c

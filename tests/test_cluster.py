@@ -75,7 +75,8 @@ POLICY_CASES = [
     ("vllm", {"enable_prefix_caching": True, "num_blocks": 60}),    # a shared prefix
 ]
 # prefix_affinity needs a prefix cache: paged KV (sarathi, vllm) with it on
-ONE_REPLICA_CASES = [(p, kw, r) for p, kw in POLICY_CASES for r in ROUTERS if r != "prefix_affinity"] \
+ONE_REPLICA_CASES = [(p, kw, r) for p, kw in POLICY_CASES for r in ROUTERS
+                     if r != "prefix_affinity"] \
     + [(p, {**kw, "enable_prefix_caching": True}, "prefix_affinity")
        for p, kw in POLICY_CASES if p in ("sarathi", "vllm")]
 

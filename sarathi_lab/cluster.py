@@ -7,9 +7,9 @@ routed when the fleet's clock reaches it, and every engine's fast-forward stops 
 arrival (the router may send it there). One replica reproduces `Engine.run` exactly.
 
 What the router sees (`routers.ReplicaView`): per replica, the requests it was sent that had not
-finished or been rejected at the arrival's time, and their prompt tokens, counted exactly at that
-time (a request that ends in an iteration still running at that time is still outstanding), and the
-replica's prefix cache.
+finished or been rejected at the arrival's time, and the prompt tokens of those that had not
+emitted a first token yet, counted exactly at that time (a request that ends in an iteration
+still running at that time is still outstanding), and the replica's prefix cache.
 """
 from __future__ import annotations
 
@@ -42,7 +42,9 @@ class Cluster:
         self.router = router
         self.views = [ReplicaView(j, e) for j, e in enumerate(engines)]
         self.replica_of: dict[int, int] = {}   # id(request) -> its replica
-        self._ends: list[tuple] = []           # heap: (time, seq, replica, prompt tokens)
+        self._ends: list[tuple] = []           # heap: (time, seq, replica, request)
+        # per replica, its requests without a first token yet: id -> request
+        self._prefilling: list[dict[int, Request]] = [{} for _ in engines]
         self._seq = 0
         # per engine, while it may go on skipping decodes: the result of its last step
         self._resume: list[tuple | None] = [None] * len(engines)
@@ -58,15 +60,23 @@ class Cluster:
         """Requests of replica j that finished or were rejected at time t: no longer
         outstanding from t on."""
         for r in reqs:
-            heapq.heappush(self._ends, (t, self._seq, j, r.num_prompt_tokens))
+            heapq.heappush(self._ends, (t, self._seq, j, r))
             self._seq += 1
 
     def _count_until(self, t: float) -> None:
-        ends, views = self._ends, self.views
+        """The routers' counts as of time t: a request's prompt stops counting once its first
+        token is out (or it is rejected), the request once it has ended."""
+        views = self.views
+        for j, waiting in enumerate(self._prefilling):
+            started = [k for k, r in waiting.items() if r.token_times and r.token_times[0] <= t]
+            for k in started:
+                views[j].outstanding_tokens -= waiting.pop(k).num_prompt_tokens
+        ends = self._ends
         while ends and ends[0][0] <= t:
-            _, _, j, tokens = heapq.heappop(ends)
+            _, _, j, r = heapq.heappop(ends)
             views[j].num_outstanding -= 1
-            views[j].outstanding_tokens -= tokens
+            if self._prefilling[j].pop(id(r), None) is not None:   # rejected before a token
+                views[j].outstanding_tokens -= r.num_prompt_tokens
 
     def _route(self, req: Request, t: float) -> None:
         self._count_until(t)
@@ -89,6 +99,7 @@ class Cluster:
         self._resume[j] = None   # its next batch may take the new request
         view.num_outstanding += 1
         view.outstanding_tokens += req.num_prompt_tokens
+        self._prefilling[j][id(req)] = req
         if not engine.add_request(req):
             self._ended(j, t, (req,))
 

@@ -9,9 +9,10 @@ or a dotted path (``cluster.router=my_pkg.mod:MyRouter``).
 `route(req, replicas, now)` is called once per arrival, in arrival order, when the fleet's clock
 reaches it; it returns the index of the replica that takes the request. Each `ReplicaView` says
 what a router in front of real servers knows at that moment: the requests it has sent that are
-neither finished nor rejected yet (`num_outstanding`) and their prompt tokens
-(`outstanding_tokens`), counted exactly at `now`, and the replica's prefix cache
-(`cached_prefix_len`). `view.engine` is the replica itself, to read and never to change: its
+neither finished nor rejected yet (`num_outstanding`), the prompt tokens of those whose first
+token has not come back yet (`outstanding_tokens`: the prefill the replica still owes, as a
+proxy that streams responses can tell), both counted exactly at `now`, and the replica's prefix
+cache (`cached_prefix_len`). `view.engine` is the replica itself, to read and never to change: its
 policy and KV state are as of the end of the iteration it is running at `now`.
 """
 from __future__ import annotations
@@ -36,15 +37,18 @@ class ReplicaView:
         self.index = index
         self.engine = engine
         self.num_outstanding = 0      # requests sent here, not finished or rejected by `now`
-        self.outstanding_tokens = 0   # their prompt tokens
+        self.outstanding_tokens = 0   # prompt tokens of those without a first token by `now`
 
     def cached_prefix_len(self, req: Request) -> int:
         """Prompt tokens of `req` this replica's prefix cache holds now (full blocks)."""
         return self.engine.kv.cached_prefix_len(req)
 
-    def load(self, kind: str) -> int:
-        """`tokens`: outstanding prompt tokens; `requests`: outstanding requests."""
-        return self.outstanding_tokens if kind == "tokens" else self.num_outstanding
+    def load(self, kind: str) -> tuple[int, int]:
+        """A sort key, least loaded first. `tokens`: outstanding prompt tokens, then requests;
+        `requests`: outstanding requests, then prompt tokens."""
+        if kind == "tokens":
+            return self.outstanding_tokens, self.num_outstanding
+        return self.num_outstanding, self.outstanding_tokens
 
     def __repr__(self):
         return (f"ReplicaView({self.index}, outstanding={self.num_outstanding}, "
@@ -108,12 +112,13 @@ class RoundRobin(Router):
 @dataclass
 class LeastLoadedConfig(RouterConfig):
     load: str = setting("tokens", choices=("tokens", "requests"),
-                        help="tokens: outstanding prompt tokens | requests: outstanding requests")
+                        help="tokens: prompt tokens not yet answered by a first token | "
+                             "requests: outstanding requests (each breaks the other's ties)")
 
 
 class LeastLoaded(Router):
-    """The replica with the least outstanding load (tokens: least outstanding tokens;
-    requests: Vidur's least outstanding requests)."""
+    """The replica with the least outstanding load (tokens: least outstanding prefill tokens;
+    requests: least outstanding requests, Vidur's `lor`)."""
     name = "least_loaded"
     config_class = LeastLoadedConfig
 
@@ -144,7 +149,7 @@ class PrefixAffinityConfig(LeastLoadedConfig):
     min_match_tokens: int = setting(1, ge=1, help="a shorter cached prefix counts as no hit")
     balance_tokens: int | None = setting(
         None, ge=0, help="null: always follow the cache | N: go least loaded instead when the "
-                         "cache's replica has more than N outstanding tokens above the least")
+                         "cache's replica owes more than N prefill tokens above the least")
 
 
 class PrefixAffinity(Router):

@@ -164,19 +164,39 @@ def test_least_loaded_by_tokens_and_by_requests():
 
 
 def test_least_loaded_counts_outstanding_work_at_the_arrivals_time():
-    """LinearCost: 0.01 s + 1 ms per token. On replica 0, A (100 prompt tokens, 2 out) runs its
-    prefill in [0, 0.11] and its last decode in [0.11, 0.121]. E arrives at 0.115: replica 0's
-    engine has already computed A's end, but at 0.115 A is still outstanding, so E goes to
-    replica 1 (30 tokens of B); at 0.2 A has ended and F goes to replica 0."""
-    rs = [req("A", 100, 2, t=0.0), req("B", 30, 400, t=0.0), req("C", 20, 1, t=0.05),
-          req("E", 10, 1, t=0.115), req("F", 10, 1, t=0.2)]
-    f = fleet(2, "least_loaded", token_budget=512)
+    """LinearCost: 0.01 s + 1 ms per token, one iteration at a time per replica.
+    Replica 0: A's prefill (100 tokens) in [0, 0.11], then A's last decode with A2's prefill
+    (10) in [0.11, 0.131]: A ends at 0.131, A2's first token comes then. Replica 1: B's prefill
+    (200 tokens) in [0, 0.21]. E arrives at 0.12: replica 0's engine has already computed A's
+    end, but at 0.12 A is still outstanding (2 requests against 1), so E goes to replica 1."""
+    rs = [req("A", 100, 2, t=0.0), req("B", 200, 400, t=0.0), req("A2", 10, 400, t=0.001),
+          req("E", 10, 1, t=0.12), req("F", 10, 1, t=0.5)]
+    f = fleet(2, "least_loaded", router_cfg=LeastLoadedConfig(load="requests"),
+              token_budget=512, max_model_len=1024)
     f.run(rs)
     got = {r.request_id: f.replica_of[id(r)] for r in rs}
-    # A: tie -> 0; B: (100, 0) -> 1; C: (100, 30) -> 1; E: (100, 30) -> 1; F: (0, 30+) -> 0
-    assert got == {"A": 0, "B": 1, "C": 1, "E": 1, "F": 0}
-    a = rs[0]
-    assert a.finish_time == pytest.approx(0.121) and a.finish_time > 0.115
+    # A: all idle -> 0; B: 1 request against 0 -> 1; A2: 1 each, prompt tokens still owed
+    # 100 against 200 -> 0; E: 2 against 1 -> 1; F: 1 each (A2, B), no prompt owed -> 0
+    assert got == {"A": 0, "B": 1, "A2": 0, "E": 1, "F": 0}
+    assert rs[0].finish_time == pytest.approx(0.131) and rs[0].finish_time > 0.12
+    assert rs[2].token_times[0] == pytest.approx(0.131)
+
+
+def test_outstanding_prompt_tokens_end_with_the_first_token():
+    """The same fleet by tokens: C (30 tokens) arrives at 0.05, while A's prompt (100) is owed
+    on replica 0 and B's (20, first token at 0.03) no longer is on replica 1."""
+    rs = [req("A", 100, 5, t=0.0), req("B", 20, 300, t=0.0), req("C", 30, 5, t=0.05)]
+    f = fleet(2, "least_loaded", token_budget=512, max_model_len=1024)
+    seen = []
+    route = f.router.route
+
+    def spy(r, replicas, now):
+        seen.append([(v.outstanding_tokens, v.num_outstanding) for v in replicas])
+        return route(r, replicas, now)
+    f.router.route = spy
+    f.run(rs)
+    assert seen == [[(0, 0), (0, 0)], [(100, 1), (0, 0)], [(100, 1), (0, 1)]]
+    assert [f.replica_of[id(r)] for r in rs] == [0, 1, 1]
 
 
 def test_power_of_two_takes_the_less_loaded_of_two_draws():
@@ -221,7 +241,7 @@ def system_prompt_scenario():
             req(1, 36, 3, t=0.0, ids=system + [1, 2, 3, 4]),     # nothing cached: least -> 1
             req(2, 10, 40, t=1.0, ids=list(range(300, 310))),    # all idle: tie -> 0
             req(3, 36, 3, t=1.01, ids=system + [5, 6, 7, 8]),    # replica 1 holds it (8 blocks)
-            req(4, 36, 3, t=1.02, ids=system + [9, 9, 9, 9])]    # still replica 1
+            req(4, 36, 3, t=1.025, ids=system + [9, 9, 9, 9])]   # still replica 1
 
 
 def test_prefix_affinity_sends_a_shared_system_prompt_to_the_replica_that_holds_it():
@@ -231,8 +251,8 @@ def test_prefix_affinity_sends_a_shared_system_prompt_to_the_replica_that_holds_
     assert [f.replica_of[id(r)] for r in rs] == [0, 1, 0, 1, 1]
     # the system prompt was computed once, then served from replica 1's cache twice
     assert f.engines[1].kv.prefix_hit_tokens == 2 * 32
-    # at 1.02 request 3 (36 tokens) is still on replica 1 and request 2 (10 tokens, 40 out) on
-    # replica 0: by load alone, request 4 goes to replica 0 and computes the prompt again
+    # at 1.025 requests 2 (on 0) and 3 (on 1) are both decoding: by load alone, request 4 goes
+    # to replica 0 (the lowest index among equals) and computes the prompt again
     rs = system_prompt_scenario()
     g = fleet(2, "least_loaded", enable_prefix_caching=True, token_budget=64)
     g.run(rs)

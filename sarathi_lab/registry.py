@@ -1,5 +1,5 @@
-"""Find a plug-in class -- policy, executor, cost model, queue, router -- by registered name or by dotted
-path.
+"""Find a plug-in class -- policy, executor, cost model, queue, router -- by registered name or by
+dotted path.
 
 Names come from the entry-point groups below (a plug-in package registers its classes in its own
 ``pyproject.toml``) and, when the package runs from a source tree without its entry points

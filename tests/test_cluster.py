@@ -65,7 +65,7 @@ def assert_same_run(a, b):
     pd.testing.assert_frame_equal(a[1], b[1], check_exact=True)
 
 
-# -- one replica is the single engine ---------------------------------------------------------------
+# -- one replica is the single engine -------------------------------------------------------------
 POLICY_CASES = [
     ("sarathi", {"token_budget": 32}),
     ("vllm", {}),
@@ -135,7 +135,7 @@ def test_fleet_fast_forward_equals_stepping(router):
     assert sum(skipped) > 0 and sum(none) == 0
 
 
-# -- the routers, one by one ------------------------------------------------------------------------
+# -- the routers, one by one ----------------------------------------------------------------------
 def views(*loads, cached=None):
     """Replicas for unit checks of a router: (outstanding requests, tokens) and cached prefix
     lengths set by hand."""
@@ -275,7 +275,7 @@ def test_kv_cached_prefix_len_reads_without_changing():
     assert not kv.req_blocks and probe.num_computed_tokens == 0
 
 
-# -- conservation -----------------------------------------------------------------------------------
+# -- conservation ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("router", ROUTERS)
 def test_every_request_ends_once_on_one_replica(router):
     rs = workload(150, seed=9, qps=80, prompt=(8, 300), ids=True)
@@ -304,7 +304,7 @@ def test_every_request_ends_once_on_one_replica(router):
     assert all(v.num_outstanding == 0 and v.outstanding_tokens == 0 for v in f.views)
 
 
-# -- errors -----------------------------------------------------------------------------------------
+# -- errors ---------------------------------------------------------------------------------------
 class Wrong(Router):
     """Sends every request to `answer` (by default: one past the last replica)."""
     name = "wrong"
@@ -408,7 +408,7 @@ def test_cluster_file_mirrors_the_config_classes():
     assert set(known("sarathi_lab.routers")) >= set(ROUTERS)
 
 
-# -- the command line -------------------------------------------------------------------------------
+# -- the command line -----------------------------------------------------------------------------
 def test_cli_runs_a_fleet_and_writes_the_run_contract(tmp_path):
     r = cli(f"hydra.run.dir={tmp_path}/run", "trace=synthetic", "trace.num_requests=40",
             "trace.qps=8", "cluster.num_replicas=2", "cluster.router=round_robin", cwd=tmp_path)
@@ -420,6 +420,7 @@ def test_cli_runs_a_fleet_and_writes_the_run_contract(tmp_path):
     assert reqs["replica"].tolist() == [0, 1] * 20   # round robin over arrival order
     assert set(its["replica"]) == {0, 1} and its["start"].is_monotonic_increasing
     assert s["num_finished"] == 40 and s["num_replicas"] == 2 and s["router"] == "round_robin"
+    assert "fleet of 2 replicas, router round_robin: requests per replica 20, 20" in r.stdout
     assert [p["num_requests"] for p in s["replicas"]] == [20, 20]
     assert [p["num_iterations"] for p in s["replicas"]] == \
         its["replica"].value_counts().sort_index().tolist()

@@ -14,7 +14,7 @@ opened by a 2,048-token context (a long system prompt, few-shot examples or a do
 Goodput: requests meeting DistServe's chat SLO (TTFT <= 2.5 s, TPOT <= 0.15 s) per second.
 One command writes results/routing/routing.csv and prints the table:
 
-    python experiments/routing/run.py [--replicas 4 8] [--qps 1.5 2.5] [--per-replica 300]
+    python experiments/routing/run.py [--replicas 4 8] [--qps 1.5] [--per-replica 300]
 """
 from __future__ import annotations
 
@@ -36,14 +36,14 @@ ROUTERS = {   # label: cluster settings
 OUT = Path(__file__).resolve().parents[2] / "results" / "routing"
 
 
-def config(replicas: int, cluster: dict, model_overrides=()) -> dict:
+def config(replicas: int, cluster: dict) -> dict:
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
     from sarathi_lab.sweeps import register_resolvers
     register_resolvers()
     ov = ["slo=distserve-chat", "scheduler.enable_prefix_caching=true", "progress=false",
-          f"cluster.num_replicas={replicas}", *model_overrides,
+          f"cluster.num_replicas={replicas}",
           *(f"cluster.{k}={v}" for k, v in cluster.items())]
     with initialize_config_module("sarathi_lab.configs", version_base="1.3"):
         cfg = compose("config", overrides=ov)
@@ -72,9 +72,9 @@ def workload(n: int, qps: float, shared: bool, *, contexts=400, context_len=2048
     return to_requests(df)
 
 
-def one(replicas: int, label: str, qps: float, shared: bool, n: int, model_overrides=()) -> dict:
+def one(replicas: int, label: str, qps: float, shared: bool, n: int) -> dict:
     from sarathi_lab.runner import run
-    c = config(replicas, ROUTERS[label], model_overrides)
+    c = config(replicas, ROUTERS[label])
     reqs = workload(n, qps * replicas, shared)
     t0 = time.perf_counter()
     s = run(c, None, requests=reqs, write=False)
@@ -82,7 +82,8 @@ def one(replicas: int, label: str, qps: float, shared: bool, n: int, model_overr
     return {
         "replicas": replicas, "qps_per_replica": qps,
         "prefixes": "shared" if shared else "unique", "router": label,
-        "p99_ttft_s": s["ttft"]["p99"], "p50_ttft_s": s["ttft"]["p50"], "p99_tbt_s": s["tbt"]["p99"],
+        "p99_ttft_s": s["ttft"]["p99"], "p50_ttft_s": s["ttft"]["p50"],
+        "p99_tbt_s": s["tbt"]["p99"],
         "goodput_rps": s["slo"]["goodput_rps"], "attainment": s["slo"]["attainment"],
         "prefix_hit_rate": s["prefix_cache"]["hit_rate"],
         "imbalance": max(served) / (sum(served) / len(served)),
@@ -91,14 +92,14 @@ def one(replicas: int, label: str, qps: float, shared: bool, n: int, model_overr
     }
 
 
-def study(replicas, qps_list, per_replica: int, model_overrides=()) -> "pd.DataFrame":
+def study(replicas, qps_list, per_replica: int):
     import pandas as pd
     rows = []
     for r in replicas:
         for qps in qps_list:
             for shared in (False, True):
                 for label in ROUTERS:
-                    row = one(r, label, qps, shared, per_replica * r, model_overrides)
+                    row = one(r, label, qps, shared, per_replica * r)
                     rows.append(row)
                     print(f"{r} replicas, {qps:g} req/s each, {row['prefixes']:6} "
                           f"{label:24} P99 TTFT {row['p99_ttft_s']:7.2f} s  P99 TBT "
@@ -108,13 +109,13 @@ def study(replicas, qps_list, per_replica: int, model_overrides=()) -> "pd.DataF
     return pd.DataFrame(rows)
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--replicas", type=int, nargs="+", default=[4, 8])
-    ap.add_argument("--qps", type=float, nargs="+", default=[1.5, 2.5], help="per replica")
+    ap.add_argument("--qps", type=float, nargs="+", default=[1.5], help="per replica")
     ap.add_argument("--per-replica", type=int, default=300, help="requests per replica")
     ap.add_argument("--out", type=Path, default=OUT)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     df = study(args.replicas, args.qps, args.per_replica)
     args.out.mkdir(parents=True, exist_ok=True)
     df.to_csv(args.out / "routing.csv", index=False, float_format="%.4g")

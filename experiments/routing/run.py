@@ -14,7 +14,7 @@ opened by a 2,048-token context (a long system prompt, few-shot examples or a do
 Goodput: requests meeting DistServe's chat SLO (TTFT <= 2.5 s, TPOT <= 0.15 s) per second.
 One command writes results/routing/routing.csv and prints the table:
 
-    python experiments/routing/run.py [--replicas 4 8] [--qps 1.5] [--per-replica 300]
+    python experiments/routing/run.py [--replicas 4 8] [--qps 1.5 2.5 3.5] [--per-replica 300]
 """
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def study(replicas, qps_list, per_replica: int):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--replicas", type=int, nargs="+", default=[4, 8])
-    ap.add_argument("--qps", type=float, nargs="+", default=[1.5], help="per replica")
+    ap.add_argument("--qps", type=float, nargs="+", default=[1.5, 2.5, 3.5], help="per replica")
     ap.add_argument("--per-replica", type=int, default=300, help="requests per replica")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)

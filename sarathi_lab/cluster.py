@@ -42,9 +42,9 @@ class Cluster:
         self.router = router
         self.views = [ReplicaView(j, e) for j, e in enumerate(engines)]
         self.replica_of: dict[int, int] = {}   # id(request) -> its replica
-        self._ends: list[tuple] = []           # heap: (time, seq, replica, request)
-        # per replica, its requests without a first token yet: id -> request
-        self._prefilling: list[dict[int, Request]] = [{} for _ in engines]
+        # heap of changes to the routers' counts: (time, seq, replica, tokens, requests)
+        self._changes: list[tuple] = []
+        self._owed: list[set[int]] = [set() for _ in engines]   # ids without a first token yet
         self._seq = 0
         # per engine, while it may go on skipping decodes: the result of its last step
         self._resume: list[tuple | None] = [None] * len(engines)
@@ -56,27 +56,39 @@ class Cluster:
         router.check(self.views)
 
     # -- the router's counts ------------------------------------------------------------------
+    def _change(self, t: float, j: int, tokens: int, requests: int) -> None:
+        """From time t on, replica j owes `tokens` fewer prompt tokens and has `requests`
+        fewer outstanding requests."""
+        heapq.heappush(self._changes, (t, self._seq, j, tokens, requests))
+        self._seq += 1
+
+    def _first_tokens(self, j: int, out) -> None:
+        """After a step of replica j that computed prompt tokens: the requests whose first
+        token came out in it no longer owe their prompt."""
+        owed = self._owed[j]
+        if owed:
+            for r in out.reqs:
+                if r.num_output_tokens and id(r) in owed:
+                    owed.discard(id(r))
+                    self._change(r.token_times[0], j, r.num_prompt_tokens, 0)
+
     def _ended(self, j: int, t: float, reqs) -> None:
-        """Requests of replica j that finished or were rejected at time t: no longer
-        outstanding from t on."""
+        """Requests of replica j that finished or were rejected at time t."""
+        owed = self._owed[j]
         for r in reqs:
-            heapq.heappush(self._ends, (t, self._seq, j, r))
-            self._seq += 1
+            tokens = 0
+            if id(r) in owed:   # rejected before a first token
+                owed.discard(id(r))
+                tokens = r.num_prompt_tokens
+            self._change(t, j, tokens, 1)
 
     def _count_until(self, t: float) -> None:
-        """The routers' counts as of time t: a request's prompt stops counting once its first
-        token is out (or it is rejected), the request once it has ended."""
-        views = self.views
-        for j, waiting in enumerate(self._prefilling):
-            started = [k for k, r in waiting.items() if r.token_times and r.token_times[0] <= t]
-            for k in started:
-                views[j].outstanding_tokens -= waiting.pop(k).num_prompt_tokens
-        ends = self._ends
-        while ends and ends[0][0] <= t:
-            _, _, j, r = heapq.heappop(ends)
-            views[j].num_outstanding -= 1
-            if self._prefilling[j].pop(id(r), None) is not None:   # rejected before a token
-                views[j].outstanding_tokens -= r.num_prompt_tokens
+        """The routers' counts as of time t."""
+        changes, views = self._changes, self.views
+        while changes and changes[0][0] <= t:
+            _, _, j, tokens, requests = heapq.heappop(changes)
+            views[j].outstanding_tokens -= tokens
+            views[j].num_outstanding -= requests
 
     def _route(self, req: Request, t: float) -> None:
         self._count_until(t)
@@ -99,7 +111,7 @@ class Cluster:
         self._resume[j] = None   # its next batch may take the new request
         view.num_outstanding += 1
         view.outstanding_tokens += req.num_prompt_tokens
-        self._prefilling[j][id(req)] = req
+        self._owed[j].add(id(req))
         if not engine.add_request(req):
             self._ended(j, t, (req,))
 
@@ -131,6 +143,8 @@ class Cluster:
                 resume[j_busy] = None
             start = busy.now
             out, done, n_pre, n_dec = busy.step()
+            if n_pre:
+                self._first_tokens(j_busy, out)
             if out.rejected:
                 self._ended(j_busy, start, out.rejected)
             if done:

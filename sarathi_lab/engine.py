@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 _COMPUTED = attrgetter("num_computed_tokens")
 
 ITER_COLUMNS = ("start", "duration", "prefill_tokens", "decode_tokens", "num_requests",
-                "kv_blocks_used", "kv_tokens_stored", "preemptions")
+                "kv_blocks_used", "kv_tokens_stored", "preemptions", "num_waiting")
 
 
 def _all_decoding(reqs: list[Request]) -> bool:
@@ -165,7 +165,7 @@ class Engine:
         for r in done:
             r.finish_reason = ex.finish_reason(r)
         self.rows.append((start, step.duration, n_pre, n_dec, len(out), kv.pool.num_used,
-                          kv.num_stored_tokens, len(out.preempted)))
+                          kv.num_stored_tokens, len(out.preempted), len(policy.waiting)))
         self.now = end
         self.guard.progressed(emitted, len(done) + len(out.rejected), self._where)
         self.num_done += len(done) + len(out.rejected)
@@ -266,6 +266,7 @@ class Engine:
         run[:, 3] = run[:, 4] = B                            # decode tokens, requests
         run[:, 5] = used_before + extra[:k]
         run[:, 6] = stored_before + B * np.arange(1, k + 1)
+        run[:, 8] = len(policy.waiting)   # nothing arrives or is admitted inside the run
         assert kv.num_used_blocks == run[-1, 5] and kv.num_stored_tokens == run[-1, 6], \
             "advance_decodes did not do what k decode steps would"
         self._flush()

@@ -65,6 +65,8 @@ class HardwareSpec:
     link_eff: float = setting(0.6, gt=0, le=1, help="achieved share of link_bandwidth")
     iteration_overhead_s: float = setting(2e-3, ge=0, help="CPU side of an iteration")
     layer_overhead_s: float = setting(5e-5, ge=0, help="GPU kernel floors per layer")
+    price_per_gpu_hour: float | None = setting(None, gt=0, help="USD, for the run's cost "
+                                               "figures; null: none")
 
     @classmethod
     def from_config(cls, cfg, overrides=None) -> "HardwareSpec":

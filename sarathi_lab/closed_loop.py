@@ -95,9 +95,11 @@ class ClientSettings:
                 raise ValueError(str(e)) from None
 
 
-def run_closed_loop(engine, requests: list, clients: int, think: ThinkTime, seed: int = 0):
-    """Serve `requests` (in this order) to `clients` closed-loop users on `engine`. Returns the
-    requests, each with the arrival time at which its user sent it."""
+def run_closed_loop(engine, requests: list, clients: int, think: ThinkTime,
+                    seed: int = 0) -> list[int]:
+    """Serve `requests` (in this order) to `clients` closed-loop users on `engine`; each
+    request's `arrival_time` becomes the moment its user sent it. Returns the user of each
+    request, in the order of `requests`."""
     if clients < 1:
         raise ValueError(f"clients={clients}: must be >= 1")
     draws = [think.sampler(np.random.default_rng([_THINK_STREAM, int(seed), u]))
@@ -107,6 +109,7 @@ def run_closed_loop(engine, requests: list, clients: int, think: ThinkTime, seed
     heapq.heapify(ready)
     owner: dict = {}   # request in flight -> its user
     n, sent = len(requests), 0
+    users = [-1] * n
 
     def answered(req, t: float) -> None:
         u = owner.pop(req)
@@ -121,7 +124,7 @@ def run_closed_loop(engine, requests: list, clients: int, think: ThinkTime, seed
             if req.deadline is not None:
                 req.deadline = t + (req.deadline - req.arrival_time)
             req.arrival_time = t
-            owner[req] = u
+            owner[req] = users[sent - 1] = u
             if not engine.add_request(req):
                 answered(req, t)
 
@@ -155,4 +158,4 @@ def run_closed_loop(engine, requests: list, clients: int, think: ThinkTime, seed
         if engine.fast_forward:
             engine.skip_ahead(out, done, n_pre, n_dec, next_send())
     engine.guard.finished()
-    return requests
+    return users

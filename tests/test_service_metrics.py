@@ -184,3 +184,22 @@ def test_old_tables_without_service_columns_are_one_group():
     s = summarize(rq, iterations_table([]))
     assert list(s["classes"]) == ["default"] and s["tenants"]["default"]["num_requests"] == 4
     assert np.isclose(s["fairness"]["jain"], 1.0)
+
+
+def test_cost_at_capacity_and_the_attainment_criterion_with_classes():
+    import pandas as pd
+
+    from sarathi_lab.capacity import _cost_at_capacity, criterion_defined, describe
+    c = {"hardware": {"price_per_gpu_hour": 3.6}, "executor": {"tensor_parallel": 2}}
+    trace = pd.DataFrame({"num_output_tokens": [100, 300, 0]})   # 0 runs as 1 token: mean 401/3
+    # 2 GPUs at $3.6/hour: $0.002/s; at 1 req/s, 401/3 output tok/s
+    assert _cost_at_capacity(c, trace, 1.0) == {
+        "usd_per_1m_output_tokens": approx(0.002 / (401 / 3) * 1e6),
+        "usd_per_request": approx(0.002)}
+    assert _cost_at_capacity({"hardware": {}}, trace, 1.0) == {}
+    assert _cost_at_capacity(c, trace, 0.0) == {}
+    assert criterion_defined({"e2e": 60.0}, "attainment")
+    assert criterion_defined({"classes": {"batch": {"e2e": 60.0}}}, "attainment")
+    assert not criterion_defined({"classes": {"chat": {"request_p99_tbt": 0.1}}}, "attainment")
+    assert describe({"e2e": 60.0, "classes": {"batch": {}}}, "attainment") == \
+        ">= 90% of requests meet E2E <= 60.0 s (classes batch: their own targets)"

@@ -203,3 +203,19 @@ def test_cost_at_capacity_and_the_attainment_criterion_with_classes():
     assert not criterion_defined({"classes": {"chat": {"request_p99_tbt": 0.1}}}, "attainment")
     assert describe({"e2e": 60.0, "classes": {"batch": {}}}, "attainment") == \
         ">= 90% of requests meet E2E <= 60.0 s (classes batch: their own targets)"
+
+
+def test_design_defines_the_service_figures():
+    """Every key of the per-group, fairness, queue, cost and load sections is defined in
+    DESIGN.md (as test_docs checks the others)."""
+    import re
+    from pathlib import Path
+    design = (Path(__file__).resolve().parents[1] / "sarathi_lab" / "DESIGN.md").read_text()
+    words = {w for d in re.findall(r"`([^`]+)`", re.sub(r"```.*?```", "", design, flags=re.S))
+             for w in re.split(r"[^\w]+", d) if w}
+    s = summarize(scenario(), iterations_table([(0, 1.0, 4, 0, 1, 0, 0, 0, 3)]), slo=SLO,
+                  price_per_gpu_hour=2.0)
+    keys = set(s["classes"]["chat"]) | set(s["tenants"]["A"]) | set(s["fairness"]) | \
+        set(s["queue"]) | set(s["cost"]) | {"classes", "tenants", "fairness", "queue", "cost",
+                                             "load", "clients", "think_time", "client"}
+    assert not sorted(k for k in keys if k not in words)

@@ -207,7 +207,7 @@ def test_cost_at_capacity_and_the_attainment_criterion_with_classes():
 
 def test_design_defines_the_service_figures():
     """Every key of the per-group, fairness, queue, cost and load sections is defined in
-    DESIGN.md (as test_docs checks the others)."""
+    sarathi_lab/DESIGN.md (as test_docs checks the others)."""
     import re
     from pathlib import Path
     design = (Path(__file__).resolve().parents[1] / "sarathi_lab" / "DESIGN.md").read_text()

@@ -210,7 +210,7 @@ def test_design_defines_the_service_figures():
     sarathi_lab/DESIGN.md (as test_docs checks the others)."""
     import re
     from pathlib import Path
-    design = (Path(__file__).resolve().parents[1] / "sarathi_lab" / "DESIGN.md").read_text()
+    design = (Path(__file__).resolve().parents[1] / "sarathi_lab/DESIGN.md").read_text()
     words = {w for d in re.findall(r"`([^`]+)`", re.sub(r"```.*?```", "", design, flags=re.S))
              for w in re.split(r"[^\w]+", d) if w}
     s = summarize(scenario(), iterations_table([(0, 1.0, 4, 0, 1, 0, 0, 0, 3)]), slo=SLO,

@@ -435,4 +435,8 @@ def summarize(req_df: pd.DataFrame, it_df: pd.DataFrame, *, slo: dict | None = N
             "meets_attainment": all(c["met"] for c in crit if c["criterion"] == "attainment"),
             "criteria": crit,
         }
+        if slo.get("classes"):
+            # a class the SLO does not list (a typo, or "default") gets the top-level targets
+            out["slo"]["classes_without_targets"] = sorted(
+                set(out["classes"]) - set(slo["classes"]))
     return out

@@ -68,6 +68,9 @@ def format_criterion(c: dict) -> str:
 def _slo_lines(slo: dict) -> list[str]:
     lines = [f"SLO {slo.get('name', '')}: attainment {slo['attainment']:.1%}, "
              f"goodput {slo['goodput_rps']:.2f} req/s"]
+    if slo.get("classes_without_targets"):
+        lines.append("  classes without targets of their own (the top-level ones apply): "
+                     + ", ".join(slo["classes_without_targets"]))
     crit = slo.get("criteria") or []
     for key, who in (("tbt", "Sarathi-Serve P99-TBT"), ("attainment", "DistServe attainment")):
         parts = [format_criterion(c) for c in crit if c["criterion"] == key]

@@ -73,6 +73,10 @@ def test_per_class_figures_by_hand():
     assert chat["tbt"]["mean"] == approx(1.8)
     assert batch["tbt"]["p50"] is None and batch["ttft"]["max"] == 4.0
     assert chat["attainment"] == 0.5 and batch["attainment"] == 0.5   # r3 counts, as a miss
+    assert s["slo"]["classes_without_targets"] == []
+    only_chat = summarize(scenario(), iterations_table([]), slo={"classes": {"chat": {}}})
+    assert only_chat["slo"]["classes_without_targets"] == ["batch"]
+    assert "classes" not in summarize(scenario(), iterations_table([]), slo={"ttft": 1.0})["slo"]
     assert chat["goodput_rps"] == approx(1 / 9) and batch["goodput_rps"] == approx(1 / 9)
 
 
@@ -174,6 +178,7 @@ def test_summary_text_shows_classes_tenants_fairness_and_cost():
     assert "Jain's index 0.980 of service, 0.920 of the share of demand served" in text
     assert "$1.25e+03 per 1M output tokens" in text and "2 GPU(s)" in text
     assert "queue: 3.00 requests waiting" in text
+    assert "classes without targets" not in text
     one = summarize(scenario().assign(slo_class="x", tenant="y"), iterations_table([]))
     one.update(wall_time_s=0.0, config={})
     assert "SLO class" not in format_summary(one) and "Jain" not in format_summary(one)
@@ -219,3 +224,21 @@ def test_design_defines_the_service_figures():
         set(s["queue"]) | set(s["cost"]) | {"classes", "tenants", "fairness", "queue", "cost",
                                              "load", "clients", "think_time", "client"}
     assert not sorted(k for k in keys if k not in words)
+
+
+def test_report_table_has_the_new_columns(tmp_path):
+    from sarathi_lab.report import run_table
+    for name, clients in (("open", None), ("closed", 2)):
+        cfg = instant_sim_cfg(SARATHI_8)
+        cfg["hardware"]["price_per_gpu_hour"] = 3.6
+        cfg["trace"] = {"name": "t", "path": None, "num_requests": 6, "qps": 50.0,
+                        "prompt_len": 5, "output_len": 3, "clients": clients}
+        run(cfg, tmp_path / name)
+    t = run_table([tmp_path]).set_index("load_mode")
+    assert t.loc["closed", "clients"] == 2 and np.isnan(t.loc["closed", "qps"])
+    assert t.loc["open", "qps"] == 50.0
+    for mode in ("open", "closed"):
+        row = t.loc[mode]
+        assert row["cost_usd_per_1m_output_tokens"] == approx(
+            row["makespan_s"] / 3600 * 3.6 / (6 * 3) * 1e6)
+        assert row["fairness_jain"] == 1.0 and row["queue_max"] >= 0

@@ -134,6 +134,10 @@ def load_trace(path, *, num_requests=None, qps=None, arrival="poisson", cv=1.0, 
             "arrivals can be generated")
 
     df, dropped = _select(raw, src, num_requests, max_total_tokens, max_prompt_tokens)
+    if timed and arrival != "poisson":
+        raise ValueError(f"trace {src} has its own arrival times, so arrival={arrival!r} is not "
+                         "read (qps re-times its own gaps; a mix component with arrival="
+                         f"{arrival} draws new ones)")
     if timed:
         t = df["arrival_time"].to_numpy()
         t = (t - t[0]) / 1e9 if t.dtype.kind == "i" else t - t[0]  # Azure: int nanoseconds

@@ -126,6 +126,9 @@ def test_onoff_in_a_trace_config():
         build_trace({**cfg, "off_s": None})
     with pytest.raises(ValueError, match="burst"):
         load_trace("sharegpt", qps=1.0, burst=(1.0, 1.0))
+    # a timestamped trace keeps its own times: another arrival process is not read
+    with pytest.raises(ValueError, match="has its own arrival times, so arrival='onoff'"):
+        build_trace({**cfg, "path": "azure_conv"})
 
 
 def test_the_mix_preset_builds():

@@ -260,7 +260,11 @@ class Engine:
         policy, kv, ex = self.policy, self.kv, self.executor
         running = policy.running
         # no request may finish inside the run: the last of it is taken by the normal loop
-        k = int(ex.tokens_left(running).min()) - 1
+        stops = self._stops
+        if stops is not None:   # the default stop rule, read directly: asked after most steps
+            k = min([stops[r.request_id] - r.num_output_tokens for r in running]) - 1
+        else:
+            k = int(ex.tokens_left(running).min()) - 1
         if k < 2:
             return
         B = len(running)

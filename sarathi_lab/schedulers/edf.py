@@ -25,3 +25,7 @@ class EDFConfig(SarathiConfig):
 class EDF(OrderedSarathi):
     name = "edf"
     config_class = EDFConfig
+
+    def __init__(self, cfg, kv, queue=None):
+        # the order is fixed by the settings (queue=edf), whatever queue the caller built
+        super().__init__(cfg, kv)

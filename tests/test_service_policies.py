@@ -301,3 +301,27 @@ def test_a_policy_knob_of_another_policy_is_an_error(tmp_path):
     r = cli(f"hydra.run.dir={tmp_path}/run", "scheduler=edf", "scheduler.aging_rate=0.5",
             cwd=tmp_path)
     assert r.returncode != 0 and "scheduler.aging_rate" in r.stderr
+
+
+def test_queues_say_who_would_be_admitted_ahead_of_an_arrival():
+    from sarathi_lab.schedulers.queues import PriorityQueue, RequestQueue
+    waiting = [R(0, 10, 1, 0.0, priority=1), R(1, 10, 1, 0.1, priority=0),
+               R(2, 10, 1, 0.2, priority=1)]
+    new = R(3, 10, 1, 0.3, priority=0)
+    fcfs, prio = RequestQueue(), PriorityQueue()
+    for r in waiting:
+        fcfs.push(r)
+        prio.push(r)
+    assert [r.request_id for r in fcfs.ahead(new)] == [0, 1, 2]
+    assert [r.request_id for r in prio.ahead(new)] == [1]
+    # vtc: A has been served 100, B nothing, so B's first arrival is lifted to 100 and ties
+    # with A, whose head is older: A's request first, then B's two
+    q = TenantQueue(1.0, 2.0)
+    q.prompt_tokens["A"] = 100
+    a = R(0, 50, 1, 0.0, tenant="A")
+    q.push(a)
+    b1, b2 = R(1, 120, 1, 0.1, tenant="B"), R(2, 10, 1, 0.2, tenant="B")
+    assert q.ahead(b1) == [a] and q.counter("B") == 0   # asking pushes nothing, lifts nothing
+    q.push(b1)   # lifted to A's 100
+    assert q.counter("B") == 100.0
+    assert q.ahead(b2) == [a, b1] and list(q) == [a, b1]

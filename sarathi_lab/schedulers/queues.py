@@ -56,7 +56,7 @@ class RequestQueue:
     def ahead(self, req: Request) -> list[Request]:
         """The waiting requests that would be admitted before `req` if it were pushed now
         (admission control's estimate of its wait)."""
-        return list(self._q)
+        return list(self)
 
 
 class OrderedQueue(RequestQueue):

@@ -77,9 +77,10 @@ class SarathiPriority(OrderedSarathi):
         could start (seats and KV; the budget is not theirs to free)."""
         if not self.waiting:
             return
-        head = self.waiting.peek()
+        head, limit = self.waiting.peek(), self.cfg.token_budget
+        if self.admission_blocker(head, limit) is None:
+            return
         cands = self.victims(head)
-        limit = self.cfg.token_budget
         while cands and self.admission_blocker(head, limit) is not None:
             victim = self.waiting.victim(cands)
             cands.remove(victim)

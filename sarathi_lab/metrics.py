@@ -99,17 +99,22 @@ def iterations_table(rows) -> pd.DataFrame:
                          for i, c in enumerate(ITER_COLUMNS)})
 
 
-def tbt_gaps(req_df: pd.DataFrame, with_times: bool = False) -> tuple[np.ndarray, ...]:
-    """All TBT gaps pooled, and the request row each belongs to (non-decreasing); with_times
-    adds when each gap ends (the time of its later token). `token_times` entries may be lists
-    or arrays (as requests_table and a parquet file give them)."""
+def token_times_flat(req_df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Every output token's time, request after request, and the request row of each."""
     times = req_df["token_times"].to_numpy()
     lens = np.fromiter(map(len, times), np.int64, len(times))
     if len(times) and all(isinstance(t, np.ndarray) for t in times):
         flat = np.concatenate(times).astype(float, copy=False)
     else:
         flat = np.fromiter(itertools.chain.from_iterable(times), float, int(lens.sum()))
-    owner = np.repeat(np.arange(len(lens)), lens)
+    return flat, np.repeat(np.arange(len(lens)), lens)
+
+
+def tbt_gaps(req_df: pd.DataFrame, with_times: bool = False) -> tuple[np.ndarray, ...]:
+    """All TBT gaps pooled, and the request row each belongs to (non-decreasing); with_times
+    adds when each gap ends (the time of its later token). `token_times` entries may be lists
+    or arrays (as requests_table and a parquet file give them)."""
+    flat, owner = token_times_flat(req_df)
     gaps = np.diff(flat)
     same = owner[1:] == owner[:-1]
     if with_times:
@@ -206,15 +211,22 @@ def _labels(req_df: pd.DataFrame, col: str) -> np.ndarray:
 SERVICE_WEIGHTS = {"prompt": 1.0, "output": 2.0}
 
 
-def service_tokens(req_df: pd.DataFrame, weights=None) -> tuple[np.ndarray, np.ndarray]:
+def service_tokens(req_df: pd.DataFrame, weights=None,
+                   until: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per request (service received, service asked for) in weighted tokens. Received: the
-    prompt once its first token came out, plus every output token; recompute after a preemption
-    is the server's loss, not service. Asked: the prompt plus the workload's output length."""
+    prompt once its first token came out, plus every output token (with `until`, only those
+    out by then); recompute after a preemption is the server's loss, not service. Asked: the
+    prompt plus the workload's output length."""
     w = weights or SERVICE_WEIGHTS
     prompt = req_df["num_prompt_tokens"].to_numpy(float)
     out = req_df["num_output_tokens"].to_numpy(float)
+    started = out > 0
+    if until is not None:
+        flat, owner = token_times_flat(req_df)
+        out = np.bincount(owner[flat <= until], minlength=len(req_df)).astype(float)
+        started = out > 0
     target = req_df["target_output_tokens"].to_numpy(float)
-    got = w["prompt"] * np.where(out > 0, prompt, 0.0) + w["output"] * out
+    got = w["prompt"] * np.where(started, prompt, 0.0) + w["output"] * out
     asked = w["prompt"] * prompt + w["output"] * np.nan_to_num(target, nan=0.0)
     return got, asked
 
@@ -253,23 +265,30 @@ def group_metrics(req_df: pd.DataFrame, col: str, gaps_owner, span: float,
 
 
 def tenant_service(req_df: pd.DataFrame, tenants: dict, weights=None) -> dict:
-    """Adds each tenant's service received and asked for (weighted tokens) and its share of all
-    service to `tenants` (group_metrics by tenant); returns the fairness figures: Jain's index
-    over the tenants' service (`jain`) and over the share of its demand each was served
-    (`jain_of_demand_served`)."""
+    """Adds each tenant's service received and asked for (weighted tokens), its share of all
+    service, and the service it had received by the last arrival to `tenants` (group_metrics
+    by tenant); returns the fairness figures: Jain's index over the tenants' service (`jain`),
+    over the share of its demand each was served (`jain_of_demand_served`) and over the
+    service by the last arrival (`jain_by_last_arrival`: while requests still come, before the
+    run drains whatever is left)."""
     got, asked = service_tokens(req_df, weights)
+    last = float(req_df["arrival_time"].max()) if len(req_df) else 0.0
+    early, _ = service_tokens(req_df, weights, until=last)
     labels = _labels(req_df, "tenant")
     total = float(got.sum())
-    served, ratio = [], []
+    served, ratio, by_last = [], [], []
     for name, g in tenants.items():
         rows = labels == name
-        s, d = float(got[rows].sum()), float(asked[rows].sum())
+        s, d, e = float(got[rows].sum()), float(asked[rows].sum()), float(early[rows].sum())
         g.update(service_tokens=s, demand_tokens=d,
-                 service_share=s / total if total > 0 else None)
+                 service_share=s / total if total > 0 else None,
+                 service_tokens_by_last_arrival=e)
         served.append(s)
         ratio.append(s / d if d > 0 else 0.0)
+        by_last.append(e)
     return {"service_weights": dict(weights or SERVICE_WEIGHTS), "num_tenants": len(tenants),
-            "jain": jain(served), "jain_of_demand_served": jain(ratio)}
+            "jain": jain(served), "jain_of_demand_served": jain(ratio),
+            "jain_by_last_arrival": jain(by_last)}
 
 
 def queue_stats(it_df: pd.DataFrame) -> dict | None:

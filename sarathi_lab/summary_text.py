@@ -131,9 +131,10 @@ def _fairness_line(f: dict) -> str:
     w = f["service_weights"]
     jain = "-" if f["jain"] is None else f"{f['jain']:.3f}"
     served = "-" if f["jain_of_demand_served"] is None else f"{f['jain_of_demand_served']:.3f}"
+    early = "-" if f["jain_by_last_arrival"] is None else f"{f['jain_by_last_arrival']:.3f}"
     return (f"fairness over {f['num_tenants']} tenants (service = {w['prompt']:g} x prompt + "
-            f"{w['output']:g} x output tokens): Jain's index {jain} of service, {served} of the "
-            "share of demand served")
+            f"{w['output']:g} x output tokens): Jain's index {jain} of service ({early} by the "
+            f"last arrival), {served} of the share of demand served")
 
 
 def _cost_line(s: dict) -> str:

@@ -96,6 +96,10 @@ def test_per_tenant_figures_service_and_fairness_by_hand():
     assert f["service_weights"] == {"prompt": 1.0, "output": 2.0} and f["num_tenants"] == 2
     assert f["jain"] == approx(28 ** 2 / (2 * (16 ** 2 + 12 ** 2)))           # 0.98
     assert f["jain_of_demand_served"] == approx(289 / 314)   # shares 1 and 6/11
+    # by the last arrival (3.0): r0's 3 tokens and r1's first 3 (not the one at 9), r2 none yet:
+    # A 4 + 2x3 = 10, B 4 + 2x3 = 10
+    assert a["service_tokens_by_last_arrival"] == b["service_tokens_by_last_arrival"] == 10.0
+    assert f["jain_by_last_arrival"] == 1.0
 
 
 def test_without_an_slo_groups_have_no_attainment():
@@ -175,7 +179,8 @@ def test_summary_text_shows_classes_tenants_fairness_and_cost():
     assert "SLO class" in text and "tenant" in text
     line = next(ln for ln in text.splitlines() if ln.startswith("chat "))
     assert line.split()[:3] == ["chat", "2", "0"] and "50%" in line
-    assert "Jain's index 0.980 of service, 0.920 of the share of demand served" in text
+    assert ("Jain's index 0.980 of service (1.000 by the last arrival), 0.920 of the share of "
+            "demand served") in text
     assert "$1.25e+03 per 1M output tokens" in text and "2 GPU(s)" in text
     assert "queue: 3.00 requests waiting" in text
     assert "classes without targets" not in text

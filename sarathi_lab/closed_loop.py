@@ -5,8 +5,9 @@ arriving regardless of it (open-loop replay, `Engine.run`).
 The trace gives the requests and their order (its arrival times are not used): whenever a user is
 ready, it sends the next request of the trace not yet sent, its `arrival_time` being the moment it
 is sent (a relative deadline moves with it). Every user starts with one think time from 0, so a
-random think time staggers the first requests. A user whose request is rejected has its answer at
-once (on arrival, or when the policy rejects it) and thinks from then on. Users ready at the same
+random think time staggers the first requests. A user whose request is rejected has its answer
+then: when the engine took it (sent during an iteration, a request is taken when the iteration
+ends, as in open-loop replay), or when the policy rejected it later; it thinks from then on. Users ready at the same
 instant send in user order. Each user draws its think times from a stream of its own (seeded by
 the trace's seed), so its sequence of think times does not depend on the schedule.
 
@@ -126,7 +127,7 @@ def run_closed_loop(engine, requests: list, clients: int, think: ThinkTime,
             req.arrival_time = t
             owner[req] = users[sent - 1] = u
             if not engine.add_request(req):
-                answered(req, t)
+                answered(req, engine.now)   # refused when the engine took it
 
     def next_send() -> float:
         return ready[0][0] if sent < n and ready else float("inf")

@@ -91,6 +91,24 @@ def test_a_rejected_request_is_answered_at_once():
     assert users == [0, 0]
 
 
+def test_users_refused_by_admission_control_think_and_retry():
+    """One request at a time, a waiting queue of at most 1 (scheduler.max_queue_len), three
+    users thinking 0.5 s, one-token requests of one 1-s iteration each:
+    t=0.5  u0: r0 queued; u1: r1 and u2: r2 refused (r0 waits)     u1, u2 ready at 1.0
+    [0.5, 1.5] r0                                                   u0 ready at 2.0
+    t=1.5  u1: r3 (sent at 1.0) queued; u2: r4 (1.0) refused at 1.5 u2 ready at 2.0
+    [1.5, 2.5] r3                                                   u1 ready at 3.0
+    t=2.5  u0: r5 (2.0) queued; u2: r6 (2.0) refused at 2.5         u2 ready at 3.0
+    [2.5, 3.5] r5;  t=3.5  u1: r7 (3.0) queued;  [3.5, 4.5] r7"""
+    reqs = [req(i, 4, 1) for i in range(8)]
+    engine, users = serve(reqs, 3, ThinkTime("constant", 0.5), max_num_seqs=1, max_queue_len=1)
+    assert [r.arrival_time for r in reqs] == [0.5, 0.5, 0.5, 1.0, 1.0, 2.0, 2.0, 3.0]
+    assert users == [0, 1, 2, 1, 2, 0, 2, 1]
+    assert [i for i, r in enumerate(reqs) if r.rejection_reason] == [1, 2, 4, 6]
+    assert [reqs[i].finish_time for i in (0, 3, 5, 7)] == [1.5, 2.5, 3.5, 4.5]
+    assert "waiting queue full" in reqs[1].rejection_reason
+
+
 def test_relative_deadlines_move_with_the_arrival():
     r = req(0, 4, 1, t=100.0)
     r.deadline = 103.0    # 3 s after its trace arrival

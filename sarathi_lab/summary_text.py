@@ -3,6 +3,7 @@ served anything at all."""
 from __future__ import annotations
 
 TOP_REJECTIONS = 3   # reason kinds shown; summary.json has them all
+MAX_GROUP_ROWS = 20  # SLO classes / tenants shown, the most requests first; summary.json has all
 
 
 class NothingServed(ValueError):
@@ -113,7 +114,9 @@ def _group_lines(title: str, groups: dict, with_service: bool) -> list[str]:
             + (f"{'SLO met':>9}{'goodput':>9}" if slo else "")
             + (f"{'service':>9}" if with_service else ""))
     lines = ["", head]
-    for name, g in groups.items():
+    shown = sorted(groups, key=lambda k: -groups[k]["num_requests"])[:MAX_GROUP_ROWS]
+    for name in sorted(shown):
+        g = groups[name]
         e2e = g["e2e"]["p99"]
         row = (f"{name[:13]:<14}{g['num_requests']:>6}{g['num_rejected']:>5}"
                f"{_ms(g['ttft']['p50']):>12}{_ms(g['ttft']['p99']):>8}{_ms(g['tbt']['p99']):>11}"
@@ -124,6 +127,9 @@ def _group_lines(title: str, groups: dict, with_service: bool) -> list[str]:
             share = g.get("service_share")
             row += f"{'-' if share is None else _share(share):>9}"
         lines.append(row)
+    if len(groups) > len(shown):
+        lines.append(f"... {len(groups) - len(shown)} more in summary.json (the {len(shown)} "
+                     "with the most requests shown)")
     return lines
 
 

@@ -247,3 +247,16 @@ def test_report_table_has_the_new_columns(tmp_path):
         assert row["cost_usd_per_1m_output_tokens"] == approx(
             row["makespan_s"] / 3600 * 3.6 / (6 * 3) * 1e6)
         assert row["fairness_jain"] == 1.0 and row["queue_max"] >= 0
+
+
+def test_summary_text_shows_the_largest_groups_only():
+    from sarathi_lab.summary_text import MAX_GROUP_ROWS
+    reqs = []
+    for i in range(MAX_GROUP_ROWS + 5):   # tenant t00 has 2 requests, the others 1
+        reqs.append(finished(i, 0.0, [1.0], f"t{i:02d}", "c"))
+    reqs.append(finished(99, 0.0, [1.0], "t24", "c"))
+    s = summarize(requests_table(reqs), iterations_table([]))
+    s.update(wall_time_s=0.0, config={})
+    text = format_summary(s)
+    assert "... 5 more in summary.json (the 20 with the most requests shown)" in text
+    assert "\nt24 " in text and "\nt00 " in text and "\nt23 " not in text

@@ -193,6 +193,8 @@ class RooflineCostModel(CostModel):
         self.overhead = hw.iteration_overhead_s
         self.req_overhead = hw.request_overhead_s
         self.layer_floors = L * hw.layer_overhead_s
+        self._by_tokens: dict[int, float] = {}             # memo of _fixed's terms of T
+        self._by_rows: dict[int, float] = {}                # ... and of S
 
     # ---- components (seconds, whole model, per GPU) -----------------------------------------
     def _soft(self, compute: float, memory: float) -> float:
@@ -237,23 +239,18 @@ class RooflineCostModel(CostModel):
 
     def _fixed(self, T: int, S: int, B: int) -> float:
         """Everything but attention: a function of the batch's token, sampled-row and request
-        counts. Inlined arithmetic: this runs once per simulated iteration."""
+        counts. The terms of T and of S are memoized: this runs once per simulated iteration,
+        and a run sees few distinct token and row counts."""
         if T <= 0:
             return self.overhead
-        n, inv_n = self.n, self.inv_n
-        w = self.lin_weights
-        lin = w * (1.0 + (T * self.lin_per_token / w) ** n) ** inv_n
-        lm = 0.0
-        if S > 0:
-            w = self.lm_weights
-            lm = w * (1.0 + (S * self.lm_per_row / w) ** n) ** inv_n
-        t = self.overhead + B * self.req_overhead + self.layer_floors + lin \
-            + T * self.ew_per_token + lm
-        if self.tp > 1:
-            ring = self.ar_fixed + T * self.ar_per_token
-            fast = self.far_fixed + T * self.far_per_token
-            t += fast if fast < ring else ring
-        return t
+        by_t = self._by_tokens.get(T)
+        if by_t is None:
+            by_t = self._by_tokens[T] = self.layer_floors + self.linear_time(T) \
+                + T * self.ew_per_token + self.allreduce_time(T)
+        by_s = self._by_rows.get(S)
+        if by_s is None:
+            by_s = self._by_rows[S] = self.lm_head_time(S)
+        return self.overhead + B * self.req_overhead + by_t + by_s
 
     # ---- whole iterations --------------------------------------------------------------------
     def iteration_time(self, prefills, decode_contexts, num_sampled: int | None = None) -> float:
@@ -283,22 +280,37 @@ class RooflineCostModel(CostModel):
 
     def step_time(self, reqs, num_new_tokens) -> float:
         """The hot path: iteration_time of a scheduled batch, read straight off the requests."""
-        T = S = dec = B = 0
+        if self.window != _NO_WINDOW:
+            return self._windowed_step_time(reqs, num_new_tokens)
+        T = S = dec = 0
         pre = 0.0
-        a_pair, a_kv, w = self.attn_per_pair, self.attn_per_kv_token, self.window
+        a_pair, a_kv = self.attn_per_pair, self.attn_per_kv_token
         for r, c in zip(reqs, num_new_tokens):
             k = r.num_computed_tokens
             T += c
-            B += 1
             if k + c == r.num_prompt_tokens + r.num_output_tokens:
                 S += 1                       # the request caught up: it samples a token
             if c == 1:
-                dec += k + 1 if k < w else w  # decode (or a 1-token chunk: same cost)
-            elif k + c <= w:
+                dec += k + 1                 # decode (or a 1-token chunk: same cost)
+            else:
                 pre += (c * k + c * (c + 1) // 2) * a_pair + (k + c) * a_kv
+        return self._fixed(T, S, len(num_new_tokens)) + (pre + dec * self.decode_per_kv_token)
+
+    def _windowed_step_time(self, reqs, num_new_tokens) -> float:
+        """step_time of a sliding-window model: attention reads at most the window."""
+        T = S = dec = 0
+        pre = 0.0
+        w = self.window
+        for r, c in zip(reqs, num_new_tokens):
+            k = r.num_computed_tokens
+            T += c
+            if k + c == r.num_prompt_tokens + r.num_output_tokens:
+                S += 1
+            if c == 1:
+                dec += k + 1 if k < w else w
             else:
                 pre += self.chunk_attention_time(c, k)
-        return self._fixed(T, S, B) + (pre + dec * self.decode_per_kv_token)
+        return self._fixed(T, S, len(num_new_tokens)) + (pre + dec * self.decode_per_kv_token)
 
     def decode_run(self, contexts: np.ndarray, k: int) -> np.ndarray:
         """Durations of k decode-only iterations of the same requests, contexts +1 per step;

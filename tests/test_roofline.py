@@ -199,3 +199,18 @@ def test_the_near_ridge_gemm_is_slower_than_the_hard_max():
     assert 100 < ridge < 200
     T = int(ridge)
     assert soft.linear_time(T) / hard.linear_time(T) == pytest.approx(2 ** (1 / 1.5), rel=0.02)
+
+
+def test_overrides_are_typed_settings_of_the_sim_executor():
+    from sarathi_lab.executors.sim import SimExecutor
+    from sarathi_lab.settings import ConfigError
+    sim = preset("executor", "sim")
+    model, a100 = preset("model", "llama-2-7b"), preset("hardware", "a100-80gb")
+    base = SimExecutor.from_config(sim, model, a100).cost_model
+    cm = SimExecutor.from_config({**sim, "ridge_exponent": 64, "request_overhead_s": 0.0,
+                                  "attn_kv_eff": a100["attn_kv_eff"] / 2}, model, a100).cost_model
+    assert cm.n == 64 and cm.req_overhead == 0.0 and base.req_overhead == a100["request_overhead_s"]
+    assert cm.attn_per_kv_token == pytest.approx(2 * base.attn_per_kv_token, rel=1e-12)
+    for key, bad in (("ridge_exponent", 0.5), ("attn_kv_eff", 1.5), ("fast_ar_latency_s", -1)):
+        with pytest.raises(ConfigError, match=f"executor.{key}"):
+            SimExecutor.from_config({**sim, key: bad}, model, a100)

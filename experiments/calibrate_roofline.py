@@ -238,6 +238,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profiles", type=Path, default=REPO.parent / "shared/profiles/vidur")
     root = ap.parse_args().profiles
+    if not list(root.glob("compute/*/*/*/mlp.csv")):
+        ap.error(f"--profiles {root}: no compute/<gpu>/<org>/<model>/mlp.csv there (the Vidur "
+                 "profiles, see their SOURCES.md)")
     pd.set_option("display.width", 120)
     fit = {}
 

@@ -214,3 +214,50 @@ def test_overrides_are_typed_settings_of_the_sim_executor():
     for key, bad in (("ridge_exponent", 0.5), ("attn_kv_eff", 1.5), ("fast_ar_latency_s", -1)):
         with pytest.raises(ConfigError, match=f"executor.{key}"):
             SimExecutor.from_config({**sim, key: bad}, model, a100)
+
+
+# ---- the calibration script's fits -----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def calibrate():
+    import importlib.util
+    import sys
+    path = Path(__file__).resolve().parents[1] / "experiments" / "calibrate_roofline.py"
+    spec = importlib.util.spec_from_file_location("calibrate_roofline", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["calibrate_roofline"] = mod
+    spec.loader.exec_module(mod)
+    yield mod
+    del sys.modules["calibrate_roofline"]
+
+
+def test_the_fits_recover_known_constants(calibrate):
+    import pandas as pd
+    T = np.unique(np.geomspace(1, 4096, 40).astype(int))
+    rows = []
+    for gpu, ce, me, floor in (("a100", 0.7, 0.8, 0.03), ("h100", 0.65, 0.9, 0.02)):
+        F, M, E = T * 0.01, np.full(len(T), 1.5), T * 1e-4
+        meas = calibrate.soft(F / ce, M / me, 1.5) + E / me + floor
+        rows.append(pd.DataFrame({"gpu": gpu, "flop_ms": F, "mem_ms": M, "ew_ms": E,
+                                  "meas_ms": meas}))
+    n, per = calibrate.fit_linear(pd.concat(rows, ignore_index=True))
+    assert n == 1.5
+    assert per["a100"]["compute_eff"] == pytest.approx(0.7, abs=0.003)
+    assert per["a100"]["mem_eff"] == pytest.approx(0.8, abs=0.005)
+    assert per["h100"]["floor_ms"] == pytest.approx(0.02, abs=2e-3)
+    F, M = np.geomspace(1e-3, 1, 30), np.geomspace(1, 1e-3, 30)
+    att = pd.DataFrame({"kind": ["prefill"] * 15 + ["decode"] * 15, "flop_ms": F, "mem_ms": M,
+                        "meas_ms": 0.014 + F / 0.3 + M / 0.8})
+    floor, ae, ke = calibrate.fit_attention(att)
+    assert (floor, ae, ke) == pytest.approx((0.014, 0.3, 0.8), rel=1e-9)
+
+
+def test_the_presets_hold_the_measured_cpu_and_one_shot_fits(calibrate):
+    a, b, table = calibrate.cpu_overhead()
+    lat, eff, _ = calibrate.one_shot(preset("hardware", "h100-sxm")["link_bandwidth"])
+    for hw in ("a100-80gb", "h100-sxm", "h200"):
+        p = preset("hardware", hw)
+        assert p["iteration_overhead_s"] == float(f"{a:.2g}")
+        assert p["request_overhead_s"] == float(f"{b:.2g}")
+        assert p["fast_ar_latency_s"] == float(f"{lat:.2g}") and p["fast_ar_eff"] == round(eff, 3)
+    assert 1e-3 < a < 2e-3 and 5e-5 < b < 2e-4 and len(table) == 12

@@ -58,8 +58,10 @@ def test_hardware_presets_load_with_calibrated_factors(name):
     assert cfg["name"] == name
     for key in ("peak_flops", "mem_bandwidth", "link_bandwidth"):
         assert isinstance(cfg[key], float) and cfg[key] > 1e11
-    for key in ("compute_eff", "attn_eff", "mem_eff", "link_eff"):
+    for key in ("compute_eff", "attn_eff", "mem_eff", "attn_kv_eff", "link_eff", "fast_ar_eff"):
         assert 0.1 < cfg[key] <= 1.0
+    assert 1 <= cfg["ridge_exponent"] <= 3 and 0 < cfg["request_overhead_s"] < 1e-3
+    assert 0 < cfg["fast_ar_latency_s"] < cfg["link_latency_s"]
     assert 0 < cfg["layer_overhead_s"] < 1e-3 and 0 < cfg["iteration_overhead_s"] < 1e-2
 
 

@@ -242,10 +242,6 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
         policy_cls = registry.policy_class(p_name)
     except ValueError as e:
         raise ConfigError(f"scheduler.name: {e}") from None
-    try:
-        queue_cls = registry.queue_class(p_node.get("queue", "fcfs"))
-    except ValueError as e:
-        raise ConfigError(f"scheduler.queue: {e}") from None
     fields = {f.name: f for f in dataclasses.fields(policy_cls.config_class)}
     policy_fields = set(fields)
     for k, v in list(p_node.items()):
@@ -262,6 +258,10 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
                 notes.append(f"scheduler.{k}: not read by policy {p_name!r}")
                 p_node.pop(k)
     policy_cfg = policy_cls.parse_config(p_node, "scheduler")
+    try:   # the policy's own default when not set (edf's is edf)
+        queue_cls = registry.queue_class(policy_cfg.queue)
+    except ValueError as e:
+        raise ConfigError(f"scheduler.queue: {e}") from None
 
     e_name, e_node = _named(c, "executor")
     try:

@@ -61,6 +61,8 @@ def used_settings(r: Resolved, policy) -> dict:
     eff = r.effective()
     sched = eff["scheduler"]
     sched.update(max_model_len=policy.max_model_len, num_kv_blocks=policy.kv.num_blocks)
+    q = type(policy.waiting)   # a policy may order its queue itself (sarathi_priority's aging)
+    sched["queue"] = f"{q.__module__}:{q.__qualname__}"
     if hasattr(policy, "token_cap"):
         sched["max_num_batched_tokens"] = policy.token_cap
     if r.notes:

@@ -292,9 +292,26 @@ def test_each_policy_runs_from_the_cli_on_a_trace_with_service_columns(tmp_path,
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert s["settings"]["scheduler"]["class"].endswith(
         {"sarathi_priority": "SarathiPriority", "edf": "EDF", "vtc": "VTC"}[name])
+    # the queue the policy really used, not the plain one its setting names
+    assert s["settings"]["scheduler"]["queue"].endswith(
+        {"sarathi_priority": "AgingPriorityQueue", "edf": "DeadlineQueue",
+         "vtc": "TenantQueue"}[name])
     assert s["num_requests"] == 40 and s["num_finished"] + s["num_rejected"] == 40
     rq = pd.read_parquet(tmp_path / "run" / "requests.parquet")
     assert rq.loc[rq["status"] == "rejected", "rejection_reason"].notna().all()
+
+
+@pytest.mark.parametrize("name, queue", [("edf", "DeadlineQueue"), ("sarathi", "RequestQueue")])
+def test_without_a_queue_key_the_policy_default_queue_is_resolved(name, queue):
+    from test_cli import composed
+
+    from sarathi_lab.config import resolve
+    from sarathi_lab.runner import build
+    c = composed(f"scheduler={name}")
+    c["scheduler"].pop("queue")
+    r = resolve(c)
+    assert r.queue_cls.__name__ == queue
+    assert type(build(c, r)[0].waiting).__name__ == queue
 
 
 def test_a_policy_knob_of_another_policy_is_an_error(tmp_path):

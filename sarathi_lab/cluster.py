@@ -194,10 +194,11 @@ class Cluster:
         it_df = it_df.sort_values("start", kind="stable", ignore_index=True)
         return req_df, it_df
 
-    def summarize(self, req_df, it_df, slo: dict | None = None) -> dict:
+    def summarize(self, req_df, it_df, slo: dict | None = None,
+                  price_per_gpu_hour: float | None = None, num_gpus: int = 1) -> dict:
         """The run's summary over the whole fleet (`kv.blocks_total`: the fleet's blocks;
-        `kv.utilization_*` over every replica's iterations, each against its own cache), with
-        `replicas`: each replica's own summary."""
+        `kv.utilization_*` over every replica's iterations, each against its own cache; `cost`:
+        every replica's `num_gpus`), with `replicas`: each replica's own summary."""
         from sarathi_lab.metrics import summarize
         kvs = [e.kv for e in self.engines]
         sizes = {(kv.num_blocks, kv.block_size) for kv in kvs}
@@ -207,13 +208,15 @@ class Cluster:
         for j, kv in enumerate(kvs):
             s = summarize(req_df[req_df["replica"] == j], it_df[it_df["replica"] == j], slo=slo,
                           kv_blocks_total=blocks, block_size=block_size,
-                          prefix_cache=kv.prefix_cache_stats())
+                          prefix_cache=kv.prefix_cache_stats(),
+                          price_per_gpu_hour=price_per_gpu_hour, num_gpus=num_gpus)
             per.append({"replica": j, **s})
         stats = [kv.prefix_cache_stats() for kv in kvs]
         pooled = None if stats[0] is None else {
             k: sum(s[k] for s in stats) for k in ("hit_tokens", "query_tokens")}
         out = summarize(req_df, it_df, slo=slo, kv_blocks_total=blocks, block_size=block_size,
-                        prefix_cache=pooled)
+                        prefix_cache=pooled, price_per_gpu_hour=price_per_gpu_hour,
+                        num_gpus=num_gpus * len(kvs))
         out["kv"]["blocks_total"] = blocks * len(kvs)
         out["num_replicas"] = len(kvs)
         out["router"] = self.router.name or type(self.router).__qualname__

@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 _COMPUTED = attrgetter("num_computed_tokens")
 
 ITER_COLUMNS = ("start", "duration", "prefill_tokens", "decode_tokens", "num_requests",
-                "kv_blocks_used", "kv_tokens_stored", "preemptions")
+                "kv_blocks_used", "kv_tokens_stored", "preemptions", "num_waiting")
 
 
 def _all_decoding(reqs: list[Request]) -> bool:
@@ -81,7 +81,8 @@ class Engine:
         # skipped run its arrays and scalars, turned into rows only when asked (`iterations`)
         self.rows: list[tuple] = []
         self._runs: list[tuple] = []   # (row index of its first iteration, now, durations,
-        #                                 ends, extra blocks, requests, blocks, tokens stored)
+        #                                 ends, extra blocks, requests, blocks, tokens stored,
+        #                                 requests waiting)
         self._table: np.ndarray | None = None   # every record so far, once built
         self._n_skipped = 0
         self.now = 0.0
@@ -98,7 +99,7 @@ class Engine:
         table = np.empty((n_rows, len(ITER_COLUMNS)))
         stepped = np.ones(n_rows, bool)
         if self._runs:
-            first, now, durs, ends, extra, B, used, stored = zip(*self._runs)
+            first, now, durs, ends, extra, B, used, stored, waiting = zip(*self._runs)
             ks = np.fromiter(map(len, durs), np.int64, len(durs))
             offsets = np.cumsum(ks) - ks              # of each run among the skipped rows
             within = np.arange(int(ks.sum())) - np.repeat(offsets, ks)
@@ -116,6 +117,7 @@ class Engine:
             run[:, 5] = np.repeat(np.array(used, float), ks) + np.concatenate(extra)
             run[:, 6] = np.repeat(np.array(stored, float), ks) + B * step_no
             run[:, 7] = 0
+            run[:, 8] = np.repeat(np.array(waiting, float), ks)
             table[pos] = run
         if self.rows:
             table[stepped] = np.array(self.rows, dtype=float)
@@ -186,7 +188,7 @@ class Engine:
         for r in done:
             r.finish_reason = ex.finish_reason(r)
         self.rows.append((start, step.duration, n_pre, n_dec, len(out), kv.pool.num_used,
-                          kv.num_stored_tokens, len(out.preempted)))
+                          kv.num_stored_tokens, len(out.preempted), len(policy.waiting)))
         self.now = end
         self.guard.progressed(emitted, len(done) + len(out.rejected), self._where)
         self.num_done += len(done) + len(out.rejected)
@@ -260,7 +262,11 @@ class Engine:
         policy, kv, ex = self.policy, self.kv, self.executor
         running = policy.running
         # no request may finish inside the run: the last of it is taken by the normal loop
-        k = int(ex.tokens_left(running).min()) - 1
+        stops = self._stops
+        if stops is not None:   # the default stop rule, read directly: asked after most steps
+            k = min([stops[r.request_id] - r.num_output_tokens for r in running]) - 1
+        else:
+            k = int(ex.tokens_left(running).min()) - 1
         if k < 2:
             return
         B = len(running)
@@ -288,7 +294,8 @@ class Engine:
         assert kv.num_used_blocks == used_before + extra[-1] \
             and kv.num_stored_tokens == stored_before + B * k, \
             "advance_decodes did not do what k decode steps would"
+        # nothing arrives or is admitted inside the run: the waiting queue stays as it is
         self._runs.append((len(self.rows) + self._n_skipped, self.now, durs, ends, extra, B,
-                           used_before, stored_before))
+                           used_before, stored_before, len(policy.waiting)))
         self._n_skipped += k
         self.now = times[-1]

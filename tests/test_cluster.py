@@ -437,3 +437,9 @@ def test_cli_refuses_a_fleet_of_none(tmp_path):
     assert r.returncode == 1
     assert "cluster.num_replicas=0: must be >= 1" in r.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_closed_loop_users_across_a_fleet_are_refused():
+    with pytest.raises(ConfigError, match=r"^trace\.clients=4: closed-loop users are not routed "
+                                          r"across a fleet \(cluster\.num_replicas=2\)"):
+        check_config(composed("cluster.num_replicas=2", "trace.clients=4"))

@@ -222,12 +222,20 @@ def test_chunking_a_prompt_never_predicts_less_than_one_piece(which, synthetic):
 def test_cli_runs_the_profiled_cost_model_on_the_vidur_fixture(tmp_path):
     common = ("trace=synthetic", "trace.num_requests=20", "model=llama-2-70b",
               "executor.tensor_parallel=2", "hardware=a100-80gb")
+    # executor.profile sits in sim.yaml as null: set without a +
     r = cli(f"hydra.run.dir={tmp_path}/p", *common, "executor.cost_model=profiled",
-            f"+executor.profile={VIDUR}", cwd=tmp_path)
+            f"executor.profile={VIDUR}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     s = json.loads((tmp_path / "p" / "summary.json").read_text())
     assert s["num_finished"] == 20
     assert s["settings"]["executor"]["cost_model_settings"]["profile"] == str(VIDUR)
     r = cli(f"hydra.run.dir={tmp_path}/bad", *common, "executor.tensor_parallel=4",
-            "executor.cost_model=profiled", f"+executor.profile={VIDUR}", cwd=tmp_path)
+            "executor.cost_model=profiled", f"executor.profile={VIDUR}", cwd=tmp_path)
     assert r.returncode != 0 and "tensor_parallel=4" in r.stderr
+    # a profile given to the roofline is read by nobody: an error, not ignored
+    r = cli(f"hydra.run.dir={tmp_path}/roof", *common, f"executor.profile={VIDUR}", cwd=tmp_path)
+    assert r.returncode != 0 and "executor.profile" in r.stderr and "roofline" in r.stderr
+    # and the profiled cost model without one says how to give it
+    r = cli(f"hydra.run.dir={tmp_path}/none", *common, "executor.cost_model=profiled",
+            cwd=tmp_path)
+    assert r.returncode != 0 and "executor.profile=PATH" in r.stderr

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import logging
 import platform
 import sys
 import time
@@ -39,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 # columns of a profile row (profiles.py documents their meaning)
 COLUMNS = ("operator", "num_tokens", "chunk", "batch", "context", "decode_context", "time_s",
@@ -59,9 +62,10 @@ def _prod(a, b):
 
 GRIDS = {
     # a few minutes with SmolLM2-135M on one thread of a small CPU
-    "cpu": Grid(linear=(1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512),
-                prefill=_prod((16, 64, 128, 256, 512), (0, 256, 512, 1024)),
-                decode=_prod((1, 2, 4, 8, 16, 32), (16, 256, 512, 1024)),
+    "cpu": Grid(linear=(1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 1024, 2048),
+                prefill=_prod((16, 64, 128, 256, 512), (0, 256, 512, 1024))
+                + ((768, 0), (768, 256), (1024, 0)),
+                decode=_prod((1, 2, 4, 8, 16, 32, 64), (16, 256, 512, 1024)),
                 mixed=((64, 128, 4, 256), (128, 0, 8, 512), (256, 256, 16, 128),
                        (32, 512, 2, 64), (200, 100, 12, 300))),
     # a GPU: larger batches and contexts, finer steps
@@ -216,20 +220,36 @@ def _stats(x) -> tuple[float, float, float]:
     return float(np.median(a)), float(np.percentile(a, 10)), float(np.percentile(a, 90))
 
 
-def _row(op, samples, **cols) -> dict:
+def _row(op, samples, stat, **cols) -> dict:
     med, p10, p90 = _stats(samples)
+    if stat == "min":
+        med = float(np.min(samples))
     row = dict.fromkeys(COLUMNS)
     row.update(operator=op, time_s=med, time_p10_s=p10, time_p90_s=p90, repeats=len(samples),
                **cols)
     return row
 
 
+STATISTICS = ("median", "min")
+
+
 def measure(harness: Harness, grid: Grid, repeats: int = 5, warmup: int = 1,
-            progress: bool = False) -> list[dict]:
-    """Profile rows for `grid`: a warm-up pass, then `repeats` rounds over every point."""
+            progress: bool = False, statistic: str = "median") -> list[dict]:
+    """Profile rows for `grid`: a warm-up pass, then `repeats` rounds over every point. Each
+    row's time_s is the `statistic` of the rounds: the median (what a typical iteration takes,
+    noise included) or the minimum (the machine's own cost: on a shared machine, the noise of
+    other jobs only ever adds time)."""
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats={repeats} must be >= 1 and warmup={warmup} >= 0")
+    if statistic not in STATISTICS:
+        raise ValueError(f"statistic={statistic!r}: one of {', '.join(STATISTICS)}")
     pts = _points(grid)
+    longest = harness.ex.max_model_len()
+    fits = [p for p in pts if all(n + k <= longest for n, k in p[2])]
+    if len(fits) < len(pts):
+        log.warning("profile grid: %d of %d points hold a sequence longer than the model's "
+                    "max_model_len=%d and are left out", len(pts) - len(fits), len(pts), longest)
+    pts = fits
     harness.bind(max(sum(n + k for n, k in e) for _, _, e in pts))
     bar = None
     if progress:
@@ -250,24 +270,24 @@ def measure(harness: Harness, grid: Grid, repeats: int = 5, warmup: int = 1,
     parts = [{p: np.array([x[p] for x in got_i]) for p in got_i[0]} for got_i in got]
     # the attention kernels' fixed cost per iteration
     a, b, ab = (x["attention"] for x in parts[:3])
-    floor = max(float(np.median(a + b - ab)), 0.0)
+    floor = max(float((np.median if statistic == "median" else np.min)(a + b - ab)), 0.0)
     rows = []
     for (kind, key, _), col in zip(pts[3:], parts[3:]):
         attn = np.maximum(col["attention"] - floor, 0.0)
         if kind == "linear":
-            rows.append(_row("linear", col["linear"] + floor, num_tokens=key[0]))
+            rows.append(_row("linear", col["linear"] + floor, statistic, num_tokens=key[0]))
             if key[0] > 1:
-                rows.append(_row("prefill_attention", attn, chunk=key[0], context=0))
+                rows.append(_row("prefill_attention", attn, statistic, chunk=key[0], context=0))
         elif kind == "prefill":
-            rows.append(_row("prefill_attention", attn, chunk=key[0], context=key[1]))
+            rows.append(_row("prefill_attention", attn, statistic, chunk=key[0], context=key[1]))
         elif kind == "decode":
             b, k = key
-            rows.append(_row("decode_attention", attn, batch=b, context=k))
-            rows.append(_row("lm_head", col["head"], num_tokens=b))
-            rows.append(_row("overhead", col["overhead"], batch=b))
+            rows.append(_row("decode_attention", attn, statistic, batch=b, context=k))
+            rows.append(_row("lm_head", col["head"], statistic, num_tokens=b))
+            rows.append(_row("overhead", col["overhead"], statistic, batch=b))
         else:
             c, k, b, kd = key
-            rows.append(_row("iteration", col["total"], chunk=c, context=k, batch=b,
+            rows.append(_row("iteration", col["total"], statistic, chunk=c, context=k, batch=b,
                              decode_context=kd))
     return rows
 
@@ -301,7 +321,8 @@ def device_name(device) -> str:
     return "-".join(gpu.replace("nvidia", "").split())
 
 
-def metadata(executor, model_cfg: dict, grid_name: str, repeats: int, warmup: int) -> dict:
+def metadata(executor, model_cfg: dict, grid_name: str, repeats: int, warmup: int,
+             statistic: str = "median") -> dict:
     import torch
     a = executor.args
     return {
@@ -313,7 +334,7 @@ def metadata(executor, model_cfg: dict, grid_name: str, repeats: int, warmup: in
         "head_dim": str(a.head_dim), "vocab_size": str(a.vocab_size),
         "max_model_len": str(a.max_model_len),
         "attention_backend": executor.backend, "grid": grid_name, "repeats": str(repeats),
-        "warmup": str(warmup), "processor": platform.processor() or platform.machine(),
+        "warmup": str(warmup), "statistic": statistic, "processor": platform.processor() or platform.machine(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "versions": json.dumps(versions()),
     }
@@ -372,9 +393,13 @@ def build_executor(overrides: list[str]):
     from sarathi_lab.config import resolve
     from sarathi_lab.settings import ConfigError
     from sarathi_lab.sweeps import register_resolvers
+    from hydra.errors import HydraException
     register_resolvers()
-    with initialize_config_module("sarathi_lab.configs", version_base="1.3"):
-        cfg = compose("config", overrides=["executor=torch", *overrides])
+    try:
+        with initialize_config_module("sarathi_lab.configs", version_base="1.3"):
+            cfg = compose("config", overrides=["executor=torch", *overrides])
+    except HydraException as e:
+        raise ConfigError(f"{' '.join(overrides)}: {e}") from None
     c = OmegaConf.to_container(cfg, resolve=True)
     c.pop("hydra", None)
     r = resolve(c, ["executor=torch", *overrides])
@@ -384,19 +409,22 @@ def build_executor(overrides: list[str]):
 
 
 def profile(overrides: list[str], out, grid: str = "cpu", repeats: int = 5, warmup: int = 1,
-            threads: int | None = None, progress: bool = True) -> Path:
+            threads: int | None = None, progress: bool = True,
+            statistic: str = "median") -> Path:
     """Measure the executor of `overrides` over a named grid and write the profile to `out`."""
     import torch
     if grid not in GRIDS:
         raise ValueError(f"--grid {grid!r}: one of {', '.join(GRIDS)}")
+    if Path(out).suffix != ".parquet":
+        raise ValueError(f"--out {out}: the profile is written as a .parquet file")
     if threads is not None:
         if threads < 1:
             raise ValueError(f"--threads {threads}: must be >= 1")
         torch.set_num_threads(threads)
     executor, model = build_executor(overrides)
     harness = Harness(executor)
-    rows = measure(harness, GRIDS[grid], repeats, warmup, progress)
-    return write(rows, metadata(executor, model, grid, repeats, warmup), out)
+    rows = measure(harness, GRIDS[grid], repeats, warmup, progress, statistic)
+    return write(rows, metadata(executor, model, grid, repeats, warmup, statistic), out)
 
 
 def main(argv=None) -> None:
@@ -411,6 +439,8 @@ def main(argv=None) -> None:
     p.add_argument("--warmup", type=int, default=1, help="warm-up passes over the grid")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads (default: torch's own); recorded in the profile")
+    p.add_argument("--statistic", default="median", choices=STATISTICS,
+                   help="of the rounds: median (a typical iteration) or min (noise removed)")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
     from sarathi_lab.costmodels.profiles import ProfileError
@@ -418,10 +448,9 @@ def main(argv=None) -> None:
     try:
         t0 = time.perf_counter()
         path = profile(a.overrides, a.out, a.grid, a.repeats, a.warmup, a.threads,
-                       not a.no_progress)
-        import pyarrow.parquet as pq
-        meta = pq.read_schema(path).metadata
-        res = check(path, _model_of(path), host_hardware(meta[b"device"].decode()))
+                       not a.no_progress, a.statistic)
+        meta = profile_meta(path)
+        res = check(path, model_of(meta), host_hardware(meta["device"]))
     except (ConfigError, ProfileError, ValueError, FileNotFoundError) as e:
         sys.exit(f"sarathi-lab-profile: {e}")
     print(f"wrote {path} in {time.perf_counter() - t0:.0f} s")
@@ -431,13 +460,26 @@ def main(argv=None) -> None:
               f" max {errs.max():.1%} over {len(res)}")
 
 
-def _model_of(path) -> dict:
-    """A model preset from a profile's metadata (what the profile's own check needs)."""
+def profile_meta(path) -> dict:
+    """A Parquet profile's key-value metadata, as strings."""
     import pyarrow.parquet as pq
-    m = {k.decode(): v.decode() for k, v in pq.read_schema(path).metadata.items()}
-    return {"name": m["model"], "num_layers": int(m["num_layers"]), "hidden_size": int(m["n_embd"]),
-            "intermediate_size": int(m["n_expanded_embd"]), "num_heads": int(m["n_head"]),
-            "num_kv_heads": int(m["n_kv_head"]), "head_dim": int(m["head_dim"]),
-            "vocab_size": int(m["vocab_size"]), "max_model_len": int(m["max_model_len"]),
-            "dtype": m["dtype"]}
+    return {k.decode(): v.decode() for k, v in (pq.read_schema(path).metadata or {}).items()
+            if not k.startswith((b"pandas", b"ARROW"))}
 
+
+def model_of(meta: dict) -> dict:
+    """The model preset a profile was measured for, from its metadata."""
+    try:
+        return {"name": meta["model"], "num_layers": int(meta["num_layers"]),
+                "hidden_size": int(meta["n_embd"]),
+                "intermediate_size": int(meta["n_expanded_embd"]),
+                "num_heads": int(meta["n_head"]), "num_kv_heads": int(meta["n_kv_head"]),
+                "head_dim": int(meta["head_dim"]), "vocab_size": int(meta["vocab_size"]),
+                "max_model_len": int(meta["max_model_len"]), "dtype": meta["dtype"]}
+    except (KeyError, ValueError) as e:
+        raise ValueError(f"the profile's metadata lacks the model's shape ({e}): not written by "
+                         "sarathi-lab-profile") from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,6 +1,7 @@
 """`sarathi-lab-profile`: profile the real executor on a tiny random Llama, fit the profiled cost
 model to it and predict iterations it never measured; monotone predictions; a profile used for
 another model, dtype or shape fails naming both; the CLI writes the Parquet with its metadata."""
+import json
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ import yaml
 from sarathi_lab import profiler as P
 from sarathi_lab.costmodels.profiled import ProfiledConfig, ProfiledCostModel
 from sarathi_lab.costmodels.profiles import ProfileError
+from test_cli import cli
 from test_profiled import CONFIGS
 
 # Held-out iterations (shapes the grid never measured, mixed batches among them) are predicted
@@ -155,6 +157,14 @@ def test_cli_writes_the_parquet_with_its_metadata(tmp_path):
     ops = set(pq.read_table(out).column("operator").to_pylist())
     assert ops == {"linear", "prefill_attention", "decode_attention", "lm_head", "overhead",
                    "iteration"}
+    # and the simulator runs on it from the CLI (the hardware preset named as the profile's device)
+    r = cli(f"hydra.run.dir={tmp_path}/sim", *TINY, "executor.cost_model=profiled",
+            f"executor.profile={out}", "hardware.name=cpu", "scheduler.num_kv_blocks=4096",
+            "trace=synthetic", "trace.num_requests=20", "trace.prompt_len=100",
+            "trace.output_len=8", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = json.loads((tmp_path / "sim" / "summary.json").read_text())
+    assert s["num_finished"] == 20 and s["simulated"]
     # bad input: a clean message naming it, no traceback
     r = subprocess.run([sys.executable, "-m", "sarathi_lab.profiler", *TINY, "--out",
                         str(tmp_path / "p.csv"), "--grid", "tiny", "--repeats", "1"],

@@ -19,8 +19,8 @@ costs
 
 An operator the profile lacks (e.g. attention in a Vidur directory without attention.csv) is
 priced by the roofline for the same model and hardware, which also sizes memory (num_kv_blocks)
-and gives max_model_len. Every interpolation is monotone (running maximum over the sorted grid,
-linear between points); beyond the profiled range it extrapolates linearly, as the roofline
+and gives max_model_len. Every interpolation is monotone (isotonic over the sorted grid,
+`profiles.monotone`, linear between points); beyond the profiled range it extrapolates linearly, as the roofline
 does for a compute-bound operator, and logs one warning per operator.
 """
 from __future__ import annotations

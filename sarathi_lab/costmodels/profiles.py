@@ -64,10 +64,28 @@ class ProfileError(ValueError):
     """A profile that cannot be read, or one made for another model, TP, dtype or device."""
 
 
+def monotone(y) -> np.ndarray:
+    """The nondecreasing sequence nearest to y in absolute deviation (isotonic regression by
+    pooling adjacent violators, each pool at its median). Unlike a running maximum, one point
+    measured while another job held the core (noise that only adds time) is outvoted by its
+    neighbours instead of raising every larger point to it."""
+    pools: list[list[float]] = []
+    level: list[float] = []
+    for v in np.asarray(y, dtype=float):
+        pools.append([v])
+        level.append(v)
+        while len(pools) > 1 and level[-2] > level[-1]:
+            last = pools.pop()
+            pools[-1] += last
+            level.pop()
+            level[-1] = float(np.median(pools[-1]))
+    return np.repeat(level, [len(p) for p in pools])
+
+
 class Curve:
-    """y(x) from measured points: the running maximum over the sorted grid (so a larger x never
-    predicts less; with `subadditive`, also y/x nonincreasing), linear between points, flat
-    below the first point, and beyond the last one linear with the last segment's slope (or,
+    """y(x) from measured points: made nondecreasing over the sorted grid (`monotone`: a larger
+    x never predicts less; with `subadditive`, also y/x nonincreasing), linear between points,
+    flat below the first point, and beyond the last one linear with the last segment's slope (or,
     where that is flat, proportional to x, the roofline's shape for a compute-bound operator)."""
 
     def __init__(self, x, y, what: str, subadditive: bool = False):
@@ -79,7 +97,7 @@ class Curve:
         ux = np.unique(x)
         # repeated points: their median
         uy = np.array([np.median(y[x == v]) for v in ux])
-        self.x, self.y = ux, np.maximum.accumulate(uy)
+        self.x, self.y = ux, monotone(uy)
         if subadditive and ux[0] > 0:
             # Time per token made nonincreasing (raised to its largest value at any larger x),
             # so t(a) + t(b) >= t(a + b): splitting tokens over iterations never predicts less
@@ -104,8 +122,9 @@ class Curve:
 
 class Surface:
     """t(a, b) from points on a grid of a (chunk or batch) x b (context): one `Curve` in b per
-    measured a, the running maximum across a at the queried b (monotone in both), linear between
-    the a's and, beyond the last one, with the last segment's slope (or proportional to a)."""
+    measured a, made monotone across a at each measured b (`monotone`; a running maximum beyond
+    the last b, where the rows extrapolate with their own slopes), linear between the a's and,
+    beyond the last one, with the last segment's slope (or proportional to a)."""
 
     def __init__(self, a, b, t, what: str):
         a, b, t = (np.asarray(v, dtype=float) for v in (a, b, t))
@@ -116,7 +135,8 @@ class Surface:
         # Every row is piecewise linear with knots on the union grid of b: tabulating the rows
         # there makes a query two columns' blend instead of one np.interp per row.
         self.b = np.unique(b)
-        self.table = np.array([[row(v) for v in self.b] for row in rows])
+        table = np.array([[row(v) for v in self.b] for row in rows])
+        self.table = np.column_stack([monotone(col) for col in table.T])
         self.slopes = np.array([row.slope for row in rows])
         self.b_max = self.b[-1]
         self.what = what
@@ -124,14 +144,13 @@ class Surface:
     def __call__(self, a: float, b: float) -> float:
         bs = self.b
         if b >= bs[-1]:
-            col = self.table[:, -1] + self.slopes * (b - bs[-1])
+            vals = np.maximum.accumulate(self.table[:, -1] + self.slopes * (b - bs[-1]))
         elif b <= bs[0]:
-            col = self.table[:, 0]
-        else:
+            vals = self.table[:, 0]
+        else:   # a blend of two monotone columns is monotone
             j = int(np.searchsorted(bs, b, side="right"))
             w = (b - bs[j - 1]) / (bs[j] - bs[j - 1])
-            col = self.table[:, j - 1] * (1 - w) + self.table[:, j] * w
-        vals = np.maximum.accumulate(col)
+            vals = self.table[:, j - 1] * (1 - w) + self.table[:, j] * w
         aa = self.a
         if a > aa[-1]:
             if aa.size >= 2 and vals[-1] > vals[-2]:

@@ -190,6 +190,7 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
     check = profiler.check(profile, profiler.model_of(meta), hardware)
     pd.DataFrame(check).to_csv(out / "profile_check.csv", index=False)
     t_profile = time.perf_counter() - t0
+    load = {"before_runs": os.getloadavg()[0]}
     torch_ex = ["executor=torch", "executor.device=cpu", "executor.dtype=float32"]
     sim_ex = ["executor=sim", "executor.cost_model=profiled", f"executor.profile={profile}"]
     # a profile made for another model or machine fails here, before the real runs
@@ -203,6 +204,7 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
             w = time.perf_counter()
             s = runner.run(run_config(scale, policy, torch_ex, None), d)
             walls.append(time.perf_counter() - w)
+            load[f"{policy}#{rep}"] = os.getloadavg()[0]
             real[policy].append(figures(s))
             runs[policy]["real"].append(d)
             log(f"real {policy} #{rep}: {s['num_finished']} finished, {s['num_iterations']} "
@@ -214,10 +216,17 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
         runs[policy]["sim"] = d
     table = compare(real, sim)
     table.to_csv(out / "fidelity.csv", index=False)
-    md = markdown(table)
+    prof = pd.read_parquet(profile)
+    noise = (prof["time_p90_s"] - prof["time_p10_s"]) / prof["time_s"].where(prof["time_s"] > 0)
     info = {"profile": str(profile), "profile_meta": meta, "profile_s": t_profile,
+            "profile_noise_median": float(noise.median()),
+            "load_average_1min": load, "cpus": os.cpu_count(),
             "real_run_s": walls, "repeats": repeats, "scale": {k: v for k, v in scale.items()},
             "torch_threads": torch.get_num_threads()}
+    md = markdown(table) + (
+        f"\nMachine: {os.cpu_count()} CPUs, 1-minute load average {min(load.values()):.1f}-"
+        f"{max(load.values()):.1f} during the real runs; the profile's repeats spread by a median "
+        f"{float(noise.median()):.0%} ((p90 - p10) / median over its rows).\n")
     (out / "fidelity.json").write_text(json.dumps(info, indent=1, default=str))
     (out / "fidelity.md").write_text(md)
     cdf_plot(runs, out)

@@ -56,6 +56,9 @@ def test_toy_study_writes_its_table_and_plots(toy):
     assert (out / "cdfs.png").stat().st_size > 10_000
     info = json.loads((out / "fidelity.json").read_text())
     assert info["torch_threads"] == 1 and info["profile_meta"]["threads"] == "1"
+    ratios = pd.read_csv(out / "decode_ratios.csv")
+    assert set(ratios["policy"]) <= set(F.POLICIES) and (ratios["p50"] > 0).all()
+    assert "measured / predicted" in md
     checks = pd.read_csv(out / "profile_check.csv")
     assert len(checks) > 0 and (checks["predicted_s"] > 0).all()
 
@@ -77,6 +80,17 @@ def test_toy_study_compares_like_with_like(toy):
         rs = pd.read_parquet(out / "runs" / policy / "sim" / "requests.parquet")
         assert rr["num_prompt_tokens"].tolist() == rs["num_prompt_tokens"].tolist()
         assert (rr["status"] == "finished").all() and (rs["status"] == "finished").all()
+
+
+def test_decode_ratios_use_the_batches_mean_context(tmp_path):
+    class Cost:   # 1 ms per request + 1 us per token of context
+        def iteration_time(self, prefills, decodes, sampled):
+            assert not prefills and sampled == len(decodes)
+            return 1e-3 * len(decodes) + 1e-6 * sum(decodes)
+    # two decodes at contexts 99 and 199 store 100 + 200 tokens after the step: mean 149
+    pd.DataFrame({"prefill_tokens": [0, 64], "num_requests": [2, 1], "kv_tokens_stored": [300, 64],
+                  "duration": [2 * (2e-3 + 298e-6), 1.0]}).to_parquet(tmp_path / "iterations.parquet")
+    assert F.decode_ratios([tmp_path], Cost()).tolist() == pytest.approx([2.0])
 
 
 def test_a_profile_of_another_model_stops_the_study_before_the_real_runs(toy, tmp_path):

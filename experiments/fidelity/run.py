@@ -8,7 +8,8 @@
    request_level, orca, vllm and sarathi at two token budgets, on the same KV cache size.
 3. Writes, in DIR (default results/fidelity, or results/fidelity/toy with --toy): fidelity.csv
    (per policy and metric: the real runs' median, min, max, spread, the simulated value and its
-   relative error), fidelity.md (the same as a table), cdfs.png (simulated-vs-real CDFs of TTFT,
+   relative error), fidelity.md (the same as a table), decode_ratios.csv (decode-only iterations
+   of the real runs: measured / predicted, p10/p50/p90 per policy), cdfs.png (simulated-vs-real CDFs of TTFT,
    TBT and E2E per policy), profile.parquet and profile_check.csv (held-out mixed iterations).
 
 Noise control: one torch thread (OMP_NUM_THREADS=1 set before torch loads; a 2-core machine shared
@@ -33,7 +34,7 @@ import pandas as pd  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# A random Llama (about 7M parameters) whose real runs of a few hundred requests take seconds each
+# A random Llama (about 5M parameters) whose real runs of a few hundred requests take seconds each
 # on one CPU thread, with both compute (prefills of a few hundred tokens: tens of ms) and per-step
 # overheads (a decode step: a few ms) in play.
 MODEL = ["model=tiny-llama", "model.name=fidelity-llama", "model.num_layers=4",
@@ -131,6 +132,32 @@ def markdown(table: pd.DataFrame) -> str:
             + head + body)
 
 
+def decode_ratios(run_dirs, cost_model) -> np.ndarray:
+    """Measured / predicted duration of every decode-only iteration of the runs: the cost model
+    against the real executor on the batches the real runs actually ran, free of the feedback
+    through queueing. A decode-only batch of b requests stores sum(context + 1) KV tokens after
+    it, which gives their mean context."""
+    out = []
+    for d in run_dirs:
+        it = pd.read_parquet(Path(d) / "iterations.parquet")
+        dec = it[it["prefill_tokens"] == 0]
+        for b, stored, dur in zip(dec["num_requests"], dec["kv_tokens_stored"], dec["duration"]):
+            k = int(round(stored / b)) - 1
+            out.append(dur / cost_model.iteration_time([], [k] * int(b), int(b)))
+    return np.array(out)
+
+
+def ratio_table(real_dirs: dict, cost_model) -> pd.DataFrame:
+    rows = []
+    for policy, dirs in real_dirs.items():
+        r = decode_ratios(dirs, cost_model)
+        if len(r):
+            p10, p50, p90 = np.percentile(r, [10, 50, 90])
+            rows.append({"policy": policy, "decode_iterations": len(r), "p10": p10, "p50": p50,
+                         "p90": p90})
+    return pd.DataFrame(rows)
+
+
 def cdf_plot(runs: dict[str, dict], out: Path) -> Path:
     """One row per policy: TTFT, TBT and E2E CDFs, each real run (solid) and the simulation
     (dashed), on the same axes."""
@@ -216,6 +243,11 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
         runs[policy]["sim"] = d
     table = compare(real, sim)
     table.to_csv(out / "fidelity.csv", index=False)
+    from sarathi_lab.costmodels.profiled import ProfiledConfig, ProfiledCostModel
+    cm = ProfiledCostModel(run_config(scale, "orca", sim_ex, hardware)["model"], hardware, 1,
+                           ProfiledConfig(profile=str(profile)))
+    ratios = ratio_table({p: r["real"] for p, r in runs.items()}, cm)
+    ratios.to_csv(out / "decode_ratios.csv", index=False)
     prof = pd.read_parquet(profile)
     noise = (prof["time_p90_s"] - prof["time_p10_s"]) / prof["time_s"].where(prof["time_s"] > 0)
     info = {"profile": str(profile), "profile_meta": meta, "profile_s": t_profile,
@@ -226,7 +258,12 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
     md = markdown(table) + (
         f"\nMachine: {os.cpu_count()} CPUs, 1-minute load average {min(load.values()):.1f}-"
         f"{max(load.values()):.1f} during the real runs; the profile's repeats spread by a median "
-        f"{float(noise.median()):.0%} ((p90 - p10) / median over its rows).\n")
+        f"{float(noise.median()):.0%} ((p90 - p10) / median over its rows).\n\n"
+        "Decode-only iterations of the real runs, measured / predicted duration (the cost model on "
+        "the batches the real runs ran):\n\n| policy | iterations | p10 | p50 | p90 |\n"
+        "|---|---|---|---|---|\n" + "".join(
+            f"| {r.policy} | {r.decode_iterations} | {r.p10:.2f} | {r.p50:.2f} | {r.p90:.2f} |\n"
+            for r in ratios.itertuples()))
     (out / "fidelity.json").write_text(json.dumps(info, indent=1, default=str))
     (out / "fidelity.md").write_text(md)
     cdf_plot(runs, out)

@@ -101,7 +101,8 @@ def main():
                    "trace=azure_conv", f"trace.num_requests={args.requests}",
                    f"trace.qps={args.qps}", "trace.max_total_tokens=4096", "model=llama-2-70b",
                    "executor.tensor_parallel=2", "scheduler.max_num_seqs=128",
-                   "scheduler.token_budget=512", "progress=false",
+                   *(["scheduler.token_budget=512"] if policy == "sarathi" else []),
+                   "progress=false",
                    f"hydra.run.dir={tempfile.mkdtemp()}"]
             t0 = time.perf_counter()
             subprocess.run(cmd, check=True, capture_output=True)

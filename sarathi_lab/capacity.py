@@ -34,8 +34,11 @@ def criterion_defined(slo: dict, crit: str) -> bool:
         return slo.get("p99_tbt") is not None
     # DistServe's goodput is about TTFT and TPOT; an own-P99-TBT target alone ignores queueing
     # (a request that waits a minute for its first token still streams smoothly) and would
-    # make any load "pass"
-    return slo.get("ttft") is not None or slo.get("tpot") is not None
+    # make any load "pass". An E2E target counts the queue too; so do an SLO class's targets.
+    queued = ("ttft", "tpot", "e2e")
+    return any(slo.get(k) is not None for k in queued) or \
+        any((t or {}).get(k) is not None for t in (slo.get("classes") or {}).values()
+            for k in queued)
 
 
 def describe(slo: dict, crit: str) -> str:
@@ -43,8 +46,10 @@ def describe(slo: dict, crit: str) -> str:
         return (f"P99 TBT <= {slo.get('p99_tbt')} s and median scheduling delay <= "
                 f"{slo.get('max_median_scheduling_delay', 2.0)} s")
     parts = [f"{k.upper() if k != 'request_p99_tbt' else 'own P99 TBT'} <= {slo[k]} s"
-             for k in ("ttft", "tpot", "request_p99_tbt") if slo.get(k) is not None]
-    return f">= {slo.get('attainment_target', 0.9):.0%} of requests meet " + " and ".join(parts)
+             for k in ("ttft", "tpot", "request_p99_tbt", "e2e") if slo.get(k) is not None]
+    classes = ", ".join(slo.get("classes") or {})
+    return (f">= {slo.get('attainment_target', 0.9):.0%} of requests meet "
+            + " and ".join(parts) + (f" (classes {classes}: their own targets)" if classes else ""))
 
 
 def unit_arrivals(n: int, kind: str, seed: int, trace_times: np.ndarray | None) -> np.ndarray:
@@ -165,7 +170,8 @@ def search(c: dict, out_dir) -> dict:
         flag = CRITERIA[crit][0]
         r = bisect(lambda q, crit=crit: prober(q, crit)[flag], cap["qps_low"], cap["qps_high"],
                    cap["precision"], cap["max_probes"])
-        results[crit] = {**r, "source": CRITERIA[crit][1], "definition": describe(slo, crit)}
+        results[crit] = {**r, "source": CRITERIA[crit][1], "definition": describe(slo, crit),
+                         **_cost_at_capacity(c, prober.trace, r["capacity_qps"])}
     if not results:
         raise ValueError(f"slo={slo.get('name')!r}: defines none of capacity.criteria="
                          f"{list(cap['criteria'])} ({'; '.join(skipped.values())})")
@@ -190,6 +196,18 @@ def search(c: dict, out_dir) -> dict:
     return out
 
 
+def _cost_at_capacity(c: dict, trace, qps: float) -> dict:
+    """Dollars per 1M output tokens and per request when serving at `qps` (the hardware
+    preset's price_per_gpu_hour, the tensor-parallel group's GPUs); {} without a price."""
+    from sarathi_lab.metrics import cost_at_rate
+    price = (c.get("hardware") or {}).get("price_per_gpu_hour")
+    if price is None or not qps:
+        return {}
+    gpus = (c.get("executor") or {}).get("tensor_parallel", 1)
+    mean_out = float(np.maximum(trace["num_output_tokens"].to_numpy(), 1).mean())
+    return cost_at_rate(qps, mean_out, price, gpus)
+
+
 def _qps(r: dict) -> str:
     if r["bracketed"]:
         return f"{r['capacity_qps']:.4g} req/s"
@@ -211,7 +229,9 @@ def format_result(result: dict) -> str:
     for k, r in result["criteria"].items():
         hi = "-" if r["fails_at_qps"] is None else f"{r['fails_at_qps']:.4g}"
         lines.append(f"  {r['source']:<14} {_qps(r):>12}   (fails at {hi}; {r['probes']} probes)"
-                     f"  {r['definition']}" + (f"  [{r['note']}]" if r["note"] else ""))
+                     f"  {r['definition']}" + (f"  [{r['note']}]" if r["note"] else "")
+                     + (f"  ${r['usd_per_1m_output_tokens']:.3g} per 1M output tokens"
+                        if r.get("usd_per_1m_output_tokens") else ""))
     for k, why in result["skipped_criteria"].items():
         lines.append(f"  {CRITERIA[k][1]:<14} {'n/a':>12}   {why}")
     lines.append(f"  {len(result['probes'])} simulations in "
@@ -225,5 +245,6 @@ def capacity_rows(result: dict) -> list[dict]:
              "source": r["source"], "capacity_qps": r["capacity_qps"],
              "fails_at_qps": r["fails_at_qps"], "bracketed": r["bracketed"],
              "probes": r["probes"], "model": result["model"], "hardware": result["hardware"],
-             "trace": result["trace"], "num_requests": result["num_requests"]}
+             "trace": result["trace"], "num_requests": result["num_requests"],
+             "usd_per_1m_output_tokens": r.get("usd_per_1m_output_tokens")}
             for k, r in result["criteria"].items()]

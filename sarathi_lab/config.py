@@ -74,6 +74,21 @@ class CapacityConfig:
                              "attainment")
 
 
+# The per-request targets: the top level of `slo` holds the default ones, `slo.classes.<class>`
+# a class's own (metrics.slo_met).
+TARGETS = ("ttft", "tpot", "request_p99_tbt", "e2e")
+
+
+@dataclass
+class SLOTargets:
+    """One SLO class's per-request targets (``slo.classes.<class>``); null: no such target.
+    They replace the top-level targets for the requests of that class, all four at once."""
+    ttft: float | None = setting(None, gt=0, help="s, time to first token")
+    tpot: float | None = setting(None, gt=0, help="s, time per output token after the first")
+    request_p99_tbt: float | None = setting(None, gt=0, help="s, a request's own P99 TBT")
+    e2e: float | None = setting(None, gt=0, help="s, arrival to last token")
+
+
 @dataclass
 class SLOConfig:
     name: str = setting("", help="label")
@@ -82,7 +97,23 @@ class SLOConfig:
     request_p99_tbt: float | None = setting(None, gt=0, help="s, a request's own P99 TBT")
     ttft: float | None = setting(None, gt=0, help="s, per-request TTFT SLO")
     tpot: float | None = setting(None, gt=0, help="s, per-request TPOT SLO")
+    e2e: float | None = setting(None, gt=0, help="s, per-request end-to-end SLO")
     attainment_target: float = setting(0.9, gt=0, le=1, help="share of requests (DistServe)")
+    classes: dict = setting({}, help="slo_class -> {ttft, tpot, request_p99_tbt, e2e}: that "
+                                     "class's targets, in place of the ones above")
+
+    def validate(self) -> None:
+        for name, node in self.classes.items():
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"classes: {name!r} is not a class name (a non-empty string)")
+            if node is not None and not isinstance(node, dict):
+                raise ValueError(f"classes.{name}={node!r}: must be a mapping of targets "
+                                 f"({', '.join(TARGETS)})")
+            try:
+                self.classes[name] = parse(SLOTargets, node or {},
+                                           f"classes.{name}", f"SLO class {name!r}")
+            except ConfigError as e:   # re-raised as ValueError: parse puts "slo." in front
+                raise ValueError(str(e)) from None
 
 
 @dataclass
@@ -118,6 +149,10 @@ LOGGERS = {"none": NoLogger, "csv": CSVLogger, "wandb": WandbLogger}
 # top-level keys that are config groups or the Hydra node, not RunConfig settings
 _GROUPS = ("scheduler", "executor", "model", "hardware", "trace", "slo", "logger", "capacity",
            "hydra", "experiment")
+
+
+# what only open-loop arrivals read (a closed-loop run ignores the presets' values)
+_OPEN_LOOP_KEYS = ("trace.qps", "trace.arrival", "trace.cv", "trace.on_s", "trace.off_s")
 
 
 @dataclass
@@ -207,10 +242,6 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
         policy_cls = registry.policy_class(p_name)
     except ValueError as e:
         raise ConfigError(f"scheduler.name: {e}") from None
-    try:
-        queue_cls = registry.queue_class(p_node.get("queue", "fcfs"))
-    except ValueError as e:
-        raise ConfigError(f"scheduler.queue: {e}") from None
     fields = {f.name: f for f in dataclasses.fields(policy_cls.config_class)}
     policy_fields = set(fields)
     for k, v in list(p_node.items()):
@@ -227,6 +258,10 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
                 notes.append(f"scheduler.{k}: not read by policy {p_name!r}")
                 p_node.pop(k)
     policy_cfg = policy_cls.parse_config(p_node, "scheduler")
+    try:   # the policy's own default when not set (edf's is edf)
+        queue_cls = registry.queue_class(policy_cfg.queue)
+    except ValueError as e:
+        raise ConfigError(f"scheduler.queue: {e}") from None
 
     e_name, e_node = _named(c, "executor")
     try:
@@ -266,10 +301,19 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
     for k in user:
         if k.startswith("model.") and not executor_cls.reads_model_key(k.split(".")[1]):
             unread(k, f"executor {e_name!r} does not read it (it reads the model's shape)")
-    from sarathi_lab.traces import TraceConfig
+    from sarathi_lab.traces import parse_trace_config
     trace = _node(c, "trace")
     if trace:   # a caller that passes its own requests may give no trace
-        parse(TraceConfig, trace, "trace")
+        tc = parse_trace_config(trace)
+        if tc.clients is not None:
+            if run.mode == "capacity":
+                raise ConfigError(f"trace.clients={tc.clients}: closed-loop users set their own "
+                                  "pace, so there is no arrival rate for mode=capacity to search "
+                                  "(use trace.clients=null)")
+            for k in user:
+                if k in _OPEN_LOOP_KEYS:
+                    unread(k, "closed-loop users (trace.clients) send at their own pace; no "
+                           "arrival setting is read")
     return Resolved(run=run, policy_cls=policy_cls, policy_cfg=policy_cfg, queue_cls=queue_cls,
                     executor_cls=executor_cls, executor_cfg=executor_cfg, slo=slo,
                     capacity=capacity, logger=logger, model=model, hardware=hardware,

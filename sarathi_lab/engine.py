@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 _COMPUTED = attrgetter("num_computed_tokens")
 
 ITER_COLUMNS = ("start", "duration", "prefill_tokens", "decode_tokens", "num_requests",
-                "kv_blocks_used", "kv_tokens_stored", "preemptions")
+                "kv_blocks_used", "kv_tokens_stored", "preemptions", "num_waiting")
 
 
 def _all_decoding(reqs: list[Request]) -> bool:
@@ -77,33 +77,56 @@ class Engine:
         # the executor's default stop rule is applied in the guard's pass over the batch
         self._stops = executor.stop_lengths() if type(executor).finished is Executor.finished \
             else None
-        # iteration records, fields as ITER_COLUMNS: tuples of the latest stepped iterations,
-        # arrays for what came before them and for skipped runs
+        # iteration records, fields as ITER_COLUMNS: a tuple per stepped iteration, and per
+        # skipped run its arrays and scalars, turned into rows only when asked (`iterations`)
         self.rows: list[tuple] = []
-        self._chunks: list[np.ndarray] = []
+        self._runs: list[tuple] = []   # (row index of its first iteration, now, durations,
+        #                                 ends, extra blocks, requests, blocks, tokens stored,
+        #                                 requests waiting)
+        self._table: np.ndarray | None = None   # every record so far, once built
+        self._n_skipped = 0
         self.now = 0.0
         self.num_done = 0
         self.num_tokens = 0   # computed in stepped iterations (kept only for `progress`)
         self.output_lens: dict = {}   # request id -> the workload's output length (metrics)
 
     # -- records ------------------------------------------------------------------------------------
-    def _flush(self) -> None:
-        if self.rows:
-            self._chunks.append(np.array(self.rows, dtype=float))
-            self.rows.clear()
-
     def iterations(self) -> np.ndarray:
         """Every iteration so far, one row each (columns as ITER_COLUMNS)."""
-        self._flush()
-        if not self._chunks:
-            return np.empty((0, len(ITER_COLUMNS)))
-        if len(self._chunks) > 1:
-            self._chunks = [np.concatenate(self._chunks)]
-        return self._chunks[0]
+        n_rows = len(self.rows) + self._n_skipped
+        if self._table is not None and len(self._table) == n_rows:
+            return self._table
+        table = np.empty((n_rows, len(ITER_COLUMNS)))
+        stepped = np.ones(n_rows, bool)
+        if self._runs:
+            first, now, durs, ends, extra, B, used, stored, waiting = zip(*self._runs)
+            ks = np.fromiter(map(len, durs), np.int64, len(durs))
+            offsets = np.cumsum(ks) - ks              # of each run among the skipped rows
+            within = np.arange(int(ks.sum())) - np.repeat(offsets, ks)
+            pos = np.repeat(np.array(first), ks) + within
+            stepped[pos] = False
+            ends_all = np.concatenate(ends)
+            start = np.empty_like(ends_all)
+            start[1:] = ends_all[:-1]
+            start[offsets] = now                      # a run starts where the clock stood
+            step_no = within + 1
+            B = np.repeat(np.array(B, float), ks)
+            run = table[pos]
+            run[:, 0], run[:, 1], run[:, 2] = start, np.concatenate(durs), 0
+            run[:, 3] = run[:, 4] = B
+            run[:, 5] = np.repeat(np.array(used, float), ks) + np.concatenate(extra)
+            run[:, 6] = np.repeat(np.array(stored, float), ks) + B * step_no
+            run[:, 7] = 0
+            run[:, 8] = np.repeat(np.array(waiting, float), ks)
+            table[pos] = run
+        if self.rows:
+            table[stepped] = np.array(self.rows, dtype=float)
+        self._table = table
+        return table
 
     @property
     def num_iterations(self) -> int:
-        return sum(len(c) for c in self._chunks) + len(self.rows)
+        return len(self.rows) + self._n_skipped
 
     @property
     def iters(self) -> dict[str, list]:
@@ -165,7 +188,7 @@ class Engine:
         for r in done:
             r.finish_reason = ex.finish_reason(r)
         self.rows.append((start, step.duration, n_pre, n_dec, len(out), kv.pool.num_used,
-                          kv.num_stored_tokens, len(out.preempted)))
+                          kv.num_stored_tokens, len(out.preempted), len(policy.waiting)))
         self.now = end
         self.guard.progressed(emitted, len(done) + len(out.rejected), self._where)
         self.num_done += len(done) + len(out.rejected)
@@ -239,35 +262,40 @@ class Engine:
         policy, kv, ex = self.policy, self.kv, self.executor
         running = policy.running
         # no request may finish inside the run: the last of it is taken by the normal loop
-        k = int(ex.tokens_left(running).min()) - 1
+        stops = self._stops
+        if stops is not None:   # the default stop rule, read directly: asked after most steps
+            k = min([stops[r.request_id] - r.num_output_tokens for r in running]) - 1
+        else:
+            k = int(ex.tokens_left(running).min()) - 1
         if k < 2:
             return
         B = len(running)
         ctx = np.fromiter(map(_COMPUTED, running), np.int64, B)
         durs = ex.decode_run(ctx, k)
         # left to right from `now`, as k single steps would add them (same rounding)
-        ends = np.cumsum(np.concatenate(([self.now], durs)))[1:]
+        ends = durs.copy()
+        ends[0] += self.now
+        ends = np.add.accumulate(ends)
         # iteration j starts at ends[j-1]; arrivals at or before a start are admitted first
         k = min(k, int(np.searchsorted(ends, next_arrival, side="left")) + 1)
+        if k < 2:
+            return
         extra = kv.decode_growth(running, ctx, k)   # blocks beyond today's after each step
         k = min(k, int(np.searchsorted(extra, kv.num_free_blocks, side="right")))
         if k < 2:
             return
-        durs, ends = durs[:k], ends[:k]
+        durs, ends, extra = durs[:k], ends[:k], extra[:k]
         times = ends.tolist()
         used_before, stored_before = kv.num_used_blocks, kv.num_stored_tokens
         try:
             policy.advance_decodes(times)
         except Exception as e:
             raise self._blame(policy, "advance_decodes", e) from e
-        run = np.zeros((k, len(ITER_COLUMNS)))
-        run[0, 0], run[1:, 0] = self.now, ends[:-1]          # start
-        run[:, 1] = durs                                     # duration
-        run[:, 3] = run[:, 4] = B                            # decode tokens, requests
-        run[:, 5] = used_before + extra[:k]
-        run[:, 6] = stored_before + B * np.arange(1, k + 1)
-        assert kv.num_used_blocks == run[-1, 5] and kv.num_stored_tokens == run[-1, 6], \
+        assert kv.num_used_blocks == used_before + extra[-1] \
+            and kv.num_stored_tokens == stored_before + B * k, \
             "advance_decodes did not do what k decode steps would"
-        self._flush()
-        self._chunks.append(run)
+        # nothing arrives or is admitted inside the run: the waiting queue stays as it is
+        self._runs.append((len(self.rows) + self._n_skipped, self.now, durs, ends, extra, B,
+                           used_before, stored_before, len(policy.waiting)))
+        self._n_skipped += k
         self.now = times[-1]

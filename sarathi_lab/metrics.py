@@ -63,6 +63,10 @@ def requests_table(reqs: list[Request], output_lens: dict | None = None) -> pd.D
         "normalized_e2e": norm_e2e,
         "scheduling_delay": sched - arrival,
         "num_preemptions": np.array([r.num_preemptions for r in reqs], np.int64),
+        "priority": np.array([r.priority for r in reqs], np.int64),
+        "tenant": [r.tenant for r in reqs],
+        "slo_class": [r.slo_class for r in reqs],
+        "deadline": np.array([np.nan if r.deadline is None else r.deadline for r in reqs], float),
         "token_times": token_times,
     }, index=pd.RangeIndex(n))
     if any(r.prompt_token_ids is not None for r in reqs):
@@ -95,17 +99,22 @@ def iterations_table(rows) -> pd.DataFrame:
                          for i, c in enumerate(ITER_COLUMNS)})
 
 
-def tbt_gaps(req_df: pd.DataFrame, with_times: bool = False) -> tuple[np.ndarray, ...]:
-    """All TBT gaps pooled, and the request row each belongs to (non-decreasing); with_times
-    adds when each gap ends (the time of its later token). `token_times` entries may be lists
-    or arrays (as requests_table and a parquet file give them)."""
+def token_times_flat(req_df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Every output token's time, request after request, and the request row of each."""
     times = req_df["token_times"].to_numpy()
     lens = np.fromiter(map(len, times), np.int64, len(times))
     if len(times) and all(isinstance(t, np.ndarray) for t in times):
         flat = np.concatenate(times).astype(float, copy=False)
     else:
         flat = np.fromiter(itertools.chain.from_iterable(times), float, int(lens.sum()))
-    owner = np.repeat(np.arange(len(lens)), lens)
+    return flat, np.repeat(np.arange(len(lens)), lens)
+
+
+def tbt_gaps(req_df: pd.DataFrame, with_times: bool = False) -> tuple[np.ndarray, ...]:
+    """All TBT gaps pooled, and the request row each belongs to (non-decreasing); with_times
+    adds when each gap ends (the time of its later token). `token_times` entries may be lists
+    or arrays (as requests_table and a parquet file give them)."""
+    flat, owner = token_times_flat(req_df)
     gaps = np.diff(flat)
     same = owner[1:] == owner[:-1]
     if with_times:
@@ -157,18 +166,183 @@ def _stats(x) -> dict:
             "max": float(x.max())}
 
 
+def slo_limits(req_df: pd.DataFrame, slo: dict, target: str) -> np.ndarray:
+    """Per request, the limit of one per-request target (config.TARGETS): its SLO class's
+    (`slo.classes.<class>`) if the class has an entry, else the top-level one; NaN: none."""
+    top = slo.get(target)
+    limit = np.full(len(req_df), np.nan if top is None else float(top))
+    classes = slo.get("classes") or {}
+    if classes:
+        cls = _labels(req_df, "slo_class")
+        for name, targets in classes.items():
+            value = (targets or {}).get(target)
+            limit[cls == name] = np.nan if value is None else float(value)
+    return limit
+
+
 def slo_met(req_df: pd.DataFrame, slo: dict, gaps_owner=None) -> np.ndarray:
-    """Per request: meets every per-request SLO that is set (rejected ones never do)."""
+    """Per request: meets every per-request target of its class that is set (rejected ones
+    never do)."""
     ok = (req_df["status"] == "finished").to_numpy().copy()
-    if slo.get("ttft") is not None:
-        ok &= (req_df["ttft"] <= slo["ttft"]).to_numpy()
-    if slo.get("tpot") is not None:
-        # a one-token request has no TPOT; it cannot miss it
-        ok &= (req_df["tpot"].fillna(0) <= slo["tpot"]).to_numpy()
-    if slo.get("request_p99_tbt") is not None:
-        own = request_p99_tbt(req_df, gaps_owner)
-        ok &= np.nan_to_num(own, nan=0.0) <= slo["request_p99_tbt"]
+    # a one-token request has no TPOT nor TBT; it cannot miss them
+    values = {"ttft": lambda: req_df["ttft"].to_numpy(float),
+              "tpot": lambda: req_df["tpot"].fillna(0).to_numpy(float),
+              "request_p99_tbt": lambda: np.nan_to_num(request_p99_tbt(req_df, gaps_owner),
+                                                       nan=0.0),
+              "e2e": lambda: req_df["e2e"].to_numpy(float)}
+    for target, value in values.items():
+        limit = slo_limits(req_df, slo, target)
+        has = ~np.isnan(limit)
+        if has.any():
+            with np.errstate(invalid="ignore"):
+                ok &= ~has | (value() <= limit)
     return ok
+
+
+def _labels(req_df: pd.DataFrame, col: str) -> np.ndarray:
+    """A service column as strings; a table without it (an older run) is all "default"."""
+    if col not in req_df:
+        return np.full(len(req_df), "default", dtype=object)
+    return req_df[col].astype(str).to_numpy(dtype=object)
+
+
+# Service weights of prompt and output tokens (Sheng et al., "Fairness in Serving Large
+# Language Models", OSDI'24: w_p = 1, w_q = 2, an output token costing about twice an input one).
+SERVICE_WEIGHTS = {"prompt": 1.0, "output": 2.0}
+
+
+def service_tokens(req_df: pd.DataFrame, weights=None,
+                   until: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per request (service received, service asked for) in weighted tokens. Received: the
+    prompt once its first token came out, plus every output token (with `until`, only those
+    out by then); recompute after a preemption is the server's loss, not service. Asked: the
+    prompt plus the workload's output length."""
+    w = weights or SERVICE_WEIGHTS
+    prompt = req_df["num_prompt_tokens"].to_numpy(float)
+    out = req_df["num_output_tokens"].to_numpy(float)
+    started = out > 0
+    if until is not None:
+        flat, owner = token_times_flat(req_df)
+        out = np.bincount(owner[flat <= until], minlength=len(req_df)).astype(float)
+        started = out > 0
+    target = req_df["target_output_tokens"].to_numpy(float)
+    got = w["prompt"] * np.where(started, prompt, 0.0) + w["output"] * out
+    asked = w["prompt"] * prompt + w["output"] * np.nan_to_num(target, nan=0.0)
+    return got, asked
+
+
+def jain(x) -> float | None:
+    """Jain's fairness index (sum x)^2 / (n sum x^2): 1 when all shares are equal, 1/n when
+    one holds everything; None with nothing to share."""
+    x = np.asarray(x, float)
+    sq = float((x * x).sum())
+    return float(x.sum()) ** 2 / (len(x) * sq) if len(x) and sq > 0 else None
+
+
+def group_metrics(req_df: pd.DataFrame, col: str, gaps_owner, span: float,
+                  met: np.ndarray | None = None) -> dict:
+    """{value of `col` (slo_class, tenant): its requests' counts, TTFT, TBT (its requests' gaps,
+    pooled) and E2E, and with an SLO its attainment (over all its requests, rejected ones
+    included) and goodput (requests meeting the SLO / the run's makespan, so that the groups'
+    goodputs add up to the run's)}."""
+    gaps, owner = gaps_owner
+    names, code = _group_codes(req_df, col)
+    status = req_df["status"].to_numpy()
+    ttft, e2e = req_df["ttft"].to_numpy(), req_df["e2e"].to_numpy()
+    # one sort of the requests and one of the gaps by group: many tenants stay cheap
+    rows_of, gaps_of = _split(code, len(names)), _split(code[owner], len(names))
+    out = {}
+    for i, name in enumerate(names):
+        rows = rows_of[i]
+        g = {"num_requests": len(rows),
+             "num_finished": int((status[rows] == "finished").sum()),
+             "num_rejected": int((status[rows] == "rejected").sum()),
+             "ttft": _stats(ttft[rows]), "tbt": _stats(gaps[gaps_of[i]]),
+             "e2e": _stats(e2e[rows])}
+        if met is not None:
+            g["attainment"] = float(met[rows].mean())
+            g["goodput_rps"] = float(met[rows].sum()) / span if span > 0 else 0.0
+        out[name] = g
+    return out
+
+
+def _group_codes(req_df: pd.DataFrame, col: str) -> tuple[list[str], np.ndarray]:
+    """The sorted values of a service column and each request's index among them."""
+    names, code = np.unique(_labels(req_df, col).astype(str), return_inverse=True)
+    return names.tolist(), code
+
+
+def _split(code: np.ndarray, n: int) -> list[np.ndarray]:
+    """The positions holding each code 0..n-1, in order."""
+    order = np.argsort(code, kind="stable")
+    return np.split(order, np.searchsorted(code[order], np.arange(1, n)))
+
+
+def tenant_service(req_df: pd.DataFrame, tenants: dict, weights=None) -> dict:
+    """Adds each tenant's service received and asked for (weighted tokens), its share of all
+    service, and the service it had received by the last arrival to `tenants` (group_metrics
+    by tenant); returns the fairness figures: Jain's index over the tenants' service (`jain`),
+    over the share of its demand each was served (`jain_of_demand_served`) and over the
+    service by the last arrival (`jain_by_last_arrival`: while requests still come, before the
+    run drains whatever is left)."""
+    got, asked = service_tokens(req_df, weights)
+    last = float(req_df["arrival_time"].max()) if len(req_df) else 0.0
+    early, _ = service_tokens(req_df, weights, until=last)
+    names, code = _group_codes(req_df, "tenant")
+    assert names == list(tenants), "tenants must be group_metrics(req_df, 'tenant', ...)"
+    sums = [np.bincount(code, weights=x, minlength=len(names)) for x in (got, asked, early)]
+    total = float(got.sum())
+    served, ratio, by_last = [], [], []
+    for i, g in enumerate(tenants.values()):
+        s, d, e = (float(x[i]) for x in sums)
+        g.update(service_tokens=s, demand_tokens=d,
+                 service_share=s / total if total > 0 else None,
+                 service_tokens_by_last_arrival=e)
+        served.append(s)
+        ratio.append(s / d if d > 0 else 0.0)
+        by_last.append(e)
+    return {"service_weights": dict(weights or SERVICE_WEIGHTS), "num_tenants": len(tenants),
+            "jain": jain(served), "jain_of_demand_served": jain(ratio),
+            "jain_by_last_arrival": jain(by_last)}
+
+
+def queue_stats(it_df: pd.DataFrame) -> dict | None:
+    """Waiting requests at the end of each iteration: the mean weighted by the iterations'
+    durations (the mean over time while the server works; a plain mean if no iteration took
+    time) and the maximum. None for an iteration table without the column."""
+    if "num_waiting" not in it_df:
+        return None
+    q = it_df["num_waiting"].to_numpy(float)
+    if not len(q):
+        return {"mean": 0.0, "max": 0}
+    d = it_df["duration"].to_numpy(float)
+    mean = float((q * d).sum() / d.sum()) if d.sum() > 0 else float(q.mean())
+    return {"mean": mean, "max": int(q.max())}
+
+
+def cost_at_rate(requests_per_s: float, mean_output_tokens: float, price_per_gpu_hour: float,
+                 num_gpus: int) -> dict:
+    """Cost of serving a steady `requests_per_s` (e.g. a capacity) on `num_gpus` GPUs rented
+    at `price_per_gpu_hour`: dollars per 1M output tokens and per request."""
+    usd_per_s = price_per_gpu_hour * num_gpus / 3600.0
+    tok_s = requests_per_s * mean_output_tokens
+    return {"usd_per_1m_output_tokens": usd_per_s / tok_s * 1e6 if tok_s > 0 else None,
+            "usd_per_request": usd_per_s / requests_per_s if requests_per_s > 0 else None}
+
+
+def run_cost(req_df: pd.DataFrame, span: float, price_per_gpu_hour: float,
+             num_gpus: int) -> dict:
+    """Cost of the run at its own load: `num_gpus` GPUs rented for the makespan, whatever
+    their use, divided over the output tokens and requests that finished."""
+    fin = req_df["status"] == "finished"
+    tokens = float(req_df.loc[fin, "num_output_tokens"].sum())
+    n = int(fin.sum())
+    gpu_hours = span / 3600.0 * num_gpus
+    usd = gpu_hours * price_per_gpu_hour
+    return {"price_per_gpu_hour": float(price_per_gpu_hour), "num_gpus": int(num_gpus),
+            "gpu_hours": gpu_hours, "usd": usd,
+            "usd_per_1m_output_tokens": usd / tokens * 1e6 if tokens else None,
+            "usd_per_request": usd / n if n else None}
 
 
 def offered_load(req_df: pd.DataFrame) -> dict:
@@ -224,9 +398,11 @@ def slo_criteria(out: dict, slo: dict, attainment: float) -> list[dict]:
 
 def summarize(req_df: pd.DataFrame, it_df: pd.DataFrame, *, slo: dict | None = None,
               kv_blocks_total: int = 0, block_size: int = 16, stall_factor: float = 5.0,
-              prefix_cache: dict | None = None) -> dict:
+              prefix_cache: dict | None = None, price_per_gpu_hour: float | None = None,
+              num_gpus: int = 1) -> dict:
     """The run's figures (summary.json). `prefix_cache`: the KV manager's
-    `prefix_cache_stats()`, given when prefix caching is on."""
+    `prefix_cache_stats()`, given when prefix caching is on. `price_per_gpu_hour` (the
+    hardware preset's) and `num_gpus` (the tensor-parallel group) give the `cost` section."""
     slo = dict(slo or {})
     fin = req_df[req_df["status"] == "finished"]
     gaps_owner = tbt_gaps(req_df)
@@ -270,8 +446,16 @@ def summarize(req_df: pd.DataFrame, it_df: pd.DataFrame, *, slo: dict | None = N
         hit, query = int(prefix_cache["hit_tokens"]), int(prefix_cache["query_tokens"])
         out["prefix_cache"] = {"hit_tokens": hit, "query_tokens": query,
                                "hit_rate": hit / query if query else None}
+    queue = queue_stats(it_df)
+    if queue is not None:
+        out["queue"] = queue
+    met = slo_met(req_df, slo, gaps_owner) if slo else None
+    out["classes"] = group_metrics(req_df, "slo_class", gaps_owner, span, met)
+    out["tenants"] = group_metrics(req_df, "tenant", gaps_owner, span, met)
+    out["fairness"] = tenant_service(req_df, out["tenants"])
+    if price_per_gpu_hour is not None:
+        out["cost"] = run_cost(req_df, span, price_per_gpu_hour, num_gpus)
     if slo:
-        met = slo_met(req_df, slo, gaps_owner)
         attainment = float(met.mean()) if len(req_df) else 0.0
         crit = slo_criteria(out, slo, attainment)
         tbt = [c["met"] for c in crit if c["criterion"] == "tbt"]
@@ -285,4 +469,8 @@ def summarize(req_df: pd.DataFrame, it_df: pd.DataFrame, *, slo: dict | None = N
             "meets_attainment": all(c["met"] for c in crit if c["criterion"] == "attainment"),
             "criteria": crit,
         }
+        if slo.get("classes"):
+            # a class the SLO does not list (a typo, or "default") gets the top-level targets
+            out["slo"]["classes_without_targets"] = sorted(
+                set(out["classes"]) - set(slo["classes"]))
     return out

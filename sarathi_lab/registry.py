@@ -24,6 +24,9 @@ BUILTIN = {
         "orca": "sarathi_lab.schedulers.orca:Orca",
         "vllm": "sarathi_lab.schedulers.vllm:VLLM",
         "sarathi": "sarathi_lab.schedulers.sarathi:Sarathi",
+        "sarathi_priority": "sarathi_lab.schedulers.sarathi_priority:SarathiPriority",
+        "edf": "sarathi_lab.schedulers.edf:EDF",
+        "vtc": "sarathi_lab.schedulers.vtc:VTC",
     },
     "sarathi_lab.executors": {
         "sim": "sarathi_lab.executors.sim:SimExecutor",

@@ -100,7 +100,8 @@ def identity(cfg: dict) -> dict:
         "model": (cfg.get("model") or {}).get("name"),
         "hardware": (cfg.get("hardware") or {}).get("name"),
         "tensor_parallel": (cfg.get("executor") or {}).get("tensor_parallel"),
-        "trace": tr.get("name"), "qps": tr.get("qps"),
+        "trace": tr.get("name"), "qps": None if tr.get("clients") else tr.get("qps"),
+        "clients": tr.get("clients"),
         "slo": (cfg.get("slo") or {}).get("name"),
     }
 
@@ -273,9 +274,10 @@ def _write_tables(df: pd.DataFrame, out: Path, stem: str, roots) -> list[Path]:
     return files
 
 
-_KEY_COLUMNS = ("label", "policy", "token_budget", "offered_qps", "ttft_p50", "ttft_p99",
-                "tbt_p50", "tbt_p99", "stalls_count", "stalls_worst_s", "throughput_rps",
-                "slo_attainment", "slo_goodput_rps", "slo_meets_tbt_slo")
+_KEY_COLUMNS = ("label", "policy", "token_budget", "load_mode", "offered_qps", "ttft_p50",
+                "ttft_p99", "tbt_p50", "tbt_p99", "stalls_count", "stalls_worst_s",
+                "throughput_rps", "slo_attainment", "slo_goodput_rps", "slo_meets_tbt_slo",
+                "queue_mean", "fairness_jain", "cost_usd_per_1m_output_tokens")
 
 
 def _md_table(df: pd.DataFrame, cols) -> str:

@@ -61,6 +61,8 @@ def used_settings(r: Resolved, policy) -> dict:
     eff = r.effective()
     sched = eff["scheduler"]
     sched.update(max_model_len=policy.max_model_len, num_kv_blocks=policy.kv.num_blocks)
+    q = type(policy.waiting)   # a policy may order its queue itself (sarathi_priority's aging)
+    sched["queue"] = f"{q.__module__}:{q.__qualname__}"
     if hasattr(policy, "token_cap"):
         sched["max_num_batched_tokens"] = policy.token_cap
     if r.notes:
@@ -94,6 +96,22 @@ def _progress_bar(total: int, enabled, simulated: bool = True):
     return bar, update
 
 
+def drive(engine: Engine, requests, trace: dict) -> tuple[dict, list | None]:
+    """Serve `requests` on `engine`: open-loop at their arrival times, or with `trace.clients`
+    set, by that many closed-loop users (closed_loop.py). Returns the summary's `load` and,
+    closed-loop, the user of each request (None open-loop)."""
+    clients = (trace or {}).get("clients")
+    if clients is None:
+        engine.run(requests)
+        return {"mode": "open"}, None
+    import dataclasses
+
+    from sarathi_lab.closed_loop import ThinkTime, run_closed_loop
+    think = ThinkTime.from_spec(trace.get("think_time"))
+    users = run_closed_loop(engine, requests, clients, think, seed=trace.get("seed", 0))
+    return {"mode": "closed", "clients": clients, "think_time": dataclasses.asdict(think)}, users
+
+
 def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
         resolved: Resolved | None = None) -> dict:
     """Simulate or execute the configured run; write requests.parquet, iterations.parquet and
@@ -113,15 +131,20 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
     bar, progress = _progress_bar(len(requests), r.run.progress, executor.simulated)
     engine = Engine(policy, executor, fast_forward=r.run.fast_forward, progress=progress,
                     overlong=r.run.overlong)
-    engine.run(requests)
+    load, users = drive(engine, requests, r.trace)
     if bar is not None:
         bar.close()
     wall = time.perf_counter() - t0
     req_df = requests_table(requests, engine.output_lens)
+    if users is not None:
+        req_df.insert(1, "client", users)   # closed loop: the user who sent it
     it_df = iterations_table(engine.iterations())
     summary = summarize(req_df, it_df, slo=c.get("slo"), kv_blocks_total=policy.kv.num_blocks,
                         block_size=policy.kv.block_size,
-                        prefix_cache=policy.kv.prefix_cache_stats())
+                        prefix_cache=policy.kv.prefix_cache_stats(),
+                        price_per_gpu_hour=(r.hardware or {}).get("price_per_gpu_hour"),
+                        num_gpus=getattr(r.executor_cfg, "tensor_parallel", 1))
+    summary["load"] = load
     summary["wall_time_s"] = wall
     summary["simulated"] = executor.simulated
     summary["config"] = c

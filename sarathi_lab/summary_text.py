@@ -3,6 +3,7 @@ served anything at all."""
 from __future__ import annotations
 
 TOP_REJECTIONS = 3   # reason kinds shown; summary.json has them all
+MAX_GROUP_ROWS = 20  # SLO classes / tenants shown, the most requests first; summary.json has all
 
 
 class NothingServed(ValueError):
@@ -68,6 +69,9 @@ def format_criterion(c: dict) -> str:
 def _slo_lines(slo: dict) -> list[str]:
     lines = [f"SLO {slo.get('name', '')}: attainment {slo['attainment']:.1%}, "
              f"goodput {slo['goodput_rps']:.2f} req/s"]
+    if slo.get("classes_without_targets"):
+        lines.append("  classes without targets of their own (the top-level ones apply): "
+                     + ", ".join(slo["classes_without_targets"]))
     crit = slo.get("criteria") or []
     for key, who in (("tbt", "Sarathi-Serve P99-TBT"), ("attainment", "DistServe attainment")):
         parts = [format_criterion(c) for c in crit if c["criterion"] == key]
@@ -98,6 +102,72 @@ def _prefix_line(s: dict) -> str:
             f"({pc['hit_tokens']} of {pc['query_tokens']})")
 
 
+def _ms(v) -> str:
+    return "-" if v is None else f"{v * 1e3:.0f}"
+
+
+def _group_lines(title: str, groups: dict, with_service: bool) -> list[str]:
+    """One row per SLO class or tenant (shown when a run has more than one)."""
+    slo = any("attainment" in g for g in groups.values())
+    head = (f"{title:<14}{'reqs':>6}{'rej':>5}{'TTFT p50 ms':>12}{'p99 ms':>8}"
+            f"{'TBT p99 ms':>11}{'E2E p99 s':>11}"
+            + (f"{'SLO met':>9}{'goodput':>9}" if slo else "")
+            + (f"{'service':>9}" if with_service else ""))
+    lines = ["", head]
+    shown = sorted(groups, key=lambda k: -groups[k]["num_requests"])[:MAX_GROUP_ROWS]
+    for name in sorted(shown):
+        g = groups[name]
+        e2e = g["e2e"]["p99"]
+        row = (f"{name[:13]:<14}{g['num_requests']:>6}{g['num_rejected']:>5}"
+               f"{_ms(g['ttft']['p50']):>12}{_ms(g['ttft']['p99']):>8}{_ms(g['tbt']['p99']):>11}"
+               f"{'-' if e2e is None else f'{e2e:.3g}':>11}")
+        if slo:
+            row += f"{_share(g['attainment']):>9}{g['goodput_rps']:>7.2f}/s"
+        if with_service:
+            share = g.get("service_share")
+            row += f"{'-' if share is None else _share(share):>9}"
+        lines.append(row)
+    if len(groups) > len(shown):
+        lines.append(f"... {len(groups) - len(shown)} more in summary.json (the {len(shown)} "
+                     "with the most requests shown)")
+    return lines
+
+
+def _fairness_line(f: dict) -> str:
+    w = f["service_weights"]
+    jain = "-" if f["jain"] is None else f"{f['jain']:.3f}"
+    served = "-" if f["jain_of_demand_served"] is None else f"{f['jain_of_demand_served']:.3f}"
+    early = "-" if f["jain_by_last_arrival"] is None else f"{f['jain_by_last_arrival']:.3f}"
+    return (f"fairness over {f['num_tenants']} tenants (service = {w['prompt']:g} x prompt + "
+            f"{w['output']:g} x output tokens): Jain's index {jain} of service ({early} by the "
+            f"last arrival), {served} of the share of demand served")
+
+
+def _cost_line(s: dict) -> str:
+    c = s["cost"]
+    per_tok = "-" if c["usd_per_1m_output_tokens"] is None else \
+        f"${c['usd_per_1m_output_tokens']:.3g}"
+    per_req = "-" if c["usd_per_request"] is None else f"${c['usd_per_request']:.3g}"
+    return (f"cost at ${c['price_per_gpu_hour']:.3g}/GPU-hour x {c['num_gpus']} GPU(s) over the "
+            f"makespan: {per_tok} per 1M output tokens, {per_req} per request "
+            f"(${c['usd']:.3g} for the run)")
+
+
+def _load_line(s: dict) -> str | None:
+    load = s.get("load") or {}
+    if load.get("mode") != "closed":
+        return None
+    t = load["think_time"]
+    if t["dist"] == "constant":
+        think = f"{t['mean']:g} s"
+    elif t["dist"] == "uniform":
+        think = f"uniform {t['low']:g}-{t['high']:g} s"
+    else:
+        think = f"{t['dist']}, mean {t['mean']:g} s" + \
+            (f", sigma {t['sigma']:g}" if t["dist"] == "lognormal" else "")
+    return f"closed loop: {load['clients']} users, think time {think}"
+
+
 def format_summary(s: dict) -> str:
     cfg = s.get("config", {})
     ex = cfg.get("executor") or {}
@@ -114,6 +184,9 @@ def format_summary(s: dict) -> str:
         bar = "!" * 78
         lines += [bar, f"!!! ALL {n} REQUESTS WERE REJECTED: nothing was served, every figure "
                   "below is empty", bar]
+    closed = _load_line(s)
+    if closed:
+        lines.append(closed)
     lines += [_offered_line(s),
               f"requests {s['num_finished']} finished, {n_rej} rejected, "
               + (f"{s['num_length_capped']} cut short at max_model_len, "
@@ -141,6 +214,16 @@ def format_summary(s: dict) -> str:
                      f"internal waste {kv['internal_waste_mean']:.1%}")
     if "prefix_cache" in s:
         lines.append(_prefix_line(s))
+    if s.get("queue") is not None:
+        lines.append(f"queue: {s['queue']['mean']:.2f} requests waiting on average over time, "
+                     f"at most {s['queue']['max']}")
+    if "cost" in s:
+        lines.append(_cost_line(s))
     if "slo" in s:
         lines += _slo_lines(s["slo"])
+    if len(s.get("classes") or {}) > 1:
+        lines += _group_lines("SLO class", s["classes"], False)
+    if len(s.get("tenants") or {}) > 1:
+        lines += _group_lines("tenant", s["tenants"], True)
+        lines.append(_fairness_line(s["fairness"]))
     return "\n".join(lines)

@@ -51,6 +51,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sarathi_lab.closed_loop import ClientSettings
 from sarathi_lab.config import plain
 from sarathi_lab.request import Request
 from sarathi_lab.settings import parse, setting
@@ -74,7 +75,7 @@ _CSV_FORMATS = (
     ("vidur", "arrived_at", "num_prefill_tokens", "num_decode_tokens"),
     ("lengths", None, "num_prefill_tokens", "num_decode_tokens"),
 )
-ARRIVALS = ("poisson", "gamma")
+ARRIVALS = ("poisson", "gamma", "onoff")
 COLUMNS = ["arrival_time", "num_prompt_tokens", "num_output_tokens"]
 
 # Independent random streams, so one knob does not reshuffle the others.
@@ -102,7 +103,7 @@ _GZIP_MAGIC = b"\x1f\x8b"
 # Public API
 # --------------------------------------------------------------------------------------------
 
-def load_trace(path, *, num_requests=None, qps=None, arrival="poisson", cv=1.0,
+def load_trace(path, *, num_requests=None, qps=None, arrival="poisson", cv=1.0, burst=None,
                max_total_tokens=None, max_prompt_tokens=None, seed=0,
                tokenizer=None) -> pd.DataFrame:
     """Load a shipped trace (by name) or a trace file.
@@ -111,10 +112,11 @@ def load_trace(path, *, num_requests=None, qps=None, arrival="poisson", cv=1.0,
     ``df.attrs["dropped"]`` counts the rows the filters skipped among the rows read to get them.
     ``qps`` re-times a timestamped trace (inter-arrival gaps scaled to that mean rate, burstiness
     kept) and is required for a length-only trace, whose arrivals are then drawn from ``arrival``
-    (``poisson``, or ``gamma`` with coefficient of variation ``cv``). ``tokenizer`` (a local path
+    (``poisson``, ``gamma`` with coefficient of variation ``cv``, or ``onoff`` with ``burst`` =
+    (on_s, off_s): Poisson arrivals only during on periods). ``tokenizer`` (a local path
     or a tokenizer object) is only needed for a JSONL trace that holds prompt text.
     """
-    _check_arrival_options(qps, arrival, cv)
+    _check_arrival_options(qps, arrival, cv, burst)
     _check_filters(max_total_tokens, max_prompt_tokens)
     if num_requests is not None:
         if int(num_requests) < 1:
@@ -132,19 +134,23 @@ def load_trace(path, *, num_requests=None, qps=None, arrival="poisson", cv=1.0,
             "arrivals can be generated")
 
     df, dropped = _select(raw, src, num_requests, max_total_tokens, max_prompt_tokens)
+    if timed and arrival != "poisson":
+        raise ValueError(f"trace {src} has its own arrival times, so arrival={arrival!r} is not "
+                         "read (qps re-times its own gaps; a mix component with arrival="
+                         f"{arrival} draws new ones)")
     if timed:
         t = df["arrival_time"].to_numpy()
         t = (t - t[0]) / 1e9 if t.dtype.kind == "i" else t - t[0]  # Azure: int nanoseconds
         if qps is not None:
             t = _retime(t, qps, src)
     else:
-        t = _arrival_times(len(df), qps, arrival, cv, _rng(seed, _ARRIVAL_STREAM))
+        t = _arrival_times(len(df), qps, arrival, cv, _rng(seed, _ARRIVAL_STREAM), burst)
     df["arrival_time"] = t
     df.attrs.update(source=str(src), format=raw.attrs["format"], dropped=dropped)
     return df
 
 
-def synthetic_trace(num_requests, qps, *, arrival="poisson", cv=1.0, prompt_len=512,
+def synthetic_trace(num_requests, qps, *, arrival="poisson", cv=1.0, burst=None, prompt_len=512,
                     output_len=128, seed=0, max_total_tokens=None,
                     max_prompt_tokens=None) -> pd.DataFrame:
     """A generated trace: arrivals at ``qps`` and lengths from two small specs.
@@ -156,7 +162,7 @@ def synthetic_trace(num_requests, qps, *, arrival="poisson", cv=1.0, prompt_len=
     output come from the same rows, so their correlation is kept). Lengths over the optional
     filters are redrawn; ``attrs["dropped"]`` says how many.
     """
-    _check_arrival_options(qps, arrival, cv)
+    _check_arrival_options(qps, arrival, cv, burst)
     _check_filters(max_total_tokens, max_prompt_tokens)
     n = int(num_requests)
     if n < 1:
@@ -186,7 +192,7 @@ def synthetic_trace(num_requests, qps, *, arrival="poisson", cv=1.0, prompt_len=
         logger.info("synthetic trace: redrew %d requests longer than %s", dropped,
                     _describe_filters(max_total_tokens, max_prompt_tokens))
     df = pd.DataFrame({
-        "arrival_time": _arrival_times(n, qps, arrival, cv, _rng(seed, _ARRIVAL_STREAM)),
+        "arrival_time": _arrival_times(n, qps, arrival, cv, _rng(seed, _ARRIVAL_STREAM), burst),
         "num_prompt_tokens": np.concatenate(prompts).astype(np.int64),
         "num_output_tokens": np.concatenate(outputs).astype(np.int64),
     })
@@ -195,15 +201,18 @@ def synthetic_trace(num_requests, qps, *, arrival="poisson", cv=1.0, prompt_len=
 
 
 @dataclass
-class TraceConfig:
+class TraceConfig(ClientSettings):
     """A ``configs/trace/*.yaml`` entry: a trace to load (``path``) or to generate (``path:
-    null`` with ``prompt_len`` and ``output_len`` specs)."""
+    null`` with ``prompt_len`` and ``output_len`` specs); with ``clients``, served by that many
+    closed-loop users instead of at its arrival times (closed_loop.py)."""
     name: str | None = setting(None, help="label used in reports")
     path: str | None = setting(None, help="a shipped trace's name or a file; null: generated")
     num_requests: int | None = setting(None, ge=1, help="the first N; null: the whole trace")
     qps: float | None = setting(None, gt=0, help="arrival rate, req/s; null: the trace's times")
     arrival: str = setting("poisson", choices=ARRIVALS, help="arrival process for qps")
     cv: float = setting(1.0, gt=0, help="gamma: coefficient of variation of the gaps")
+    on_s: float | None = setting(None, gt=0, help="onoff: seconds of each burst")
+    off_s: float | None = setting(None, gt=0, help="onoff: seconds of silence between bursts")
     max_total_tokens: int | None = setting(None, ge=2, help="drop longer requests")
     max_prompt_tokens: int | None = setting(None, ge=1, help="drop longer prompts")
     seed: int = setting(0, ge=0, help="arrivals, lengths and token ids")
@@ -223,15 +232,45 @@ class TraceConfig:
                 if getattr(self, key) is not None:
                     raise ValueError(f"{key}={getattr(self, key)!r}: read only for a generated "
                                      "trace (path: null)")
-        if self.cv != 1.0 and self.arrival != "gamma":
-            raise ValueError(f"cv={self.cv}: read only with arrival=gamma")
+        check_arrival_settings(self)
+        self.check_clients()
+
+
+def check_arrival_settings(c) -> None:
+    """The cross-setting rules of `arrival`, `cv`, `on_s` and `off_s` (a trace's or a workload
+    component's)."""
+    if c.cv != 1.0 and c.arrival != "gamma":
+        raise ValueError(f"cv={c.cv}: read only with arrival=gamma")
+    for key in ("on_s", "off_s"):
+        if (getattr(c, key) is None) == (c.arrival == "onoff"):
+            raise ValueError(f"{key}={getattr(c, key)!r}: " + (
+                "arrival=onoff needs it" if c.arrival == "onoff" else
+                "read only with arrival=onoff"))
+
+
+def burst_of(c) -> tuple | None:
+    return (c.on_s, c.off_s) if c.arrival == "onoff" else None
+
+
+def parse_trace_config(cfg):
+    """The trace node checked as what it describes: a `workloads.MixConfig` when it has
+    ``components``, else a `TraceConfig`."""
+    c = _to_plain_dict(cfg)
+    if "components" in c:
+        from sarathi_lab.workloads import MixConfig
+        return parse(MixConfig, c, "trace", "a workload mix")
+    return parse(TraceConfig, c, "trace")
 
 
 def build_trace(cfg) -> pd.DataFrame:
-    """Build the trace a ``configs/trace/*.yaml`` entry describes (a TraceConfig, a DictConfig
-    or a dict, checked as `TraceConfig`)."""
-    tc = cfg if isinstance(cfg, TraceConfig) else parse(TraceConfig, _to_plain_dict(cfg), "trace")
-    common = dict(qps=tc.qps, arrival=tc.arrival, cv=tc.cv, max_total_tokens=tc.max_total_tokens,
+    """Build the trace a ``configs/trace/*.yaml`` entry describes (a TraceConfig, a MixConfig,
+    a DictConfig or a dict, checked by `parse_trace_config`)."""
+    tc = cfg if isinstance(cfg, TraceConfig) else parse_trace_config(cfg)
+    if not isinstance(tc, TraceConfig):
+        from sarathi_lab.workloads import build_mix
+        return build_mix(tc)
+    common = dict(qps=tc.qps, arrival=tc.arrival, cv=tc.cv, burst=burst_of(tc),
+                  max_total_tokens=tc.max_total_tokens,
                   max_prompt_tokens=tc.max_prompt_tokens, seed=tc.seed)
     if tc.path is None:
         df = synthetic_trace(tc.num_requests, prompt_len=tc.prompt_len,
@@ -769,8 +808,15 @@ def _retime(t, qps, src):
     return t * ((len(t) - 1) / qps / t[-1])
 
 
-def _arrival_times(n, qps, arrival, cv, rng) -> np.ndarray:
-    """n arrival times, the first at 0.0, with independent gaps of mean 1 / qps."""
+def _arrival_times(n, qps, arrival, cv, rng, burst=None) -> np.ndarray:
+    """n arrival times, the first at 0.0, at a mean rate of qps: independent gaps (poisson,
+    gamma), or (onoff) a Poisson process that runs only during the first on_s seconds of every
+    on_s + off_s, at qps x (on_s + off_s) / on_s while on."""
+    if arrival == "onoff":
+        on, off = burst
+        # a Poisson process on the clock that runs only while on, then laid out on real time
+        u = np.concatenate([[0.0], np.cumsum(rng.exponential(on / (qps * (on + off)), n - 1))])
+        return np.floor(u / on) * (on + off) + np.mod(u, on)
     if arrival == "poisson":
         gaps = rng.exponential(1.0 / qps, n - 1)
     else:
@@ -847,11 +893,16 @@ def _rng(seed, stream) -> np.random.Generator:
     return np.random.default_rng([int(stream), int(seed)])
 
 
-def _check_arrival_options(qps, arrival, cv):
+def _check_arrival_options(qps, arrival, cv, burst=None):
     if qps is not None and not qps > 0:
         raise ValueError(f"qps must be > 0, got {qps}")
     if arrival not in ARRIVALS:
         raise ValueError(f"unknown arrival process {arrival!r}; use one of {ARRIVALS}")
+    if (burst is not None) != (arrival == "onoff"):
+        raise ValueError(f"burst={burst!r}: (on_s, off_s) is needed by arrival=onoff and "
+                         "read by nothing else")
+    if burst is not None and not (len(burst) == 2 and all(x > 0 for x in burst)):
+        raise ValueError(f"burst={burst!r}: must be (on_s > 0, off_s > 0)")
     if not cv > 0:
         raise ValueError(f"cv must be > 0, got {cv}")
     if arrival == "poisson" and cv != 1.0:

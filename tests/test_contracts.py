@@ -24,7 +24,7 @@ from sarathi_lab.settings import parse
 from sarathi_lab.sweeps import register_resolvers
 from sarathi_lab.traces import to_requests
 
-POLICIES = ["request_level", "orca", "vllm", "sarathi"]
+POLICIES = ["request_level", "orca", "vllm", "sarathi", "sarathi_priority", "edf", "vtc"]
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 

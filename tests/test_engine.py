@@ -148,3 +148,16 @@ def test_fast_forward_starts_right_after_the_prefill_and_after_a_finish():
     assert eng.num_iterations == ref_eng.num_iterations == calls[False] == 40
     assert calls[True] == 3
 
+
+
+def test_iterations_asked_during_a_run_are_a_prefix_of_the_final_table():
+    seen = []
+    eng = Engine(make_policy("vllm", max_model_len=64), LinearCost(base=0.01, per_token=1e-4),
+                 progress=lambda done, tokens: seen.append(eng.iterations().copy()))
+    eng.run([req(0, 4, 40), req(1, 4, 10, t=0.05), req(2, 8, 20, t=0.3)])
+    final = eng.iterations()
+    assert len(final) == eng.num_iterations and len(seen) > 3
+    assert all(0 < len(s) <= len(final) and (s == final[:len(s)]).all() for s in seen)
+    # clock and token counts run on across stepped and skipped rows
+    assert (final[1:, 0] == final[:-1, 0] + final[:-1, 1]).all()
+    assert final[:, 3].sum() + 3 == 40 + 10 + 20

@@ -16,7 +16,7 @@ from sarathi_lab.metrics import iterations_table
 from sarathi_lab.request import Request, Status
 from sarathi_lab.runner import build
 
-POLICIES = ["request_level", "orca", "vllm", "sarathi"]
+POLICIES = ["request_level", "orca", "vllm", "sarathi", "sarathi_priority", "edf", "vtc"]
 RESERVES_KV = {"request_level", "orca"}
 
 
@@ -42,7 +42,16 @@ def configs(draw):
         "max_num_batched_tokens": draw(st.integers(max_model_len, 2 * max_model_len)),
         "enable_prefix_caching": name not in RESERVES_KV and draw(st.booleans()),
         "kv_watermark": draw(st.sampled_from([0.0, 0.01, 0.1, 0.3])),
+        # admission control, for every policy
+        "max_queue_len": draw(st.none() | st.integers(1, 4)),
+        "deadline_admission": draw(st.booleans()),
     }
+    if name == "sarathi_priority":
+        sched["aging_rate"] = draw(st.sampled_from([0.0, 1.0, 30.0]))
+        sched["priority_preemption"] = draw(st.booleans())
+    if name == "vtc":
+        sched["input_weight"] = draw(st.sampled_from([0.0, 1.0, 0.3]))
+        sched["output_weight"] = draw(st.sampled_from([0.0, 2.0, 1.7]))
     return {"scheduler": only_read(sched),
             # durations that grow with the context: fast-forward has something to get wrong
             "executor": {"name": f"{TokenCost.__module__}:TokenCost", "base": 0.01,
@@ -68,7 +77,10 @@ def traces(draw, max_model_len):
         out.append(dict(request_id=i, arrival_time=float(t), num_prompt_tokens=prompt,
                         output_len=draw(st.integers(1, 30)),
                         max_tokens=draw(st.none() | st.integers(1, 20)),
-                        prompt_token_ids=base[:prompt]))
+                        prompt_token_ids=base[:prompt],
+                        # service fields for the policies that rank by them
+                        priority=draw(st.integers(0, 2)), tenant=draw(st.sampled_from("ab")),
+                        deadline=draw(st.none() | st.floats(0.0, 0.5).map(lambda d: t + d))))
     return out
 
 
@@ -92,7 +104,7 @@ def test_policy_invariants(data):
     event("rejected" if any(r.status is Status.REJECTED for r in reqs) else "none rejected")
 
     tokens = it["prefill_tokens"] + it["decode_tokens"]
-    budget = policy.cfg.token_budget if sc["name"] == "sarathi" else policy.token_cap
+    budget = policy.token_limit()
     assert (tokens <= budget).all() and (tokens >= 1).all()
     assert (it["num_requests"] <= sc["max_num_seqs"]).all()
     assert (it["duration"] > 0).all() and (np.diff(it["start"]) > 0).all()

@@ -27,7 +27,9 @@ def hf_of(p: dict, **extra) -> dict:
             "head_dim": p["head_dim"], "vocab_size": p["vocab_size"],
             "max_position_embeddings": p["max_model_len"], "torch_dtype": p["dtype"],
             "tie_word_embeddings": p["tie_word_embeddings"], "rope_theta": p["rope_theta"],
-            "rms_norm_eps": p["rms_norm_eps"], **extra}
+            "rms_norm_eps": p["rms_norm_eps"],
+            **({"model_type": "mistral", "sliding_window": p["sliding_window"]}
+               if p.get("sliding_window") else {}), **extra}
 
 
 @pytest.mark.parametrize("name", PRESETS)

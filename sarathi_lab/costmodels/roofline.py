@@ -1,37 +1,48 @@
 """Roofline cost model: how long one iteration of a Llama-family model takes on one GPU.
 
-Every term is a roofline, max(FLOPs / (peak x eff), bytes / (bandwidth x eff)), per GPU of a
-tensor-parallel group, summed over the model's L layers. The efficiency factors and kernel floors
-are fitted to measured operator profiles by ``experiments/calibrate_roofline.py``.
+Every term prices an operator's FLOPs and bytes against the hardware preset's peaks at fitted
+efficiencies, per GPU of a tensor-parallel group, summed over the model's L layers. The
+efficiencies, the ridge exponent and the kernel floors are fitted to measured operator profiles by
+``experiments/calibrate_roofline.py`` (report: experiments/calibrate_roofline.txt).
 
-An iteration with T scheduled tokens, S of whose requests sample a token, costs
+An iteration of B requests with T scheduled tokens, S of which sample a token, costs
 
-    overhead + L x layer_overhead      CPU side of the iteration (scheduling, input preparation,
-                                       sampling) + per-layer GPU kernel floors (tiny kernels
-                                       still take microseconds)
-  + linear(T)      = max(2 T P / (peak ce), b P / (bw me))    P: QKV, O, gate/up, down params
+    overhead + B x request_overhead      CPU side of the iteration (scheduling, input preparation,
+                                         sampling, output processing; measured for vLLM by Vidur)
+  + L x layer_overhead                   per-layer GPU kernel floors (tiny kernels take µs)
+  + linear(T)      = soft(2 T P / (peak ce), b P / (bw me))    P: QKV, O, gate/up, down params
   + elementwise(T) = T x bytes of the norms, residual adds, RoPE, SiLU*mul and KV-cache write
                      / (bw me)
-  + attention      = sum over scheduled requests of max(4 d H pairs / (peak ae),
-                                                        b KV (k + c) / (bw me))
-  + lm_head(S)     = max(2 S h V / (peak ce), b h V / (bw me)), sampled rows only (0 if S = 0)
-  + allreduce(T)   = 2 L x (latency + 2 (tp-1)/tp x T h b / (link_bw le)), tp > 1 only
+  + attention      = sum over scheduled requests of
+                       4 d H pairs / (peak ae)  +  b KV kv_tokens / (bw ke)
+  + lm_head(S)     = soft(2 S h V / (peak ce), b h V / (bw me)), sampled rows only (0 if S = 0)
+  + allreduce(T)   = 2 L x min(one-shot(m), ring(m)), m = T h b bytes, tp > 1 only
+                     one-shot(m) = fast_ar_latency + 2 (tp-1)/tp m / (link_bw fast_ar_eff)
+                     ring(m)     = link_latency    + 2 (tp-1)/tp m / (link_bw link_eff)
 
 with b bytes per element, h hidden size, V vocabulary, H query heads and KV the per-token KV bytes
 of the GPU's share of the KV heads; P, H, V and the intermediate size are divided by tp.
 
+soft(F, M) = (F^n + M^n)^(1/n), n = ridge_exponent: a smooth roofline. A hard max (n = inf)
+assumes a GEMM at the ridge point reaches full compute and full bandwidth at once; measured GEMMs
+lose efficiency near the ridge (tiles and waves only partly fill the GPU, loads and math overlap
+imperfectly): with the hard max the 76-306-token layers came out at 0.82 of the measured profiles.
+The fitted n (~1.5) prices a GEMM at its ridge point 2^(1/n) ~ 1.6 x the hard max.
+
 Attention of a chunk of c new tokens after k cached ones: query i of the chunk sees k + i + 1 keys,
 so the causal mask leaves pairs = c k + c (c + 1) / 2 query-key pairs of 4 d FLOPs per head (QK^T
-and PV) -- the unmasked 4 c (k + c) d H with the masked half of the chunk's own square skipped, as
-FlashAttention-style kernels skip fully masked tiles. The chunk reads the KV of all k + c tokens.
-So chunking is FLOP-neutral: a chunked prefill pays extra only for re-reading the earlier chunks'
-KV (visible where a chunk is memory-bound) and for the per-iteration terms it pays once per chunk.
-A decode is the chunk c = 1 (k + 1 tokens of KV, always memory-bound): one formula serves both.
+and PV), and the chunk reads kv_tokens = k + c tokens of KV. Chunking is FLOP-neutral, but every
+chunk re-reads the KV of all earlier chunks; the two costs are added (FlashAttention overlaps them
+only partly; a sum fits the profile as well as a max, see the calibration) so that re-read is
+charged at any chunk size. A decode is the chunk c = 1: k + 1 pairs and k + 1 tokens of KV.
+With a sliding window W (Mistral-7B v0.1) query j sees min(j, W) keys and the chunk reads
+min(k + c, W + c - 1) tokens of KV.
 
 Not modelled (small, or properties of the serving stack rather than the GPU): the embedding lookup
-and its all-reduce, the final norm, the gather of TP-sharded logits, sampling kernels, Mistral's
-sliding window (attention always spans the whole context), and kernel floors that vary with the
-batch (the floors are a constant per layer).
+and its all-reduce, the final norm, the gather of TP-sharded logits, sampling kernels, tile and
+wave quantisation (the soft roofline averages it), kernel floors that vary with the batch (the
+floors are a constant per layer), and the KV memory a sliding window would free (the KV manager
+keeps every block).
 """
 from __future__ import annotations
 
@@ -46,25 +57,45 @@ from sarathi_lab.settings import parse, setting
 
 # vLLM's default max_num_seqs: its memory profile holds this many rows of fp32 full-vocab logits.
 _MAX_SAMPLED_ROWS = 256
+# "no window": larger than any context, so min(k + 1, _NO_WINDOW) is k + 1
+_NO_WINDOW = 1 << 62
 
 
 @dataclass(frozen=True)
 class HardwareSpec:
-    """A GPU preset (configs/hardware/*.yaml). The peaks come from datasheets; the efficiencies
-    and floors are fitted by experiments/calibrate_roofline.py (defaults: roughly the A100 fit,
-    for a preset that leaves them out)."""
+    """A GPU preset (configs/hardware/*.yaml). The peaks come from datasheets; the efficiencies,
+    the ridge exponent and the floors are fitted by experiments/calibrate_roofline.py (defaults:
+    roughly the A100 fit, for a preset that leaves them out; the per-request and one-shot
+    all-reduce terms default to what leaves them out of the sum)."""
     name: str = setting(help="label")
     peak_flops: float = setting(gt=0, help="dense bf16 tensor-core FLOP/s")
     mem_bandwidth: float = setting(gt=0, help="HBM bytes/s")
     memory_bytes: float = setting(gt=0, help="GPU memory, bytes")
     link_bandwidth: float = setting(gt=0, help="GPU-to-GPU bytes/s, one direction")
-    link_latency_s: float = setting(ge=0, help="per all-reduce")
-    compute_eff: float = setting(0.7, gt=0, le=1, help="achieved share of peak_flops in GEMMs")
-    attn_eff: float = setting(0.25, gt=0, le=1, help="achieved share of peak_flops in attention")
-    mem_eff: float = setting(0.75, gt=0, le=1, help="achieved share of mem_bandwidth")
-    link_eff: float = setting(0.6, gt=0, le=1, help="achieved share of link_bandwidth")
-    iteration_overhead_s: float = setting(2e-3, ge=0, help="CPU side of an iteration")
-    layer_overhead_s: float = setting(5e-5, ge=0, help="GPU kernel floors per layer")
+    link_latency_s: float = setting(ge=0, help="per ring (NCCL) all-reduce")
+    compute_eff: float = setting(0.71, gt=0, le=1, help="achieved share of peak_flops in GEMMs")
+    mem_eff: float = setting(0.81, gt=0, le=1,
+                             help="achieved share of mem_bandwidth reading weights, activations")
+    ridge_exponent: float = setting(
+        1.5, ge=1, le=64, help="GEMM time = (F^n + M^n)^(1/n) of its compute time F and memory "
+        "time M: 1 adds them, large n is the hard max(F, M)")
+    attn_eff: float = setting(0.26, gt=0, le=1, help="achieved share of peak_flops in attention")
+    attn_kv_eff: float = setting(0.9, gt=0, le=1,
+                                 help="achieved share of mem_bandwidth reading KV in attention")
+    link_eff: float = setting(0.56, gt=0, le=1, help="share of link_bandwidth, ring all-reduce")
+    fast_ar_latency_s: float = setting(
+        1.0, ge=0, help="per one-shot (custom, latency-bound) all-reduce; the cheaper of it and "
+        "the ring is charged (default 1 s: never cheaper, ring only)")
+    fast_ar_eff: float = setting(0.13, gt=0, le=1,
+                                 help="share of link_bandwidth, one-shot all-reduce")
+    iteration_overhead_s: float = setting(
+        1.4e-3, ge=0, help="CPU side of an iteration: scheduling, input preparation, sampling, "
+        "output processing (vLLM v0 measured by Vidur: 1.4 ms + 0.1 ms per request)")
+    request_overhead_s: float = setting(0.0, ge=0,
+                                        help="CPU side of an iteration, per request in the batch")
+    layer_overhead_s: float = setting(5.1e-5, ge=0, help="GPU kernel floors per layer")
+    price_per_gpu_hour: float | None = setting(None, gt=0, help="USD, for the run's cost "
+                                               "figures; null: none")
 
     @classmethod
     def from_config(cls, cfg, overrides=None) -> "HardwareSpec":
@@ -79,14 +110,35 @@ class HardwareSpec:
 
 @dataclass
 class RooflineConfig(CostModelConfig):
-    """Efficiency overrides; null keeps the hardware preset's (fitted by
+    """Overrides of the hardware preset's fitted terms; null keeps the preset's (fitted by
     experiments/calibrate_roofline.py)."""
     compute_eff: float | None = setting(None, gt=0, le=1, help="share of peak FLOP/s in GEMMs")
-    attn_eff: float | None = setting(None, gt=0, le=1, help="share of peak FLOP/s in attention")
     mem_eff: float | None = setting(None, gt=0, le=1, help="share of HBM bandwidth achieved")
-    link_eff: float | None = setting(None, gt=0, le=1, help="share of link bandwidth achieved")
-    iteration_overhead_s: float | None = setting(None, ge=0, help="CPU side of an iteration")
+    ridge_exponent: float | None = setting(None, ge=1, le=64,
+                                           help="smoothness of the GEMM roofline (large: max)")
+    attn_eff: float | None = setting(None, gt=0, le=1, help="share of peak FLOP/s in attention")
+    attn_kv_eff: float | None = setting(None, gt=0, le=1,
+                                        help="share of HBM bandwidth reading KV in attention")
+    link_eff: float | None = setting(None, gt=0, le=1, help="share of link bandwidth, ring")
+    fast_ar_latency_s: float | None = setting(None, ge=0,
+                                              help="one-shot all-reduce latency")
+    fast_ar_eff: float | None = setting(None, gt=0, le=1,
+                                        help="share of link bandwidth, one-shot all-reduce")
+    iteration_overhead_s: float | None = setting(
+        None, ge=0, help="CPU side of an iteration (presets: vLLM v0 as measured by Vidur)")
+    request_overhead_s: float | None = setting(
+        None, ge=0, help="CPU side of an iteration per request in the batch (presets: vLLM v0)")
     layer_overhead_s: float | None = setting(None, ge=0, help="GPU kernel floors per layer")
+
+
+def window_pairs(c: int, k: int, w: int) -> int:
+    """Query-key pairs of a chunk of c tokens after k cached ones under a causal sliding window
+    of w keys: query j (1-based position k + 1 .. k + c) sees min(j, w) keys."""
+    if k + c <= w:
+        return c * k + c * (c + 1) // 2
+    if k >= w:
+        return c * w
+    return (w * (w + 1) - k * (k + 1)) // 2 + (k + c - w) * w
 
 
 class RooflineCostModel(CostModel):
@@ -111,6 +163,7 @@ class RooflineCostModel(CostModel):
         # With fewer KV heads than GPUs, each GPU keeps a replica of one (as vLLM does).
         self.kv_heads = max(1, m.num_kv_heads // tp)
         inter = m.intermediate_size / tp
+        self.window = m.sliding_window or _NO_WINDOW
 
         # -- weights and KV per GPU
         self.linear_params = h * (self.heads + 2 * self.kv_heads) * d + self.heads * d * h \
@@ -122,6 +175,7 @@ class RooflineCostModel(CostModel):
 
         # -- seconds per unit, whole model; precomputed so the hot path is a few multiplies
         flops, bw = hw.peak_flops, hw.mem_bandwidth * hw.mem_eff
+        self.n, self.inv_n = hw.ridge_exponent, 1.0 / hw.ridge_exponent
         self.lin_per_token = L * 2 * self.linear_params / (flops * hw.compute_eff)
         self.lin_weights = L * b * self.linear_params / bw
         # norms (read+write h, x2), residual adds (read 2h write h, x2) are replicated per rank;
@@ -130,73 +184,94 @@ class RooflineCostModel(CostModel):
             + 2 * self.kv_heads * d
         self.ew_per_token = L * b * ew_elems / bw
         self.attn_per_pair = L * 4 * d * self.heads / (flops * hw.attn_eff)
-        self.attn_per_kv_token = self.kv_bytes_per_token / bw
-        self.decode_per_kv_token = max(self.attn_per_pair, self.attn_per_kv_token)
+        self.attn_per_kv_token = self.kv_bytes_per_token / (hw.mem_bandwidth * hw.attn_kv_eff)
+        self.decode_per_kv_token = self.attn_per_pair + self.attn_per_kv_token
         self.lm_per_row = 2 * vocab_params / (flops * hw.compute_eff)
         self.lm_weights = b * vocab_params / bw
         if tp > 1:
-            self.ar_fixed = 2 * L * hw.link_latency_s
-            self.ar_per_token = 2 * L * (2 * (tp - 1) / tp) * h * b \
-                / (hw.link_bandwidth * hw.link_eff)
+            per_token = 2 * L * (2 * (tp - 1) / tp) * h * b / hw.link_bandwidth
+            self.ar_fixed, self.ar_per_token = 2 * L * hw.link_latency_s, per_token / hw.link_eff
+            self.far_fixed = 2 * L * hw.fast_ar_latency_s
+            self.far_per_token = per_token / hw.fast_ar_eff
         else:
-            self.ar_fixed = self.ar_per_token = 0.0
+            self.ar_fixed = self.ar_per_token = self.far_fixed = self.far_per_token = 0.0
         self.overhead = hw.iteration_overhead_s
+        self.req_overhead = hw.request_overhead_s
         self.layer_floors = L * hw.layer_overhead_s
+        self._by_tokens: dict[int, float] = {}             # memo of _fixed's terms of T
+        self._by_rows: dict[int, float] = {}                # ... and of S
 
     # ---- components (seconds, whole model, per GPU) -----------------------------------------
+    def _soft(self, compute: float, memory: float) -> float:
+        """(compute^n + memory^n)^(1/n), written so that it stays finite for any n."""
+        x = compute / memory
+        return memory * (1.0 + x ** self.n) ** self.inv_n
+
     def linear_time(self, T: int) -> float:
-        return max(T * self.lin_per_token, self.lin_weights) if T > 0 else 0.0
+        return self._soft(T * self.lin_per_token, self.lin_weights) if T > 0 else 0.0
 
     def elementwise_time(self, T: int) -> float:
         return T * self.ew_per_token
 
     def chunk_attention_time(self, c: int, k: int) -> float:
         """Attention of c new tokens after k cached ones (a decode is c = 1)."""
-        f = (c * k + c * (c + 1) // 2) * self.attn_per_pair
-        m = (k + c) * self.attn_per_kv_token
-        return f if f > m else m
+        w = self.window
+        if k + c <= w:
+            return (c * k + c * (c + 1) // 2) * self.attn_per_pair \
+                + (k + c) * self.attn_per_kv_token
+        return window_pairs(c, k, w) * self.attn_per_pair \
+            + min(k + c, w + c - 1) * self.attn_per_kv_token
 
     def attention_time(self, prefills, decode_contexts) -> float:
         pre = 0.0
         for c, k in prefills:
             pre += self.chunk_attention_time(c, k)
-        dec = sum(decode_contexts) + len(decode_contexts)    # each decode reads k + 1 tokens
+        w = self.window
+        dec = 0
+        for k in decode_contexts:                # each decode reads k + 1 tokens, at most w
+            dec += k + 1 if k < w else w
         return pre + dec * self.decode_per_kv_token
 
     def lm_head_time(self, S: int) -> float:
-        return max(S * self.lm_per_row, self.lm_weights) if S > 0 else 0.0
+        return self._soft(S * self.lm_per_row, self.lm_weights) if S > 0 else 0.0
 
     def allreduce_time(self, T: int) -> float:
-        return self.ar_fixed + T * self.ar_per_token if self.tp > 1 and T > 0 else 0.0
+        if self.tp == 1 or T <= 0:
+            return 0.0
+        ring = self.ar_fixed + T * self.ar_per_token
+        fast = self.far_fixed + T * self.far_per_token
+        return fast if fast < ring else ring
 
-    def _fixed(self, T: int, S: int) -> float:
-        """Everything but attention: a function of the batch's token and sampled-row counts."""
+    def _fixed(self, T: int, S: int, B: int) -> float:
+        """Everything but attention: a function of the batch's token, sampled-row and request
+        counts. The terms of T and of S are memoized: this runs once per simulated iteration,
+        and a run sees few distinct token and row counts."""
         if T <= 0:
             return self.overhead
-        lin = T * self.lin_per_token
-        if lin < self.lin_weights:
-            lin = self.lin_weights
-        lm = 0.0
-        if S > 0:
-            lm = S * self.lm_per_row
-            if lm < self.lm_weights:
-                lm = self.lm_weights
-        return self.overhead + self.layer_floors + lin + T * self.ew_per_token + lm \
-            + (self.ar_fixed + T * self.ar_per_token if self.tp > 1 else 0.0)
+        by_t = self._by_tokens.get(T)
+        if by_t is None:
+            by_t = self._by_tokens[T] = self.layer_floors + self.linear_time(T) \
+                + T * self.ew_per_token + self.allreduce_time(T)
+        by_s = self._by_rows.get(S)
+        if by_s is None:
+            by_s = self._by_rows[S] = self.lm_head_time(S)
+        return self.overhead + B * self.req_overhead + by_t + by_s
 
     # ---- whole iterations --------------------------------------------------------------------
     def iteration_time(self, prefills, decode_contexts, num_sampled: int | None = None) -> float:
         """prefills: (chunk, context) pairs; decode_contexts: tokens in KV before each decode.
         num_sampled defaults to every request (each prefill taken as a prompt's last chunk)."""
+        B = len(prefills) + len(decode_contexts)
         T = sum(c for c, _ in prefills) + len(decode_contexts)
-        S = len(prefills) + len(decode_contexts) if num_sampled is None else num_sampled
-        return self._fixed(T, S) + self.attention_time(prefills, decode_contexts)
+        S = B if num_sampled is None else num_sampled
+        return self._fixed(T, S, B) + self.attention_time(prefills, decode_contexts)
 
     def breakdown(self, prefills, decode_contexts, num_sampled: int | None = None) -> dict:
+        B = len(prefills) + len(decode_contexts)
         T = sum(c for c, _ in prefills) + len(decode_contexts)
-        S = len(prefills) + len(decode_contexts) if num_sampled is None else num_sampled
+        S = B if num_sampled is None else num_sampled
         parts = {
-            "overhead": self.overhead,
+            "overhead": self.overhead + (B * self.req_overhead if T > 0 else 0.0),
             "layer_overhead": self.layer_floors if T > 0 else 0.0,
             "linear": self.linear_time(T),
             "elementwise": self.elementwise_time(T),
@@ -210,6 +285,8 @@ class RooflineCostModel(CostModel):
 
     def step_time(self, reqs, num_new_tokens) -> float:
         """The hot path: iteration_time of a scheduled batch, read straight off the requests."""
+        if self.window != _NO_WINDOW:
+            return self._windowed_step_time(reqs, num_new_tokens)
         T = S = dec = 0
         pre = 0.0
         a_pair, a_kv = self.attn_per_pair, self.attn_per_kv_token
@@ -221,18 +298,41 @@ class RooflineCostModel(CostModel):
             if c == 1:
                 dec += k + 1                 # decode (or a 1-token chunk: same cost)
             else:
-                f = (c * k + c * (c + 1) // 2) * a_pair
-                m = (k + c) * a_kv
-                pre += f if f > m else m
-        return self._fixed(T, S) + (pre + dec * self.decode_per_kv_token)
+                pre += (c * k + c * (c + 1) // 2) * a_pair + (k + c) * a_kv
+        return self._fixed(T, S, len(num_new_tokens)) + (pre + dec * self.decode_per_kv_token)
+
+    def _windowed_step_time(self, reqs, num_new_tokens) -> float:
+        """step_time of a sliding-window model: attention reads at most the window."""
+        T = S = dec = 0
+        pre = 0.0
+        w = self.window
+        for r, c in zip(reqs, num_new_tokens):
+            k = r.num_computed_tokens
+            T += c
+            if k + c == r.num_prompt_tokens + r.num_output_tokens:
+                S += 1
+            if c == 1:
+                dec += k + 1 if k < w else w
+            else:
+                pre += self.chunk_attention_time(c, k)
+        return self._fixed(T, S, len(num_new_tokens)) + (pre + dec * self.decode_per_kv_token)
 
     def decode_run(self, contexts: np.ndarray, k: int) -> np.ndarray:
         """Durations of k decode-only iterations of the same requests, contexts +1 per step;
         the same floating-point operations as k calls of step_time."""
         ctx = np.asarray(contexts, dtype=np.int64)
         B = int(ctx.size)
-        fixed = self._fixed(B, B)
-        dec = int(ctx.sum()) + B * np.arange(1, k + 1, dtype=np.int64)
+        fixed = self._fixed(B, B, B)
+        steps = np.arange(1, k + 1, dtype=np.int64)
+        w = self.window
+        if w == _NO_WINDOW or int(ctx.max(initial=0)) + k <= w:
+            dec = int(ctx.sum()) + B * steps
+        else:
+            # step j reads sum_i min(ctx_i + j, w): the contexts still below w - j, plus w each
+            srt = np.sort(ctx)
+            prefix = np.concatenate(([0], np.cumsum(srt)))
+            below = np.searchsorted(srt, w - steps, side="left")
+            dec = prefix[below] + steps * below + w * (B - below)
         return fixed + (0.0 + dec * self.decode_per_kv_token)
 
     # ---- memory ------------------------------------------------------------------------------

@@ -170,11 +170,13 @@ class KVCacheManager:
             if need > 0:
                 grow.append((held, need))
         if grow:
-            if sum(n for _, n in grow) > self.pool.num_free:
+            total = sum(n for _, n in grow)
+            if total > self.pool.num_free:
                 return False
-            allocate = self.pool.allocate
+            new, i = self.pool.allocate(total), 0   # one call: the pool hands them out in order
             for held, need in grow:
-                held.extend(allocate(need))
+                held.extend(new[i:i + need])
+                i += need
         self.num_stored_tokens += k * len(reqs)
         return True
 

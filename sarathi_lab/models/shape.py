@@ -41,6 +41,8 @@ class ModelShape:
     qkv_bias: bool = False             # Qwen2; Llama's attention_bias sets it and o_bias
     o_bias: bool = False
     mlp_bias: bool = False
+    # Mistral's causal sliding window: each query attends to at most this many keys; None: all
+    sliding_window: int | None = None
 
     def __post_init__(self):
         where = f"model {self.name!r}"
@@ -52,6 +54,13 @@ class ModelShape:
                     or not float(v).is_integer():
                 raise ValueError(f"{where}: {key}={v!r} must be a positive whole number")
             object.__setattr__(self, key, int(v))
+        w = self.sliding_window
+        if w is not None:
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or w < 1 \
+                    or not float(w).is_integer():
+                raise ValueError(f"{where}: sliding_window={w!r} must be a positive whole number "
+                                 "or null")
+            object.__setattr__(self, "sliding_window", int(w))
         for key in _BOOLS:
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{where}: {key}={getattr(self, key)!r} must be true or false")
@@ -105,7 +114,8 @@ class ModelShape:
             tie_word_embeddings=c.get("tie_word_embeddings", False),
             rms_norm_eps=c.get("rms_norm_eps", 1e-5), rope_theta=c.get("rope_theta", 10000.0),
             rope_scaling=c.get("rope_scaling"), qkv_bias=c.get("qkv_bias", attn_bias),
-            o_bias=attn_bias, mlp_bias=c.get("mlp_bias", False))
+            o_bias=attn_bias, mlp_bias=c.get("mlp_bias", False),
+            sliding_window=c.get("sliding_window"))
 
     @classmethod
     def from_hf(cls, hf: dict, where: str = "config.json", name: str | None = None) -> ModelShape:
@@ -144,7 +154,9 @@ class ModelShape:
                 tie_word_embeddings=hf.get("tie_word_embeddings", False),
                 rms_norm_eps=hf.get("rms_norm_eps", 1e-6), rope_theta=theta, rope_scaling=rope,
                 qkv_bias=qwen2 or attn_bias, o_bias=attn_bias and not qwen2,
-                mlp_bias=hf.get("mlp_bias", False))
+                mlp_bias=hf.get("mlp_bias", False),
+                # Qwen2 configs name a window they do not use (use_sliding_window: false)
+                sliding_window=hf.get("sliding_window") if mtype == "mistral" else None)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
 

@@ -30,6 +30,11 @@ class SchedulerConfig:
                                   help="share of KV blocks kept free when admitting (vLLM)")
     max_model_len: int | None = setting(None, ge=2, help="null: the model's")
     queue: str = setting("fcfs", help="waiting order: fcfs | priority | edf | spf | a dotted path")
+    # admission control (schedulers/admission.py), for every policy
+    max_queue_len: int | None = setting(None, ge=1, help="reject arrivals that find this many "
+                                        "requests waiting; null: no bound")
+    deadline_admission: bool = setting(False, help="reject arrivals whose predicted TTFT "
+                                       "exceeds their deadline")
 
     def validate(self) -> None:
         if self.block_size & (self.block_size - 1):
@@ -72,6 +77,10 @@ class Policy(abc.ABC):
         # preempting each other at once (reserved KV never grows)
         self.watermark = 0 if kv.reserve else int(cfg.kv_watermark * kv.num_blocks)
         self._output_len = None   # given by the engine to oracle policies only
+        self.admission = None
+        if cfg.max_queue_len is not None or cfg.deadline_admission:
+            from sarathi_lab.schedulers.admission import AdmissionControl
+            self.admission = AdmissionControl(cfg.max_queue_len, cfg.deadline_admission)
 
     @classmethod
     def parse_config(cls, values: dict, where: str = "scheduler") -> SchedulerConfig:
@@ -135,6 +144,8 @@ class Policy(abc.ABC):
     # -- queue and admission -----------------------------------------------------------------------
     def add_request(self, req: Request) -> bool:
         reason = self.rejection_reason(req)
+        if reason is None and self.admission is not None:
+            reason = self.admission.refusal(req, self)
         if reason is not None:
             self.reject(req, reason)
             return False
@@ -272,6 +283,8 @@ class Policy(abc.ABC):
     def update(self, out: SchedulerOutput, step, start: float, end: float) -> list[Request]:
         """Apply an executed batch (`step`, a StepResult): advance counters, emit tokens, end the
         requests the executor ended, free their KV. Returns the requests that finished."""
+        if self.admission is not None:
+            self.admission.observe(out.split_counts()[0], start, end)
         done = []
         sampled = step.sampled
         ended = set(step.finished) if step.finished else ()
@@ -298,6 +311,8 @@ class Policy(abc.ABC):
         running request, none of which finishes: the fast-forward's one entry point."""
         k = len(times)
         running = self.running
+        if self.admission is not None:
+            self.admission.clock = times[-1]
         if not self.kv.allocate_decodes(running, k):
             for r in running:   # prefix caching hashes full blocks one request at a time
                 ok = self.kv.allocate_slots(r, k)

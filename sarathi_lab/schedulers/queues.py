@@ -53,6 +53,11 @@ class RequestQueue:
         """The running request to preempt among `candidates` (in admission order)."""
         return candidates[-1]
 
+    def ahead(self, req: Request) -> list[Request]:
+        """The waiting requests that would be admitted before `req` if it were pushed now
+        (admission control's estimate of its wait)."""
+        return list(self)
+
 
 class OrderedQueue(RequestQueue):
     """A queue ordered by `key(req)` (smallest first; ties in arrival order). The preemption
@@ -87,6 +92,10 @@ class OrderedQueue(RequestQueue):
 
     def pop(self) -> Request:
         return heapq.heappop(self._heap)[-1]
+
+    def ahead(self, req: Request) -> list[Request]:
+        k = (self.key(req), req.arrival_time)
+        return [e[-1] for e in self._heap if (e[0], e[1]) <= k]
 
     def victim(self, candidates: list[Request]) -> Request:
         key = self.key

@@ -1,0 +1,263 @@
+"""The roofline cost model's terms, by hand on a tiny shape, and its properties on the presets."""
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from sarathi_lab.costmodels.roofline import RooflineCostModel, window_pairs
+from sarathi_lab.request import Request
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+# L=2, h=64, I=128, 4 query heads, 2 KV heads of d=16, fp32: P = 64*8*16 + 4*16*64 + 3*64*128
+TINY = {"name": "tiny", "num_layers": 2, "hidden_size": 64, "intermediate_size": 128,
+        "num_heads": 4, "num_kv_heads": 2, "head_dim": 16, "vocab_size": 512,
+        "max_model_len": 4096, "dtype": "float32"}
+P = 36864
+HW = {"name": "toy", "peak_flops": 1e12, "mem_bandwidth": 1e11, "memory_bytes": 80e9,
+      "link_bandwidth": 1e9, "link_latency_s": 30e-6, "compute_eff": 0.5, "mem_eff": 0.5,
+      "ridge_exponent": 2.0, "attn_eff": 0.25, "attn_kv_eff": 0.8, "link_eff": 0.5,
+      "fast_ar_latency_s": 5e-6, "fast_ar_eff": 0.1, "iteration_overhead_s": 1e-3,
+      "request_overhead_s": 1e-4, "layer_overhead_s": 0.0}
+
+
+def tiny(tp=1, window=None, **hw):
+    return RooflineCostModel({**TINY, "sliding_window": window}, {**HW, **hw}, tp)
+
+
+def preset(group, name):
+    return yaml.safe_load((CONFIGS / group / f"{name}.yaml").read_text())
+
+
+# ---- each term by hand -----------------------------------------------------------------------
+
+def test_linear_layers_follow_a_soft_roofline():
+    cm = tiny()
+    flop_per_token = 2 * 2 * P / (1e12 * 0.5)          # L x 2 FLOPs per param / (peak x ce)
+    weights = 2 * 4 * P / (1e11 * 0.5)                  # L x 4 bytes per param / (bw x me)
+    # T = 20 is the ridge point: compute time = memory time, and n = 2 charges sqrt(2) x either
+    assert 20 * flop_per_token == pytest.approx(weights, rel=1e-12)
+    assert cm.linear_time(20) == pytest.approx(math.sqrt(2) * weights, rel=1e-12)
+    # far from the ridge the soft roofline meets the hard one
+    assert cm.linear_time(1) == pytest.approx(math.hypot(flop_per_token, weights), rel=1e-12)
+    assert cm.linear_time(1) / weights < 1.002
+    assert cm.linear_time(20_000) / (20_000 * flop_per_token) == pytest.approx(1, abs=1e-6)
+    # a large exponent is the hard max
+    assert tiny(ridge_exponent=64).linear_time(20) == pytest.approx(weights, rel=0.02)
+
+
+def test_attention_adds_its_flops_and_its_kv_reads():
+    cm = tiny()
+    per_pair = 2 * 4 * 16 * 4 / (1e12 * 0.25)           # L x 4 d x heads / (peak x ae)
+    per_kv = 2 * 2 * 2 * 16 * 4 / (1e11 * 0.8)          # L x (K, V) x kv heads x d x 4 B / ...
+    # 3 new tokens after 5 cached: queries see 6, 7, 8 keys; the chunk reads 8 tokens of KV
+    assert cm.chunk_attention_time(3, 5) == pytest.approx(21 * per_pair + 8 * per_kv, rel=1e-12)
+    # a decode after 99 tokens: 100 pairs, 100 tokens of KV
+    assert cm.attention_time([], [99]) == pytest.approx(100 * (per_pair + per_kv), rel=1e-12)
+    # the KV of the earlier chunk is read again by the later one
+    one = cm.chunk_attention_time(64, 0)
+    two = cm.chunk_attention_time(32, 0) + cm.chunk_attention_time(32, 32)
+    assert two - one == pytest.approx(32 * per_kv, rel=1e-9)
+
+
+def brute_window(c, k, w):
+    """Pairs and KV tokens by enumeration: query at position p (0-based) sees keys
+    max(0, p - w + 1) .. p."""
+    keys = set()
+    pairs = 0
+    for p in range(k, k + c):
+        seen = range(max(0, p - w + 1), p + 1)
+        pairs += len(seen)
+        keys.update(seen)
+    return pairs, len(keys)
+
+
+@pytest.mark.parametrize("c,k", [(3, 5), (3, 1), (4, 2), (1, 10), (1, 2), (7, 0), (9, 30)])
+def test_a_sliding_window_caps_pairs_and_kv_reads(c, k):
+    w = 4
+    pairs, kv = brute_window(c, k, w)
+    assert window_pairs(c, k, w) == pairs
+    cm, full = tiny(window=w), tiny()
+    expect = pairs * cm.attn_per_pair + kv * cm.attn_per_kv_token
+    assert cm.chunk_attention_time(c, k) == pytest.approx(expect, rel=1e-12)
+    assert cm.chunk_attention_time(c, k) <= full.chunk_attention_time(c, k)
+    if c == 1:
+        assert cm.attention_time([], [k]) == pytest.approx(expect, rel=1e-12)
+
+
+def test_mistral_reads_at_most_its_window():
+    m = preset("model", "mistral-7b")
+    assert m["sliding_window"] == 4096
+    cm = RooflineCostModel(m, preset("hardware", "a100-80gb"))
+    assert cm.attention_time([], [20_000]) == cm.attention_time([], [4095]) \
+        == 4096 * cm.decode_per_kv_token
+    # a 512-token chunk far past the window: 512 x 4096 pairs, 4096 + 511 tokens of KV
+    assert cm.chunk_attention_time(512, 20_000) == pytest.approx(
+        512 * 4096 * cm.attn_per_pair + 4607 * cm.attn_per_kv_token, rel=1e-12)
+
+
+def test_allreduce_is_the_cheaper_of_one_shot_and_ring():
+    cm = tiny(tp=2)
+    msg = 64 * 4                                         # bytes per token: h x fp32
+    ring = lambda T: 2 * 2 * (30e-6 + T * msg / (1e9 * 0.5))    # noqa: E731  (2 per layer)
+    fast = lambda T: 2 * 2 * (5e-6 + T * msg / (1e9 * 0.1))     # noqa: E731
+    assert cm.allreduce_time(4) == pytest.approx(fast(4), rel=1e-12) and fast(4) < ring(4)
+    assert cm.allreduce_time(64) == pytest.approx(ring(64), rel=1e-12) and ring(64) < fast(64)
+    assert tiny().allreduce_time(64) == 0.0
+
+
+def test_iteration_sums_its_terms_with_per_request_overhead():
+    cm = tiny()
+    parts = cm.breakdown([(3, 5)], [10, 20], num_sampled=2)
+    assert parts["overhead"] == pytest.approx(1e-3 + 3 * 1e-4, rel=1e-12)
+    assert parts["total"] == pytest.approx(cm.iteration_time([(3, 5)], [10, 20], 2), rel=1e-12)
+    assert parts["total"] == pytest.approx(
+        1e-3 + 3e-4 + cm.linear_time(5) + cm.elementwise_time(5) + cm.lm_head_time(2)
+        + cm.chunk_attention_time(3, 5) + cm.attention_time([], [10, 20]), rel=1e-12)
+    assert cm.iteration_time([], []) == 1e-3                # an empty batch: the CPU side only
+
+
+# ---- the hot paths equal the reference -------------------------------------------------------
+
+def running(rid, computed, prompt, outputs=0):
+    r = Request(rid, 0.0, prompt, 10_000)
+    r.num_computed_tokens, r.num_output_tokens = computed, outputs
+    return r
+
+
+@pytest.mark.parametrize("window", [None, 6])
+def test_step_time_equals_iteration_time(window):
+    cm = tiny(tp=2, window=window)
+    reqs = [running(0, 0, 10), running(1, 4, 10), running(2, 7, 3, 5), running(3, 2, 3, 0)]
+    n = [4, 6, 1, 1]
+    want = cm.iteration_time([(4, 0), (6, 4)], [7, 2], num_sampled=3)
+    assert cm.step_time(reqs, n) == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("model,ctx", [("mistral-7b", [4090, 4095, 10, 5000, 4060]),
+                                       ("llama-3-8b", [5, 80, 1023, 4000])])
+def test_decode_run_is_bit_identical_to_stepping(model, ctx):
+    cm = RooflineCostModel(preset("model", model), preset("hardware", "h100-sxm"), 2)
+    reqs = [running(i, c, 4, c - 3) for i, c in enumerate(ctx)]
+    k = 40
+    fast = cm.decode_run(np.array(ctx), k)
+    slow = []
+    for _ in range(k):
+        slow.append(cm.step_time(reqs, [1] * len(reqs)))
+        for r in reqs:
+            r.num_computed_tokens += 1
+            r.num_output_tokens += 1
+    np.testing.assert_array_equal(fast, np.array(slow))
+
+
+# ---- properties on the presets ---------------------------------------------------------------
+
+SETUPS = [("mistral-7b", "a100-80gb", 1), ("yi-34b", "a100-80gb", 2),
+          ("llama-2-70b", "h100-sxm", 4), ("llama-3-8b", "h200", 1)]
+
+
+def prefill_total(cm, n, c):
+    return sum(cm.iteration_time([(min(c, n - k), k)], [], int(k + c >= n))
+               for k in range(0, n, c))
+
+
+@pytest.mark.parametrize("model,hw,tp", SETUPS)
+@pytest.mark.parametrize("zero_fixed", [False, True])
+def test_chunking_a_prompt_never_costs_less_than_one_piece(model, hw, tp, zero_fixed):
+    h = preset("hardware", hw)
+    if zero_fixed:
+        h.update(iteration_overhead_s=0.0, request_overhead_s=0.0, layer_overhead_s=0.0)
+    cm = RooflineCostModel(preset("model", model), h, tp)
+    for n in (4096, 8192):
+        n = min(n, cm.max_model_len)
+        one = cm.iteration_time([(n, 0)], [], 1)
+        ratios = [prefill_total(cm, n, c) / one for c in (64, 128, 256, 512, 1024, 2048, 4096)]
+        assert all(r >= 1 - 1e-12 for r in ratios), ratios
+        assert ratios == sorted(ratios, reverse=True)      # smaller chunks never cost less
+        # with the fixed terms zeroed the old roofline priced chunks of 512 at +0%
+        assert ratios[3] > 1.02, ratios
+
+
+@pytest.mark.parametrize("model,hw,tp", SETUPS)
+def test_more_tokens_never_predict_less_time(model, hw, tp):
+    cm = RooflineCostModel(preset("model", model), preset("hardware", hw), tp)
+    for k in (0, 1000, 5000):
+        t = [cm.iteration_time([(c, k)], [], 1) for c in range(1, 2049, 7)]
+        assert min(t) > 0 and all(b >= a for a, b in zip(t, t[1:]))
+    d = [cm.iteration_time([], [300] * b) for b in range(1, 257)]
+    assert all(b > a for a, b in zip(d, d[1:]))
+    ctx = [cm.iteration_time([], [k] * 8) for k in range(0, 20_000, 97)]
+    assert all(b >= a for a, b in zip(ctx, ctx[1:]))
+
+
+def test_the_near_ridge_gemm_is_slower_than_the_hard_max():
+    a100 = preset("hardware", "a100-80gb")
+    soft = RooflineCostModel(preset("model", "llama-2-7b"), a100)
+    hard = RooflineCostModel(preset("model", "llama-2-7b"), {**a100, "ridge_exponent": 64})
+    ridge = soft.lin_weights / soft.lin_per_token         # tokens where compute = weight reads
+    assert 100 < ridge < 200
+    T = int(ridge)
+    assert soft.linear_time(T) / hard.linear_time(T) == pytest.approx(2 ** (1 / 1.5), rel=0.02)
+
+
+def test_overrides_are_typed_settings_of_the_sim_executor():
+    from sarathi_lab.executors.sim import SimExecutor
+    from sarathi_lab.settings import ConfigError
+    sim = preset("executor", "sim")
+    model, a100 = preset("model", "llama-2-7b"), preset("hardware", "a100-80gb")
+    base = SimExecutor.from_config(sim, model, a100).cost_model
+    cm = SimExecutor.from_config({**sim, "ridge_exponent": 64, "request_overhead_s": 0.0,
+                                  "attn_kv_eff": a100["attn_kv_eff"] / 2}, model, a100).cost_model
+    assert cm.n == 64 and cm.req_overhead == 0.0 and base.req_overhead == a100["request_overhead_s"]
+    assert cm.attn_per_kv_token == pytest.approx(2 * base.attn_per_kv_token, rel=1e-12)
+    for key, bad in (("ridge_exponent", 0.5), ("attn_kv_eff", 1.5), ("fast_ar_latency_s", -1)):
+        with pytest.raises(ConfigError, match=f"executor.{key}"):
+            SimExecutor.from_config({**sim, key: bad}, model, a100)
+
+
+# ---- the calibration script's fits -----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def calibrate():
+    import importlib.util
+    import sys
+    path = Path(__file__).resolve().parents[1] / "experiments" / "calibrate_roofline.py"
+    spec = importlib.util.spec_from_file_location("calibrate_roofline", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["calibrate_roofline"] = mod
+    spec.loader.exec_module(mod)
+    yield mod
+    del sys.modules["calibrate_roofline"]
+
+
+def test_the_fits_recover_known_constants(calibrate):
+    import pandas as pd
+    T = np.unique(np.geomspace(1, 4096, 40).astype(int))
+    rows = []
+    for gpu, ce, me, floor in (("a100", 0.7, 0.8, 0.03), ("h100", 0.65, 0.9, 0.02)):
+        F, M, E = T * 0.01, np.full(len(T), 1.5), T * 1e-4
+        meas = calibrate.soft(F / ce, M / me, 1.5) + E / me + floor
+        rows.append(pd.DataFrame({"gpu": gpu, "flop_ms": F, "mem_ms": M, "ew_ms": E,
+                                  "meas_ms": meas}))
+    n, per = calibrate.fit_linear(pd.concat(rows, ignore_index=True))
+    assert n == 1.5
+    assert per["a100"]["compute_eff"] == pytest.approx(0.7, abs=0.003)
+    assert per["a100"]["mem_eff"] == pytest.approx(0.8, abs=0.005)
+    assert per["h100"]["floor_ms"] == pytest.approx(0.02, abs=2e-3)
+    F, M = np.geomspace(1e-3, 1, 30), np.geomspace(1, 1e-3, 30)
+    att = pd.DataFrame({"kind": ["prefill"] * 15 + ["decode"] * 15, "flop_ms": F, "mem_ms": M,
+                        "meas_ms": 0.014 + F / 0.3 + M / 0.8})
+    floor, ae, ke = calibrate.fit_attention(att)
+    assert (floor, ae, ke) == pytest.approx((0.014, 0.3, 0.8), rel=1e-9)
+
+
+def test_the_presets_hold_the_measured_cpu_and_one_shot_fits(calibrate):
+    a, b, table = calibrate.cpu_overhead()
+    lat, eff, _ = calibrate.one_shot(preset("hardware", "h100-sxm")["link_bandwidth"])
+    for hw in ("a100-80gb", "h100-sxm", "h200"):
+        p = preset("hardware", hw)
+        assert p["iteration_overhead_s"] == float(f"{a:.2g}")
+        assert p["request_overhead_s"] == float(f"{b:.2g}")
+        assert p["fast_ar_latency_s"] == float(f"{lat:.2g}") and p["fast_ar_eff"] == round(eff, 3)
+    assert 1e-3 < a < 2e-3 and 5e-5 < b < 2e-4 and len(table) == 12

@@ -15,6 +15,7 @@ import socket
 import sys
 import threading
 import time
+import types
 from datetime import datetime
 from pathlib import Path
 
@@ -55,6 +56,37 @@ def start_collecting() -> None:
         gc.enable()
 
 
+def ray_worker_setup() -> None:
+    """Ray's worker_process_setup_hook (configs/hydra/launcher/ray.yaml). A Ray worker starts in
+    the directory its node's Ray was started from; a sweep's jobs run where the sweep was
+    started (SARATHI_LAB_CWD), as under the other launchers, so that `results_root=outputs` and
+    a relative trace path name the same place. On a node without that directory the worker
+    fails to start, naming it, rather than writing results where the sweep does not look."""
+    cwd = os.environ.get("SARATHI_LAB_CWD")
+    if cwd:
+        os.chdir(cwd)
+
+
+def _start_ray(init: DictConfig) -> None:
+    """Join (or start) the Ray cluster of hydra/launcher=ray before the launcher does, which
+    then uses it as it is: Ray's ray.init takes over SIGTERM, so that Ctrl-C would stop the
+    sweep and SIGTERM end it without a word; the handlers of `stop_on_signals` are put back.
+    What the jobs print reaches this terminal as they print it: no "(pid=..)" prefix, no
+    colour, and no folding into "[repeated 2x]" of lines that differ only in numbers, as the
+    lines of a sweep's jobs do (Ray reads these when it is imported)."""
+    for var, value in (("RAY_DISABLE_WORKER_LOG_PREFIX", "1"), ("RAY_COLOR_PREFIX", "0"),
+                       ("RAY_DEDUP_LOGS", "0")):
+        os.environ.setdefault(var, value)
+    import ray
+    if ray.is_initialized():
+        return
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    ray.init(**OmegaConf.to_container(init, resolve=True))
+    for s, h in handlers.items():
+        if h is not None:
+            signal.signal(s, h)
+
+
 class Abort(SystemExit):
     """Ends the command from inside Hydra's machinery, which would turn an exception raised in a
     callback into a warning (and go on) and one raised in a job into a traceback. A message is
@@ -79,21 +111,24 @@ def stop_on_signals():
     exception unwinds through the launcher: joblib then kills its worker processes, which the
     default SIGTERM (this process gone at once) leaves computing. A further signal is ignored
     while that clean-up runs; a signal ignored when the command started (a background job,
-    nohup) stays ignored."""
+    nohup) stays ignored. Yields where the signal is recorded (`.signum`, else None): Ray
+    turns the exception into a plain KeyboardInterrupt on its way out of ray.get."""
+    received = types.SimpleNamespace(signum=None)
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield received
         return
     previous = {}
 
     def handler(signum, frame):
         for s in previous:
             signal.signal(s, signal.SIG_IGN)
+        received.signum = signum
         raise Interrupted(signum)
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(s) is not signal.SIG_IGN:
             previous[s] = signal.signal(s, handler)
     try:
-        yield
+        yield received
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
@@ -220,6 +255,8 @@ class SweepLog(Callback):
             atomic_write(sweep_dir / "sweep.json", lambda p: p.write_text(json.dumps(
                 {"name": str(config.name), "total": total,
                  "started": datetime.now().isoformat()})))
+        if "hydra_ray_launcher" in str(config.hydra.launcher.get("_target_", "")):
+            _start_ray(config.hydra.launcher.ray.init)
         logf = sweep_dir / "sweep.log"
         self._offset = logf.stat().st_size if logf.exists() else 0
         self._total = total
@@ -264,8 +301,10 @@ class _Job:
         self.multirun = hc.mode == RunMode.MULTIRUN
         self.label = hc.job.override_dirname or "(defaults)"
         self.sweep_dir = Path(str(hc.sweep.dir)) if self.multirun else None
-        self.parallel = self.multirun and "joblib" in str(hc.launcher.get("_target_", "")) \
-            and hc.launcher.get("n_jobs", -1) != 1
+        launcher = str(hc.launcher.get("_target_", ""))
+        self.parallel = self.multirun and (
+            "hydra_ray_launcher" in launcher
+            or "joblib" in launcher and hc.launcher.get("n_jobs", -1) != 1)
         self.index, self.total = None, None
         if self.multirun:
             self.index = int(hc.job.num) + 1

@@ -92,8 +92,9 @@ def listening(pids: list[int]) -> list[str]:
 
 
 def stop_head(temp: Path) -> None:
-    """SIGTERM to the head's processes (Ray's own shutdown), SIGKILL to any left after 5 s."""
-    for sig, patience in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+    """SIGTERM to the head's processes (Ray's own shutdown), SIGKILL to any left after 2 s
+    (one of them, at least, outlives SIGTERM when the others are gone)."""
+    for sig, patience in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
         pids = head_processes(temp)
         for pid in pids:
             try:
@@ -178,8 +179,10 @@ def test_a_ray_sweep_records_what_a_joblib_sweep_does(sweeps, head):
     assert "Traceback" not in ray.stderr and "UserWarning" not in ray.stderr, ray.stderr
     for out in (ray.stdout, joblib.stdout):
         assert "2 done, 0 skipped, 1 merged, 1 failed" in out, out
-    # the jobs ran where the sweep was started, not in the head's directory
+    # the jobs ran where the sweep was started, not in the head's directory, and Ray left
+    # nothing of its own in either
     assert not list(head["cwd"].iterdir())
+    assert [p.name for p in d.parent.parent.iterdir()] == ["out"]
     g, j = d / "grid", d / "jl"
     # which of the two vllm jobs runs and which is merged into it depends on which starts
     # first, under either launcher

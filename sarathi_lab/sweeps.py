@@ -26,6 +26,7 @@ from sarathi_lab.rundir import atomic_write
 
 LOCK = "sweep.lock"
 LOCK_PATIENCE_S = 1.0   # a reader probing the lock (sarathi-lab-report) holds it for an instant
+RAY_CONNECT_S = 10.0    # hydra/launcher=ray: how long the cluster's address may take to answer
 
 
 def dirname(overrides: str) -> str:
@@ -80,8 +81,21 @@ def _start_ray(init: DictConfig) -> None:
     import ray
     if ray.is_initialized():
         return
+    address = init.get("address")
+    where = f"hydra.launcher.ray.init.address={address}"
+    if address and address != "auto" and "://" not in str(address):
+        # Ray itself retries an address where nothing answers for minutes on end
+        host, _, port = str(address).rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=RAY_CONNECT_S).close()
+        except (OSError, ValueError) as e:
+            raise Abort(f"sarathi-lab: error: no Ray cluster answers at {where}: {e}") from None
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    ray.init(**OmegaConf.to_container(init, resolve=True))
+    try:
+        ray.init(**OmegaConf.to_container(init, resolve=True))
+    except Exception as e:   # ConnectionError, ValueError, RuntimeError: Ray's words say why
+        raise Abort(f"sarathi-lab: error: cannot join the Ray cluster ({where}): "
+                    f"{type(e).__name__}: {e}") from None
     for s, h in handlers.items():
         if h is not None:
             signal.signal(s, h)
@@ -246,6 +260,8 @@ class SweepLog(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         start_collecting()   # the sweep may run for hours here, its jobs elsewhere
+        if "hydra_ray_launcher" in str(config.hydra.launcher.get("_target_", "")):
+            _start_ray(config.hydra.launcher.ray.init)   # before anything is written
         sweep_dir = Path(str(config.hydra.sweep.dir))
         with _or_abort(f"the directory of sweep {config.name} "
                        f"({_setting(config, sweep_dir, 'hydra.sweep.dir')})"):
@@ -255,8 +271,6 @@ class SweepLog(Callback):
             atomic_write(sweep_dir / "sweep.json", lambda p: p.write_text(json.dumps(
                 {"name": str(config.name), "total": total,
                  "started": datetime.now().isoformat()})))
-        if "hydra_ray_launcher" in str(config.hydra.launcher.get("_target_", "")):
-            _start_ray(config.hydra.launcher.ray.init)
         logf = sweep_dir / "sweep.log"
         self._offset = logf.stat().st_size if logf.exists() else 0
         self._total = total

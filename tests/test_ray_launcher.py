@@ -280,6 +280,18 @@ def test_sigterm_stops_a_ray_sweep_and_its_jobs(head, tmp_path):
         p.kill()
 
 
+def test_an_address_where_no_cluster_answers_is_one_line_at_once(tmp_path):
+    """Ray itself would retry for minutes; nothing of the sweep is written."""
+    (port,) = free_ports(1)
+    r = cli("-m", f"results_root={tmp_path}", "name=nowhere", "hydra/launcher=ray",
+            f"hydra.launcher.ray.init.address=127.0.0.1:{port}", *TINY, cwd=tmp_path, timeout=60)
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [
+        "sarathi-lab: error: no Ray cluster answers at hydra.launcher.ray.init.address="
+        f"127.0.0.1:{port}: [Errno 111] Connection refused"], r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def _job_under(launcher: dict):
     """The job's view of itself in a multirun under `launcher`."""
     from hydra.conf import HydraConf

@@ -65,7 +65,13 @@ def ray_worker_setup() -> None:
     fails to start, naming it, rather than writing results where the sweep does not look."""
     cwd = os.environ.get("SARATHI_LAB_CWD")
     if cwd:
-        os.chdir(cwd)
+        try:
+            os.chdir(cwd)
+        except OSError as e:
+            raise OSError(f"sarathi-lab: the sweep's directory {cwd} is not on this node "
+                          f"({socket.gethostname()}): {e.strerror}; results_root and the "
+                          "directory the sweep starts from must be shared by every node") \
+                from None
 
 
 def _start_ray(init: DictConfig) -> None:

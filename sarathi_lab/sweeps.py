@@ -266,7 +266,8 @@ class SweepLog(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         start_collecting()   # the sweep may run for hours here, its jobs elsewhere
-        if "hydra_ray_launcher" in str(config.hydra.launcher.get("_target_", "")):
+        # hydra/launcher=ray, not ray_aws (which starts Ray on the machines it makes)
+        if str(config.hydra.launcher.get("_target_", "")).endswith(".ray_launcher.RayLauncher"):
             _start_ray(config.hydra.launcher.ray.init)   # before anything is written
         sweep_dir = Path(str(config.hydra.sweep.dir))
         with _or_abort(f"the directory of sweep {config.name} "

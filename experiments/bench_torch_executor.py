@@ -156,6 +156,40 @@ def time_split(path, specs, batch):
     return mean, len(sel)
 
 
+def compare(model, path, specs, mix, args):
+    """Each system serves `specs`; prints wall and CPU seconds and their ratios to generate."""
+    useful = sum(o for _, o in specs)
+    plens, olens = [len(p) for p, _ in specs], [o for _, o in specs]
+    print(f"\nrequests: {len(specs)} ({mix} lengths), prompts {min(plens)}-{max(plens)}, "
+          f"outputs {min(olens)}-{max(olens)} ({useful} output tokens), "
+          f"batch cap {args.max_batch}")
+    systems = [("torch executor, sarathi (chunk 512)", {"name": "sarathi", "token_budget": 512}),
+               ("torch executor, vllm", {"name": "vllm"})]
+    best, outputs = {}, {}
+    for _ in range(args.rounds):
+        t = bench_generate(model, specs, args.max_batch)
+        best["generate"] = _best(t, best.get("generate"))
+        for name, sched in systems:
+            sched = {**sched, "max_num_seqs": args.max_batch, "block_size": 16}
+            t, reqs = bench_engine(path, specs, sched)
+            assert sum(len(r.output_token_ids) for r in reqs) == useful
+            best[name], outputs[name] = _best(t, best.get(name)), reqs
+    w_hf, c_hf = best["generate"]
+    print(f"{'system':<42}{'wall s':>8}{'out tok/s':>11}{'vs generate':>13}"
+          f"{'CPU s':>8}{'vs generate':>13}")
+    for name in ["generate", *(s for s, _ in systems)]:
+        w, c = best[name]
+        label = "transformers generate (static batches)" if name == "generate" else name
+        print(f"{label:<42}{w:>8.2f}{useful / w:>11.1f}{w_hf / w:>12.2f}x"
+              f"{c:>8.2f}{c_hf / c:>12.2f}x")
+    # greedy on the same weights: the outputs must agree with HF's (spot check, 2 requests)
+    ref = [model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=o,
+                          min_new_tokens=o, pad_token_id=0)[0, len(ids):].tolist()
+           for ids, o in specs[:2]]
+    same = all(r.output_token_ids == g for r, g in zip(outputs[systems[0][0]][:2], ref))
+    print(f"greedy outputs equal HF (first 2 requests): {same}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
@@ -163,56 +197,29 @@ def main():
     ap.add_argument("--max-batch", type=int, default=32, help="batch cap for every system")
     ap.add_argument("--num-requests", type=int, default=64)
     ap.add_argument("--quick", action="store_true", help="16 requests: a smoke run")
-    ap.add_argument("--lengths", choices=["uniform", "sharegpt"], default="uniform",
-                    help="request lengths: uniform ranges, or ShareGPT-4's distribution scaled 1/16")
+    ap.add_argument("--lengths", choices=["both", "uniform", "sharegpt"], default="both",
+                    help="request lengths: uniform ranges, ShareGPT-4's distribution scaled 1/16, "
+                         "or both, one after the other")
     args = ap.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     n = 16 if args.quick else args.num_requests
-    specs = make_requests(n, lengths=args.lengths)
-    useful = sum(o for _, o in specs)
+    mixes = ["uniform", "sharegpt"] if args.lengths == "both" else [args.lengths]
     with tempfile.TemporaryDirectory() as path:
         model = make_model(path)
         params = sum(p.numel() for p in model.parameters()) / 1e6
         print(f"model: random Llama {params:.1f}M params (8 layers, hidden 512, GQA 8/4, vocab "
-              f"8192), fp32, {torch.get_num_threads()} threads")
-        plens, olens = [len(p) for p, _ in specs], [o for _, o in specs]
-        print(f"requests: {n} ({args.lengths} lengths), prompts {min(plens)}-{max(plens)}, "
-              f"outputs {min(olens)}-{max(olens)} ({useful} output tokens), "
-              f"batch cap {args.max_batch}\n")
+              f"8192), fp32, {torch.get_num_threads()} threads; best of {args.rounds} "
+              "interleaved round(s)")
         # warm up every path once (allocator, oneDNN kernels) before timing
-        bench_generate(model, specs[:2], args.max_batch)
-        bench_engine(path, specs[:2], {"name": "sarathi"})
-        systems = [("torch executor, sarathi (chunk 512)",
-                    {"name": "sarathi", "token_budget": 512}),
-                   ("torch executor, vllm", {"name": "vllm"})]
-        best, outputs = {}, {}
-        for _ in range(args.rounds):
-            t = bench_generate(model, specs, args.max_batch)
-            best["generate"] = _best(t, best.get("generate"))
-            for name, sched in systems:
-                sched = {**sched, "max_num_seqs": args.max_batch, "block_size": 16}
-                t, reqs = bench_engine(path, specs, sched)
-                assert sum(len(r.output_token_ids) for r in reqs) == useful
-                best[name], outputs[name] = _best(t, best.get(name)), reqs
-        (w_hf, c_hf) = best["generate"]
-        results = [("transformers generate (static batches)", best["generate"], None)] + \
-            [(name, best[name], outputs[name]) for name, _ in systems]
-        print(f"{'system':<42}{'wall s':>8}{'out tok/s':>11}{'vs generate':>13}"
-              f"{'CPU s':>8}{'vs generate':>13}")
-        for name, (w, c), _ in results:
-            print(f"{name:<42}{w:>8.2f}{useful / w:>11.1f}{w_hf / w:>12.2f}x"
-                  f"{c:>8.2f}{c_hf / c:>12.2f}x")
-        # greedy on the same weights: the outputs must agree with HF's (spot check, 2 requests)
-        ref = [model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=o,
-                              min_new_tokens=o, pad_token_id=0)[0, len(ids):].tolist()
-               for ids, o in specs[:2]]
-        same = all(r.output_token_ids == g for r, g in zip(results[1][2][:2], ref))
-        print(f"\ngreedy outputs equal HF (first 2 requests): {same}")
-
+        warm = make_requests(2)
+        bench_generate(model, warm, args.max_batch)
+        bench_engine(path, warm, {"name": "sarathi"})
+        for mix in mixes:
+            compare(model, path, make_requests(n, lengths=mix), mix, args)
         batch = min(64, n)
         # uniform lengths here: every request outlives the prefill phase, so the batch reaches
-        # `batch` decodes whatever --lengths says
+        # `batch` decodes whatever the mix
         mean, steps = time_split(path, make_requests(batch), batch)
         total = sum(v for k, v in mean.items() if k != "attention")
         print(f"\ntime split of a decode iteration at {batch} running requests "

@@ -170,7 +170,8 @@ def test_kv_budget_errors_name_the_setting(oracle):
         runner.build(cfg)
     cfg["executor"]["kv_cache_gib"] = 0.01
     cfg["scheduler"]["num_kv_blocks"] = 10**9   # set by hand: checked before anything is made
-    with pytest.raises(ValueError, match="needs .* GiB but .* GiB is free"):
+    with pytest.raises(ValueError, match=r"needs .* GiB \(with the torch backend.s contiguous "
+                                         r"copies of it\) but .* GiB is free"):
         runner.build(cfg)
 
 

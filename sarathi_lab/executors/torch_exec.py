@@ -178,6 +178,12 @@ class TorchExecutor(Executor):
         """The KV cache must fit the memory free now: allocating more is an out-of-memory kill
         (CPU) or error (GPU) with no word of which setting asked for it."""
         need = num_blocks * self.block_bytes(block_size)
+        copies = ""
+        if self.backend == "torch":
+            # the running requests' contiguous copies (kernels/sequence_kv.py) hold at most
+            # the slots their block tables hold: at most the cache again
+            need *= 2
+            copies = " (with the torch backend's contiguous copies of it)"
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
         else:
@@ -188,7 +194,7 @@ class TorchExecutor(Executor):
             knob = ("executor.gpu_memory_utilization" if self.device.type == "cuda"
                     else "executor.kv_cache_gib")
             raise ValueError(
-                f"the KV cache of {num_blocks} blocks needs {need / 2**30:.2f} GiB but "
+                f"the KV cache of {num_blocks} blocks needs {need / 2**30:.2f} GiB{copies} but "
                 f"{free / 2**30:.2f} GiB is free on {self.device}; lower {knob} (or "
                 "scheduler.num_kv_blocks, if set)")
 

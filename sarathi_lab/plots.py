@@ -363,13 +363,16 @@ def capacity_bars(cap: pd.DataFrame, out, formats=("png",)):
     # a group of bars per policy (and per other swept setting), a bar per criterion and SLO
     others = [k for k in cap.attrs.get("varying", []) if k != "slo" and k in cap]
     data["group"] = cap["policy"].astype(str) + cap[others].apply(
-        lambda r: "".join(f"\n{k.rsplit('.', 1)[-1]}={v}" for k, v in r.items()), axis=1) \
+        lambda r: "".join(f"\n{k.rsplit('.', 1)[-1]}={v}" for k, v in r.items()
+                          if not pd.isna(v)), axis=1) \
         if others else cap["policy"].astype(str)
     data["bar"] = data["source"] + " | " + data["slo"].astype(str)
     bars = list(dict.fromkeys(data["bar"]))
     groups = list(dict.fromkeys(data["group"]))
     width = 0.8 / len(bars)
-    fig = Figure(figsize=(max(6.5, 0.5 * len(groups) * (len(bars) + 1)), 4.6),
+    # wide enough for the longest line of a group's label (~0.08 inch a character)
+    chars = max(len(line) for g in groups for line in g.split("\n"))
+    fig = Figure(figsize=(max(6.5, len(groups) * max(0.5 * (len(bars) + 1), 0.08 * chars)), 4.6),
                  layout="constrained")
     ax = fig.subplots()
     cmap = colormaps["tab10"]
@@ -658,10 +661,11 @@ def tenant_service(row: pd.Series, out, formats=("png",), points: int = 200):
     total = pd.Series(w).groupby(tenants).sum().sort_values(ascending=False)
     top = list(total.index[:MAX_TENANT_LINES])
     rest = len(total) - len(top)
-    group = np.where(np.isin(tenants, top), tenants, f"{rest} other tenants")
+    others = f"{rest} other tenant" + ("s" if rest > 1 else "")
+    group = np.where(np.isin(tenants, top), tenants, others)
     grid = np.linspace(0.0, float(flat.max()), points + 1)
     parts = []
-    for g in top + ([f"{rest} other tenants"] if rest else []):
+    for g in top + ([others] if rest else []):
         sel = group == g
         t, cum = flat[sel], np.cumsum(w[sel][np.argsort(flat[sel], kind="stable")])
         served = cum[np.searchsorted(np.sort(t), grid, side="right") - 1]

@@ -1,25 +1,15 @@
 """The open_vs_closed study at toy scale: closed-loop runs, open-loop runs at their arrival
 rates, the pairs table and the report's open/closed plot."""
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _study():
-    spec = importlib.util.spec_from_file_location(
-        "open_vs_closed_run", REPO / "experiments" / "open_vs_closed" / "run.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from study_scripts import load_study
 
 
 def test_open_vs_closed_at_toy_scale(tmp_path):
-    rep, pairs = _study().run_study(tmp_path, tmp_path / "out", [
+    rep, pairs = load_study("open_vs_closed").run_study(tmp_path, tmp_path / "out", [
         "trace=synthetic", "trace.num_requests=30", "trace.clients=2,6",
         "trace.think_time=0.5"])
     t = rep.table

@@ -1,7 +1,7 @@
 """open_vs_closed: one server measured by closed-loop users and by open-loop arrivals at the
 throughput the closed loop realised (experiments/open_vs_closed/README.md).
 
-    python experiments/open_vs_closed/run.py                        # ~2 min on 2 cores
+    python experiments/open_vs_closed/run.py                        # ~75 s on 2 cores
     python experiments/open_vs_closed/run.py --root /tmp/x --out /tmp/x/report trace=synthetic ...
 
 1. `sarathi-lab -m experiment=open_vs_closed`: one closed-loop run per number of users.
@@ -14,29 +14,12 @@ Extra arguments are Hydra overrides given to both sweeps.
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _short(p: Path) -> Path:
-    """`p` relative to the working directory when below it (the report names its inputs)."""
-    try:
-        return p.relative_to(Path.cwd())
-    except ValueError:
-        return p
-
-
-def sweep(root: Path, name: str, overrides: list[str]) -> Path:
-    cmd = [sys.executable, "-c", "from sarathi_lab.cli import main; main()", "-m",
-           "experiment=open_vs_closed", f"results_root={root}", f"name={name}", *overrides]
-    r = subprocess.run(cmd, cwd=REPO, env={**os.environ, "WANDB_MODE": "disabled"})
-    if r.returncode:
-        raise SystemExit(f"open_vs_closed: sweep {name} failed ({' '.join(cmd[3:])})")
-    return _short(root / "sweeps" / name)
+sys.path.insert(0, str(REPO / "experiments"))
+from studies import sweep  # noqa: E402
 
 
 def matched_rates(closed_dir: Path) -> list[float]:
@@ -56,7 +39,11 @@ def pairs(table):
     rows = []
     for _, c in closed.sort_values("clients").iterrows():
         rate = float(f"{c['offered_load_requests_per_s']:.4g}")
-        o = opened.iloc[(opened["offered_qps"] - rate).abs().argsort()[:1]].iloc[0]
+        same = opened[opened["offered_qps"] == rate]
+        if same.empty:
+            raise ValueError(f"no open-loop run at {rate} req/s, the arrival rate of the "
+                             f"closed run with {c['clients']:g} users")
+        o = same.iloc[0]
         row = {"clients": int(c["clients"]), "open_qps": o["offered_qps"]}
         for k in cols:
             row[f"closed_{k}"], row[f"open_{k}"] = c.get(k), o.get(k)
@@ -67,11 +54,11 @@ def pairs(table):
 
 def run_study(root: Path, out: Path, overrides: list[str]):
     """Both sweeps, the report and pairs.csv; returns (the report, the pairs)."""
-    closed = sweep(root, "open_vs_closed_closed", overrides)
+    closed = sweep("open_vs_closed", root, "open_vs_closed_closed", overrides)
     rates = matched_rates(closed)
-    opened = sweep(root, "open_vs_closed_open", [*overrides, "trace.clients=null",
-                                                "trace.think_time=null",
-                                                "trace.qps=" + ",".join(map(str, rates))])
+    opened = sweep("open_vs_closed", root, "open_vs_closed_open", [
+        *overrides, "trace.clients=null", "trace.think_time=null",
+        "trace.qps=" + ",".join(map(str, rates))])
     from sarathi_lab.report import make_report
     rep = make_report([closed, opened], out)
     p = pairs(rep.table)

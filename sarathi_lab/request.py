@@ -51,7 +51,9 @@ class Request:
         self.token_times: list[float] = []
         self.num_preemptions = 0
         self.rejection_reason: str | None = None
-        self.finish_reason: str | None = None   # "stop" (its own end), "max_tokens", "max_model_len"
+        # "stop" (its trace length), "max_tokens", "max_model_len"; the torch executor with
+        # stop_at_eos: "eos" (sampled its EOS) or "length" (the trace length capped it)
+        self.finish_reason: str | None = None
         self.block_hashes: list = []  # prefix-cache hashes of full blocks, filled lazily
         self.extra: dict = {}         # policy plugins keep per-request state here
         # Service attributes a trace may set (columns of the same names); policies may read them.

@@ -121,3 +121,19 @@ def test_fairness_study_toy(tmp_path):
         end = fair.service_over_time(run, np.array([s["makespan_s"] + 1e9]))
         for tenant, t in s["tenants"].items():
             assert end[tenant][0] == pytest.approx(t["service_tokens"])
+
+
+@pytest.mark.parametrize("option, classes, tenants", [
+    ("chat", {"interactive"}, {"default"}),
+    ("chat_batch", {"interactive", "batch"}, {"default"}),
+    ("heavy_tenant", {"interactive"}, {f"chat{i}" for i in range(9)} | {"heavy"})])
+def test_study_workloads_build(option, classes, tenants):
+    from sarathi_lab.traces import build_trace
+    cfg = composed(f"trace={option}", "trace.num_requests=400")["trace"]
+    df = build_trace(cfg)
+    assert len(df) == 400
+    assert set(df["slo_class"]) == classes and set(df["tenant"]) == tenants
+    # chat requests carry their 2.5 s TTFT as a deadline where deadline admission reads it
+    if option != "heavy_tenant":
+        chat = df[df["slo_class"] == "interactive"]
+        assert (chat["deadline"] == 2.5).all()

@@ -52,7 +52,7 @@ def test_admission_study_toy(tmp_path):
     d = sweep(tmp_path, "admission", "trace.num_requests=60", "trace.qps=1.0,8.0",
               "scheduler.max_queue_len=null", "scheduler.deadline_admission=false,true")
     out = tmp_path / "res"
-    study("admission").main([str(d), str(out)])
+    study("admission").main(d, out)
     df = pd.read_csv(out / "admission.csv").set_index(["qps", "admission"])
     assert len(df) == 4 and (out / "goodput_ttft.png").stat().st_size > 0
     low, high = df.loc[1.0], df.loc[8.0]
@@ -77,7 +77,7 @@ def test_priorities_study_toy(tmp_path):
     d = sweep(tmp_path, "priorities", "trace.num_requests=80", "scheduler=sarathi,sarathi_priority",
               "trace.components.batch.qps=3.0", "scheduler.aging_rate=0.0")
     out = tmp_path / "res"
-    study("priorities").main([str(d), str(out)])
+    study("priorities").main(d, out)
     df = pd.read_csv(out / "priorities.csv").set_index("policy")
     assert set(df.index) == {"sarathi", "sarathi_priority (aging 0/s)"}
     assert (out / "classes.png").stat().st_size > 0
@@ -104,7 +104,7 @@ def test_fairness_study_toy(tmp_path):
     d = sweep(tmp_path, "fairness", "trace.num_requests=150", "trace.qps=4.0")
     out = tmp_path / "res"
     fair = study("fairness")
-    fair.main([str(d), str(out)])
+    fair.main(d, out)
     df = pd.read_csv(out / "fairness.csv").set_index("policy")
     assert set(df.index) == {"sarathi", "vtc"}
     for f in ("tenants.csv", "service_over_time.png", "tenant_ttft.png"):

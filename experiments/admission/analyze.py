@@ -20,6 +20,7 @@ import pandas as pd
 
 from sarathi_lab import rundir
 from sarathi_lab.metrics import slo_met
+from sarathi_lab.plots import _save as save
 from sarathi_lab.report import find
 
 
@@ -92,16 +93,10 @@ def plot(df: pd.DataFrame, cap, out: Path) -> Path:
     ax_g.legend(title="admission control", fontsize=8)
     fig.suptitle("Sarathi-Serve, Mistral-7B on A100 (simulated), ShareGPT-4 chat; "
                  f"dashed: capacity {cap} req/s" if cap else "no load met the SLO")
-    p = out / "goodput_ttft.png"
-    fig.savefig(p, dpi=130, bbox_inches="tight")
-    return p
+    return save(fig, out / "goodput_ttft", ("png",))[0]
 
 
-def main(argv=None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2:
-        sys.exit(__doc__)
-    sweep, out = Path(argv[0]), Path(argv[1])
+def main(sweep: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     df = table(sweep)
     cap = capacity(df)
@@ -113,4 +108,6 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    main(Path(sys.argv[1]), Path(sys.argv[2]))

@@ -23,6 +23,7 @@ import pandas as pd
 
 from sarathi_lab import rundir
 from sarathi_lab.metrics import SERVICE_WEIGHTS, token_times_flat
+from sarathi_lab.plots import _save as save
 from sarathi_lab.report import find
 
 HEAVY = "heavy"
@@ -113,9 +114,7 @@ def plot_service(found, qps, out: Path) -> Path:
     axes[0].legend(fontsize=8)
     fig.suptitle(f"Per-tenant service over time at {qps:g} req/s (prompt x1, output x2)",
                  fontsize=10)
-    p = out / "service_over_time.png"
-    fig.savefig(p, dpi=130, bbox_inches="tight")
-    return p
+    return save(fig, out / "service_over_time", ("png",))[0]
 
 
 def plot_ttft(tenants: pd.DataFrame, qps, out: Path) -> Path:
@@ -137,16 +136,10 @@ def plot_ttft(tenants: pd.DataFrame, qps, out: Path) -> Path:
     ax.set_ylabel("TTFT (s)")
     ax.legend(fontsize=8, ncol=2)
     ax.set_title(f"Per-tenant TTFT at {qps:g} req/s (dashed: 2.5 s SLO)", fontsize=10)
-    p = out / "tenant_ttft.png"
-    fig.savefig(p, dpi=130, bbox_inches="tight")
-    return p
+    return save(fig, out / "tenant_ttft", ("png",))[0]
 
 
-def main(argv=None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2:
-        sys.exit(__doc__)
-    sweep, out = Path(argv[0]), Path(argv[1])
+def main(sweep: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     found = runs(sweep)
     df, tenants = tables(found)
@@ -161,4 +154,6 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    main(Path(sys.argv[1]), Path(sys.argv[2]))

@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from sarathi_lab import rundir
+from sarathi_lab.plots import _save as save
 from sarathi_lab.report import find
 
 
@@ -70,16 +71,10 @@ def plot(df: pd.DataFrame, out: Path) -> Path:
     fig.suptitle(f"Chat at {df['chat_qps'].iloc[0]:g} req/s beside a growing arXiv batch job; "
                  "Mistral-7B on A100 (simulated); dashed: the SLO", fontsize=10)
     fig.tight_layout()
-    p = out / "classes.png"
-    fig.savefig(p, dpi=130, bbox_inches="tight")
-    return p
+    return save(fig, out / "classes", ("png",))[0]
 
 
-def main(argv=None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2:
-        sys.exit(__doc__)
-    sweep, out = Path(argv[0]), Path(argv[1])
+def main(sweep: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     df = table(sweep)
     df.to_csv(out / "priorities.csv", index=False)
@@ -89,4 +84,6 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    main(Path(sys.argv[1]), Path(sys.argv[2]))

@@ -4,6 +4,6 @@
 #   experiments/fairness/run.sh resume=true hydra/launcher=parallel
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
-sweeps=${SWEEPS:-outputs/sweeps}
+sweeps=${SWEEPS:-outputs/sweeps}   # set SWEEPS=DIR/sweeps when passing results_root=DIR
 sarathi-lab -m experiment=fairness "$@"
 python "$root/experiments/fairness/analyze.py" "$sweeps/fairness" "$root/results/fairness"

@@ -109,12 +109,19 @@ def paged_attention_torch(
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    sequence_kv=None,
 ) -> torch.Tensor:
     """Causal attention of a flattened batch of prefill chunks and decodes over a paged cache.
 
     Sequence i owns q rows query_start_loc[i]:query_start_loc[i+1]; they are its last q_len_i
     tokens out of seq_lens[i], whose K/V are already in the cache.
+
+    With `sequence_kv` (a `sequence_kv.StepPlan` for this batch) attention reads each sequence's
+    contiguous copy, which the plan first brings up to date from the cache, instead of gathering
+    its blocks.
     """
+    if sequence_kv is not None:
+        return sequence_kv.attention(q, k_cache, v_cache, scale)
     out = torch.empty_like(q)
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()

@@ -10,9 +10,11 @@ from __future__ import annotations
 import gc
 import json
 import os
+import signal
 import sys
 import time
 import traceback
+import warnings
 
 import hashlib
 from pathlib import Path
@@ -199,13 +201,18 @@ def main() -> None:
     except MissingExtra as e:
         sys.exit(f"sarathi-lab: error: {e}")
     register_resolvers()
+    # configs/hydra/launcher/ray.yaml extends the Ray plug-in's config of the same name, which
+    # Hydra checks it against (harmless) with a deprecation warning, repeated at every step
+    warnings.filterwarnings("ignore", message="\n'hydra/launcher/ray' is validated against "
+                            "ConfigStore schema with the same name", category=UserWarning)
     try:
-        with stop_on_signals():
+        with stop_on_signals() as received:
             _main()
-    except Interrupted as e:
-        sys.stderr.write(f"sarathi-lab: stopped by {e}; finished jobs keep their results "
+    except KeyboardInterrupt:   # Interrupted, or what a launcher (Ray) made of it
+        stopped = Interrupted(received.signum or signal.SIGINT)
+        sys.stderr.write(f"sarathi-lab: stopped by {stopped}; finished jobs keep their results "
                          "(resume=true runs the rest)\n")
-        sys.exit(128 + e.signum)
+        sys.exit(128 + stopped.signum)
     # The interpreter's last collections before it exits would walk every object left (a
     # tenth of a second after a run); nothing left holds an unwritten result.
     gc.freeze()

@@ -90,6 +90,16 @@ class SLOTargets:
 
 
 @dataclass
+class ClusterConfig:
+    """A fleet of identical replicas behind a router (`cluster.py`); the ``cluster`` node's
+    other keys are the router's settings."""
+    num_replicas: int = setting(1, ge=1, help="engines, each with its own policy, KV cache "
+                                              "and executor; 1: a single engine")
+    router: str = setting("round_robin", help="who takes each arrival: a registered router "
+                                              "or a dotted path (read with num_replicas > 1)")
+
+
+@dataclass
 class SLOConfig:
     name: str = setting("", help="label")
     p99_tbt: float | None = setting(None, gt=0, help="s, pooled P99 TBT (capacity criterion)")
@@ -148,7 +158,7 @@ LOGGERS = {"none": NoLogger, "csv": CSVLogger, "wandb": WandbLogger}
 
 # top-level keys that are config groups or the Hydra node, not RunConfig settings
 _GROUPS = ("scheduler", "executor", "model", "hardware", "trace", "slo", "logger", "capacity",
-           "hydra", "experiment")
+           "cluster", "hydra", "experiment")
 
 
 # what only open-loop arrivals read (a closed-loop run ignores the presets' values)
@@ -169,6 +179,9 @@ class Resolved:
     model: dict
     hardware: dict | None
     trace: dict
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    router_cls: type | None = None    # with cluster.num_replicas > 1
+    router_cfg: object = None
     notes: list[str] = field(default_factory=list)   # settings dropped as unread (multirun)
 
     def effective(self) -> dict:
@@ -176,6 +189,9 @@ class Resolved:
         the same run."""
         def cls_path(c):
             return f"{c.__module__}:{c.__qualname__}"
+        fleet = {} if self.router_cls is None else {"cluster": {
+            "num_replicas": self.cluster.num_replicas, "router": cls_path(self.router_cls),
+            **dataclasses.asdict(self.router_cfg)}}
         return {
             "run": {k: v for k, v in dataclasses.asdict(self.run).items()
                     if k in ("seed", "mode", "fast_forward", "overlong")},
@@ -186,6 +202,7 @@ class Resolved:
             "model": self.model, "hardware": self.hardware, "trace": self.trace,
             "slo": dataclasses.asdict(self.slo) if self.slo else None,
             "capacity": dataclasses.asdict(self.capacity) if self.capacity else None,
+            **fleet,
         }
 
 
@@ -242,21 +259,8 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
         policy_cls = registry.policy_class(p_name)
     except ValueError as e:
         raise ConfigError(f"scheduler.name: {e}") from None
-    fields = {f.name: f for f in dataclasses.fields(policy_cls.config_class)}
-    policy_fields = set(fields)
-    for k, v in list(p_node.items()):
-        # null is common.yaml's placeholder: another policy's knob, or (for a setting that takes
-        # no null) the policy's own default
-        if v is None and (k not in fields or fields[k].default is not None):
-            if k in fields and f"scheduler.{k}" in user:
-                raise ConfigError(f"scheduler.{k}=null: must be set (default "
-                                  f"{fields[k].default!r})")
-            p_node.pop(k)
-    if drop_unread:
-        for k in sorted(set(p_node) - policy_fields):
-            if f"scheduler.{k}" in user:
-                notes.append(f"scheduler.{k}: not read by policy {p_name!r}")
-                p_node.pop(k)
+    _drop_unread_knobs(p_node, policy_cls.config_class, "scheduler", f"policy {p_name!r}",
+                       user, notes if drop_unread else None)
     policy_cfg = policy_cls.parse_config(p_node, "scheduler")
     try:   # the policy's own default when not set (edf's is edf)
         queue_cls = registry.queue_class(policy_cfg.queue)
@@ -301,6 +305,7 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
     for k in user:
         if k.startswith("model.") and not executor_cls.reads_model_key(k.split(".")[1]):
             unread(k, f"executor {e_name!r} does not read it (it reads the model's shape)")
+    cluster, router_cls, router_cfg = _cluster(c, user, unread, notes if drop_unread else None)
     from sarathi_lab.traces import parse_trace_config
     trace = _node(c, "trace")
     if trace:   # a caller that passes its own requests may give no trace
@@ -310,6 +315,10 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
                 raise ConfigError(f"trace.clients={tc.clients}: closed-loop users set their own "
                                   "pace, so there is no arrival rate for mode=capacity to search "
                                   "(use trace.clients=null)")
+            if cluster.num_replicas > 1:
+                raise ConfigError(f"trace.clients={tc.clients}: closed-loop users are not routed "
+                                  f"across a fleet (cluster.num_replicas={cluster.num_replicas});"
+                                  " use open-loop arrivals (trace.clients=null)")
             for k in user:
                 if k in _OPEN_LOOP_KEYS:
                     unread(k, "closed-loop users (trace.clients) send at their own pace; no "
@@ -317,4 +326,48 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
     return Resolved(run=run, policy_cls=policy_cls, policy_cfg=policy_cfg, queue_cls=queue_cls,
                     executor_cls=executor_cls, executor_cfg=executor_cfg, slo=slo,
                     capacity=capacity, logger=logger, model=model, hardware=hardware,
-                    trace=trace, notes=notes)
+                    trace=trace, cluster=cluster, router_cls=router_cls, router_cfg=router_cfg,
+                    notes=notes)
+
+
+def _cluster(c: dict, user: list[str], unread, notes: list[str] | None
+             ) -> tuple[ClusterConfig, type | None, object]:
+    """The fleet's settings, and its router's class and settings (None with one replica:
+    then a router setting made by the user is unread). As in the scheduler node, a null
+    router knob is another router's (or the router's own default) and is dropped."""
+    from sarathi_lab import registry
+    node = _node(c, "cluster")
+    cluster = parse(ClusterConfig, {k: node.pop(k) for k in ("num_replicas", "router")
+                                    if k in node}, "cluster")
+    if cluster.num_replicas == 1:
+        for k in user:
+            if k.startswith("cluster.") and k != "cluster.num_replicas":
+                unread(k, "read only with cluster.num_replicas > 1 (a fleet)")
+        return cluster, None, None
+    try:
+        router_cls = registry.router_class(cluster.router)
+    except ValueError as e:
+        raise ConfigError(f"cluster.router: {e}") from None
+    _drop_unread_knobs(node, router_cls.config_class, "cluster", f"router {cluster.router!r}",
+                       user, notes)
+    return cluster, router_cls, router_cls.parse_config(node, "cluster")
+
+
+def _drop_unread_knobs(node: dict, config_class: type, where: str, who: str, user: list[str],
+                       notes: list[str] | None) -> None:
+    """Edit a plug-in's node (scheduler, cluster) before parsing. A null is a placeholder (as
+    in configs/scheduler/common.yaml): another plug-in's knob, or (for a setting that takes no
+    null) this one's own default, and is dropped. With `notes` (a multirun), a setting the user
+    made that the plug-in does not read is noted and dropped; without, parsing will refuse it."""
+    fields = {f.name: f for f in dataclasses.fields(config_class)}
+    for k, v in list(node.items()):
+        if v is None and (k not in fields or fields[k].default is not None):
+            if k in fields and f"{where}.{k}" in user:
+                raise ConfigError(f"{where}.{k}=null: must be set (default "
+                                  f"{fields[k].default!r})")
+            node.pop(k)
+    if notes is not None:
+        for k in sorted(set(node) - set(fields)):
+            if f"{where}.{k}" in user:
+                notes.append(f"{where}.{k}: not read by {who}")
+                node.pop(k)

@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from sarathi_lab import rundir
-from sarathi_lab.metrics import tbt_gaps
+from sarathi_lab.metrics import tbt_gaps, token_times_flat
 
 _CMAPS = {"request_level": "Greys", "orca": "Purples", "vllm": "Reds", "sarathi": "Blues"}
 _SPARE = ("Greens", "Oranges", "YlOrBr", "PuRd", "BuGn")
@@ -177,11 +177,13 @@ def _quantile_frame(table, values_of) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
+def _ttft_values(run_dir):
+    df = _load(run_dir, ["ttft"])
+    return None if df is None else df["ttft"].dropna().to_numpy()
+
+
 def ttft_cdf(table, out, formats=("png",)):
-    def values(row):
-        df = _load(row["run_dir"], ["ttft"])
-        return None if df is None else df["ttft"].dropna().to_numpy()
-    data = _quantile_frame(table, values)
+    data = _quantile_frame(table, lambda row: _ttft_values(row["run_dir"]))
     if data.empty:
         raise Skip(f"no {rundir.REQUESTS} with a first token in the input runs")
     styles = run_styles(table)
@@ -361,13 +363,16 @@ def capacity_bars(cap: pd.DataFrame, out, formats=("png",)):
     # a group of bars per policy (and per other swept setting), a bar per criterion and SLO
     others = [k for k in cap.attrs.get("varying", []) if k != "slo" and k in cap]
     data["group"] = cap["policy"].astype(str) + cap[others].apply(
-        lambda r: "".join(f"\n{k.rsplit('.', 1)[-1]}={v}" for k, v in r.items()), axis=1) \
+        lambda r: "".join(f"\n{k.rsplit('.', 1)[-1]}={v}" for k, v in r.items()
+                          if not pd.isna(v)), axis=1) \
         if others else cap["policy"].astype(str)
     data["bar"] = data["source"] + " | " + data["slo"].astype(str)
     bars = list(dict.fromkeys(data["bar"]))
     groups = list(dict.fromkeys(data["group"]))
     width = 0.8 / len(bars)
-    fig = Figure(figsize=(max(6.5, 0.5 * len(groups) * (len(bars) + 1)), 4.6),
+    # wide enough for the longest line of a group's label (~0.08 inch a character)
+    chars = max(len(line) for g in groups for line in g.split("\n"))
+    fig = Figure(figsize=(max(6.5, len(groups) * max(0.5 * (len(bars) + 1), 0.08 * chars)), 4.6),
                  layout="constrained")
     ax = fig.subplots()
     cmap = colormaps["tab10"]
@@ -476,4 +481,216 @@ def timeline(row: pd.Series, out, formats=("png",), window=None):
                       "value": gaps["gap"]}),
     ], ignore_index=True)
     data.attrs["window"] = (a, b)
+    return _save(fig, out, formats), data
+
+
+# ------------------------------------------------------------------------------------------
+# Open loop vs closed loop
+# ------------------------------------------------------------------------------------------
+
+def open_closed(table, out, formats=("png",)):
+    """Closed-loop runs (trace.clients) beside open-loop ones: TTFT against the throughput each
+    realised, and every run's TTFT CDF. What a closed-loop benchmark hides shows as the gap
+    between the two at the same throughput."""
+    if "clients" not in table:
+        raise Skip("no closed-loop runs (trace.clients) in the input")
+    closed = table["clients"].notna()
+    if not closed.any() or closed.all():
+        raise Skip("needs both closed-loop (trace.clients=N) and open-loop runs")
+    rows = []
+    for is_closed, g in ((True, table[closed]), (False, table[~closed])):
+        for _, r in g.sort_values("throughput_rps").iterrows():
+            rows.append({"mode": "closed" if is_closed else "open", "label": r["label"],
+                         "run_dir": r["run_dir"],
+                         "clients": r["clients"] if is_closed else np.nan,
+                         "arrival_rps": r.get("offered_load_requests_per_s", np.nan),
+                         "throughput_rps": r["throughput_rps"], "ttft_p50": r["ttft_p50"],
+                         "ttft_p99": r["ttft_p99"], "e2e_p99": r.get("e2e_p99", np.nan)})
+    data = pd.DataFrame(rows)
+    cdfs = _quantile_frame(data.assign(policy=data["mode"]), lambda r: _ttft_values(r["run_dir"]))
+    fig = Figure(figsize=(12, 4.8), layout="constrained")
+    lat, cdf = fig.subplots(1, 2)
+    hue = {"closed": "Blues", "open": "Reds"}
+    for mode, d in data.groupby("mode", sort=False):
+        c = colormaps[hue[mode]](0.8)
+        name = "closed loop (users)" if mode == "closed" else "open loop (Poisson)"
+        lat.plot(d["throughput_rps"], d["ttft_p99"], "o-", color=c, lw=1.8, label=f"{name}: P99")
+        lat.plot(d["throughput_rps"], d["ttft_p50"], "s--", color=c, lw=1.2, label=f"{name}: P50")
+        labels = list(d["label"])
+        for i, label in enumerate(labels):
+            q = cdfs[cdfs["label"] == label]
+            x = 0.4 + 0.55 * i / max(1, len(labels) - 1)
+            cdf.plot(q["value"], q["q"], color=colormaps[hue[mode]](x),
+                     ls="-" if mode == "closed" else "--", lw=1.5, label=label)
+    for ax in (lat, cdf):
+        ax.grid(True, which="major", alpha=0.3)
+    lat.set_yscale("log")
+    _plain_log(lat, "y")
+    lat.set_xlabel("realised throughput (finished requests/s)")
+    lat.set_ylabel("TTFT (s, log scale)")
+    lat.legend(fontsize=8, frameon=False)
+    cdf.set_xscale("log")
+    _plain_log(cdf)
+    cdf.set_xlabel("TTFT (s, log scale)")
+    cdf.set_ylabel("share of requests")
+    cdf.set_ylim(0, 1.01)
+    _legend(cdf, len(data), fig)
+    fig.suptitle(f"Open vs closed loop: TTFT at the same throughput\n{context(table)}",
+                 fontsize=10)
+    data.attrs["cdf"] = cdfs   # the quantiles drawn on the right, per run
+    return _save(fig, out, formats), data
+
+
+# ------------------------------------------------------------------------------------------
+# Classes and tenants
+# ------------------------------------------------------------------------------------------
+
+def class_cdfs(table, out, formats=("png",)):
+    """TTFT and TBT CDFs of each SLO class of each run that has several classes."""
+    parts = []
+    for _, row in table.iterrows():
+        df = _load(row["run_dir"], ["ttft", "token_times", "slo_class"])
+        if df is None or df["slo_class"].nunique() < 2:
+            continue
+        cls = df["slo_class"].astype(str).to_numpy()
+        gaps, owner = tbt_gaps(df)
+        for name in sorted(set(cls)):
+            for metric, v in (("ttft", df.loc[cls == name, "ttft"].dropna().to_numpy()),
+                              ("tbt", gaps[cls[owner] == name])):
+                if len(v):
+                    parts.append(pd.DataFrame({"label": row["label"], "policy": row["policy"],
+                                               "run_dir": row["run_dir"], "slo_class": name,
+                                               "metric": metric, "q": QUANTILES,
+                                               "value": np.quantile(v, QUANTILES)}))
+    if not parts:
+        raise Skip("no run has requests of two or more SLO classes (slo_class)")
+    data = pd.concat(parts, ignore_index=True)
+    styles = run_styles(table)
+    classes = sorted(data["slo_class"].unique())
+    fig = Figure(figsize=(12, 4.8), layout="constrained")
+    axes = dict(zip(("ttft", "tbt"), fig.subplots(1, 2)))
+    for (label, name, metric), d in data.groupby(["label", "slo_class", "metric"], sort=False):
+        c = styles[label][0]
+        scale = 1e3 if metric == "tbt" else 1.0
+        axes[metric].plot(d["value"] * scale, d["q"], color=c,
+                          ls=_DASHES[classes.index(name) % len(_DASHES)], lw=1.6,
+                          label=f"{label}: {name}")
+    for metric, ax in axes.items():
+        ax.set_xscale("log")
+        _plain_log(ax)
+        ax.set_ylim(0, 1.01)
+        ax.grid(True, which="major", alpha=0.3)
+    axes["ttft"].set_xlabel("TTFT (s, log scale)")
+    axes["ttft"].set_ylabel("share of the class's requests")
+    axes["tbt"].set_xlabel("time between tokens (ms, log scale)")
+    axes["tbt"].set_ylabel("share of the class's TBT gaps")
+    _legend(axes["ttft"], data.groupby(["label", "slo_class"]).ngroups, fig)
+    fig.suptitle(f"TTFT and TBT per SLO class (line style: class)\n{context(table)}",
+                 fontsize=10)
+    return _save(fig, out, formats), data
+
+
+def _class_columns(table, metric):
+    """{class name: column} for the summary's per-class figure `metric` (classes_<name>_<metric>)."""
+    pre, post = "classes_", f"_{metric}"
+    return {c[len(pre):-len(post)]: c for c in table.columns
+            if c.startswith(pre) and c.endswith(post)}
+
+
+def class_goodput(table, out, formats=("png",)):
+    """Goodput and SLO attainment of each SLO class against the offered load."""
+    good, att = _class_columns(table, "goodput_rps"), _class_columns(table, "attainment")
+    names = [n for n in good if n in att and table[good[n]].notna().any()]
+    if len(names) < 2:
+        raise Skip("fewer than two SLO classes with an SLO (per-class goodput) in the runs")
+    swept = [p for p, g in table.groupby("policy") if g["offered_qps"].nunique() > 1]
+    if not swept:
+        raise Skip("the load (trace.qps) does not vary within any policy")
+    rows = []
+    for policy, extra, g in _series(table[table["policy"].isin(swept)], "offered_qps",
+                                    {"trace.qps", "qps", "offered_qps"}):
+        for _, r in g.sort_values("offered_qps").iterrows():
+            for n in names:
+                if pd.isna(r[good[n]]):
+                    continue
+                rows.append({"policy": policy, "series": policy + (f" ({extra})" if extra else ""),
+                             "slo_class": n, "offered_qps": r["offered_qps"],
+                             "goodput_rps": r[good[n]], "attainment": r[att[n]],
+                             "label": r["label"]})
+    data = pd.DataFrame(rows)
+    fig = Figure(figsize=(12, 4.6), layout="constrained")
+    g_ax, a_ax = fig.subplots(1, 2)
+    colors = series_colors(data)
+    for (s, n), d in data.groupby(["series", "slo_class"], sort=False):
+        ls = _DASHES[names.index(n) % len(_DASHES)]
+        g_ax.plot(d["offered_qps"], d["goodput_rps"], "o", ls=ls, color=colors[s], lw=1.6,
+                  label=f"{s}: {n}")
+        a_ax.plot(d["offered_qps"], d["attainment"] * 100, "o", ls=ls, color=colors[s], lw=1.6)
+    g_ax.set_ylabel("goodput of the class (req/s within its SLO)")
+    a_ax.set_ylabel("SLO attainment of the class (%)")
+    a_ax.set_ylim(0, 102)
+    for ax in (g_ax, a_ax):
+        ax.set_xlabel("offered load, all classes (req/s)")
+        ax.grid(True, alpha=0.3)
+    g_ax.set_ylim(bottom=0)
+    _legend(g_ax, data.groupby(["series", "slo_class"]).ngroups, fig)
+    fig.suptitle(f"Goodput and SLO attainment per class vs load (line style: class)\n"
+                 f"{context(table)}", fontsize=10)
+    return _save(fig, out, formats), data
+
+
+MAX_TENANT_LINES = 10
+
+
+def tenant_service(row: pd.Series, out, formats=("png",), points: int = 200):
+    """Weighted tokens served to each tenant so far, over the run (metrics.service_tokens'
+    weights: a prompt counts when its first token comes out, each output token when it does).
+    The tenants with the most service get a line each, the rest one summed line."""
+    from sarathi_lab.metrics import SERVICE_WEIGHTS
+    df = _load(row["run_dir"], ["tenant", "num_prompt_tokens", "token_times"])
+    name = Path(row["run_dir"]).name
+    if df is None or df["tenant"].nunique() < 2:
+        raise Skip(f"{name}: fewer than two tenants")
+    flat, owner = token_times_flat(df)
+    if not len(flat):
+        raise Skip(f"{name}: no output token")
+    first = np.r_[True, owner[1:] != owner[:-1]]
+    w = SERVICE_WEIGHTS["output"] + np.where(
+        first, SERVICE_WEIGHTS["prompt"] * df["num_prompt_tokens"].to_numpy(float)[owner], 0.0)
+    tenants = df["tenant"].astype(str).to_numpy()[owner]
+    total = pd.Series(w).groupby(tenants).sum().sort_values(ascending=False)
+    top = list(total.index[:MAX_TENANT_LINES])
+    rest = len(total) - len(top)
+    others = f"{rest} other tenant" + ("s" if rest > 1 else "")
+    group = np.where(np.isin(tenants, top), tenants, others)
+    grid = np.linspace(0.0, float(flat.max()), points + 1)
+    parts = []
+    for g in top + ([others] if rest else []):
+        sel = group == g
+        t, cum = flat[sel], np.cumsum(w[sel][np.argsort(flat[sel], kind="stable")])
+        served = cum[np.searchsorted(np.sort(t), grid, side="right") - 1]
+        served[grid < t.min()] = 0.0
+        parts.append(pd.DataFrame({"tenant": g, "t": grid, "service_tokens": served}))
+    data = pd.concat(parts, ignore_index=True)
+    fig = Figure(figsize=(12, 4.6), layout="constrained")
+    cum_ax, share_ax = fig.subplots(1, 2)
+    wide = data.pivot(index="t", columns="tenant", values="service_tokens")[data["tenant"].unique()]
+    cmap = colormaps["tab20"]
+    for i, g in enumerate(wide.columns):
+        cum_ax.plot(wide.index, wide[g], color=cmap(i % 20), lw=1.5, label=g)
+    tot = wide.sum(axis=1).to_numpy()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.where(tot > 0, wide.to_numpy().T / tot, np.nan)
+    share_ax.stackplot(wide.index, np.nan_to_num(share), colors=[cmap(i % 20)
+                                                                for i in range(len(wide.columns))])
+    cum_ax.set_ylabel(f"service so far (weighted tokens: prompt x{SERVICE_WEIGHTS['prompt']:g}, "
+                      f"output x{SERVICE_WEIGHTS['output']:g})")
+    share_ax.set_ylabel("share of all service so far")
+    share_ax.set_ylim(0, 1)
+    for ax in (cum_ax, share_ax):
+        ax.set_xlabel("simulated time (s)")
+        ax.grid(True, alpha=0.3)
+    _legend(cum_ax, len(wide.columns), fig)
+    fig.suptitle(f"Service per tenant over time: {row['label']}\n"
+                 f"{context(pd.DataFrame([row]))}", fontsize=10)
     return _save(fig, out, formats), data

@@ -1,5 +1,5 @@
-"""Find a plug-in class -- policy, executor, cost model, queue -- by registered name or by dotted
-path.
+"""Find a plug-in class -- policy, executor, cost model, queue, router -- by registered name or by
+dotted path.
 
 Names come from the entry-point groups below (a plug-in package registers its classes in its own
 ``pyproject.toml``) and, when the package runs from a source tree without its entry points
@@ -16,6 +16,7 @@ GROUPS = {
     "executor": "sarathi_lab.executors",
     "cost model": "sarathi_lab.cost_models",
     "queue": "sarathi_lab.queues",
+    "router": "sarathi_lab.routers",
 }
 
 BUILTIN = {
@@ -41,6 +42,12 @@ BUILTIN = {
         "priority": "sarathi_lab.schedulers.queues:PriorityQueue",
         "edf": "sarathi_lab.schedulers.queues:DeadlineQueue",
         "spf": "sarathi_lab.schedulers.queues:ShortestPromptQueue",
+    },
+    "sarathi_lab.routers": {
+        "round_robin": "sarathi_lab.routers:RoundRobin",
+        "least_loaded": "sarathi_lab.routers:LeastLoaded",
+        "power_of_two": "sarathi_lab.routers:PowerOfTwo",
+        "prefix_affinity": "sarathi_lab.routers:PrefixAffinity",
     },
 }
 
@@ -103,3 +110,8 @@ def cost_model_class(name: str):
 def queue_class(name: str):
     from sarathi_lab.schedulers.queues import RequestQueue
     return resolve("queue", name, RequestQueue)
+
+
+def router_class(name: str):
+    from sarathi_lab.routers import Router
+    return resolve("router", name, Router)

@@ -129,7 +129,7 @@ def _finish(df: pd.DataFrame) -> pd.DataFrame:
                                   if c in df]
     df = df.sort_values(sort, kind="stable").drop(columns="_rank").reset_index(drop=True)
     varying = [k for k in df.attrs.get("override_keys", [])
-               if k not in _POLICY_KEYS and df[k].astype(str).nunique() > 1]
+               if k not in _POLICY_KEYS and df[k].map(str).nunique() > 1]  # NaN counts
 
     def value(v):   # a column with gaps turns ints into floats: 256.0 reads as 256
         return int(v) if isinstance(v, float) and v.is_integer() else v
@@ -357,7 +357,9 @@ def make_report(paths, out, *, pdf: bool = False, timeline: str = "auto",
 
     no_runs = "no runs (summary.json) in the input"
     for name, fn in (("ttft_cdf", plots.ttft_cdf), ("tbt_cdf", plots.tbt_cdf),
-                     ("budget_tradeoff", plots.budget_tradeoff), ("load", plots.load_curves)):
+                     ("budget_tradeoff", plots.budget_tradeoff), ("load", plots.load_curves),
+                     ("open_closed", plots.open_closed), ("class_cdf", plots.class_cdfs),
+                     ("class_goodput", plots.class_goodput)):
         if rep.table.empty:
             rep.skipped[name] = no_runs
         else:
@@ -376,8 +378,31 @@ def make_report(paths, out, *, pdf: bool = False, timeline: str = "auto",
         for i, row in rep.table.iterrows():
             name = "timeline" if n == 1 else f"timeline_{plots.slug(row['label'])}"
             attempt(name, plots.timeline, row, window=window)
+    _tenant_plots(rep, attempt, timeline)
     _write_markdown(rep, paths)
     return rep
+
+
+def _tenant_plots(rep: Report, attempt, which: str) -> None:
+    """Service per tenant over time, for each run with several tenants (as many runs as the
+    timeline: up to 4 unless --timeline all)."""
+    from sarathi_lab import plots
+    if rep.table.empty or which == "none":
+        rep.skipped["tenant_service"] = "--timeline none" if which == "none" else \
+            "no runs (summary.json) in the input"
+        return
+    col = "fairness_num_tenants"
+    multi = rep.table[rep.table[col] > 1] if col in rep.table else rep.table.iloc[:0]
+    if multi.empty:
+        rep.skipped["tenant_service"] = "no run has requests of two or more tenants"
+    elif which == "auto" and len(multi) > 4:
+        rep.skipped["tenant_service"] = (f"{len(multi)} runs with tenants; drawn for up to 4 "
+                                         "(--timeline all draws one per run)")
+    else:
+        for _, row in multi.iterrows():
+            name = "tenant_service" if len(multi) == 1 else \
+                f"tenant_service_{plots.slug(row['label'])}"
+            attempt(name, plots.tenant_service, row)
 
 
 def single_run_plots(run_dir, out) -> dict:
@@ -405,7 +430,8 @@ def main(argv=None) -> None:
                                   "else ./report)")
     ap.add_argument("--pdf", action="store_true", help="also write every plot as PDF")
     ap.add_argument("--timeline", choices=("auto", "all", "none"), default="auto",
-                    help="iteration timelines: auto = one per run for up to 4 runs")
+                    help="iteration timelines and service per tenant over time: auto = one "
+                         "per run for up to 4 runs")
     ap.add_argument("--window", type=_window, default=None, metavar="START:END",
                     help="timeline zoom window in simulated seconds (default: around the "
                          "worst TBT gap)")

@@ -131,19 +131,33 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
     bar, progress = _progress_bar(len(requests), r.run.progress, executor.simulated)
     engine = Engine(policy, executor, fast_forward=r.run.fast_forward, progress=progress,
                     overlong=r.run.overlong)
-    load, users = drive(engine, requests, r.trace)
+    price = dict(price_per_gpu_hour=(r.hardware or {}).get("price_per_gpu_hour"),
+                 num_gpus=getattr(r.executor_cfg, "tensor_parallel", 1))
+    n = r.cluster.num_replicas
+    if n > 1:   # a fleet: the same replica n times, behind the router
+        from sarathi_lab.cluster import Cluster
+        fleet = Cluster([engine] + [Engine(*build(c, r), fast_forward=r.run.fast_forward,
+                                           overlong=r.run.overlong) for _ in range(n - 1)],
+                        r.router_cls(r.router_cfg, n, r.run.seed), progress=progress)
+        fleet.run(requests)
+        load, users = {"mode": "open"}, None
+    else:
+        load, users = drive(engine, requests, r.trace)
     if bar is not None:
         bar.close()
     wall = time.perf_counter() - t0
-    req_df = requests_table(requests, engine.output_lens)
-    if users is not None:
-        req_df.insert(1, "client", users)   # closed loop: the user who sent it
-    it_df = iterations_table(engine.iterations())
-    summary = summarize(req_df, it_df, slo=c.get("slo"), kv_blocks_total=policy.kv.num_blocks,
-                        block_size=policy.kv.block_size,
-                        prefix_cache=policy.kv.prefix_cache_stats(),
-                        price_per_gpu_hour=(r.hardware or {}).get("price_per_gpu_hour"),
-                        num_gpus=getattr(r.executor_cfg, "tensor_parallel", 1))
+    if n > 1:
+        req_df, it_df = fleet.tables(requests)
+        summary = fleet.summarize(req_df, it_df, slo=c.get("slo"), **price)
+    else:
+        req_df = requests_table(requests, engine.output_lens)
+        if users is not None:
+            req_df.insert(1, "client", users)   # closed loop: the user who sent it
+        it_df = iterations_table(engine.iterations())
+        summary = summarize(req_df, it_df, slo=c.get("slo"),
+                            kv_blocks_total=policy.kv.num_blocks,
+                            block_size=policy.kv.block_size,
+                            prefix_cache=policy.kv.prefix_cache_stats(), **price)
     summary["load"] = load
     summary["wall_time_s"] = wall
     summary["simulated"] = executor.simulated

@@ -179,6 +179,10 @@ def format_summary(s: dict) -> str:
     head = (f"{cfg.get('scheduler', {}).get('name', '?')} | {cfg.get('model', {}).get('name', '?')}"
             f" on {where} | trace {cfg.get('trace', {}).get('name', '?')}")
     lines = [head]
+    if "replicas" in s:
+        per = ", ".join(str(p["num_requests"]) for p in s["replicas"])
+        lines.append(f"fleet of {s['num_replicas']} replicas, router {s['router']}: requests "
+                     f"per replica {per}")
     n, n_rej = s["num_requests"], s["num_rejected"]
     if n and n_rej == n:
         bar = "!" * 78

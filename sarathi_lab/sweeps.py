@@ -15,6 +15,7 @@ import socket
 import sys
 import threading
 import time
+import types
 from datetime import datetime
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from sarathi_lab.rundir import atomic_write
 
 LOCK = "sweep.lock"
 LOCK_PATIENCE_S = 1.0   # a reader probing the lock (sarathi-lab-report) holds it for an instant
+RAY_CONNECT_S = 10.0    # hydra/launcher=ray: how long the cluster's address may take to answer
 
 
 def dirname(overrides: str) -> str:
@@ -55,6 +57,56 @@ def start_collecting() -> None:
         gc.enable()
 
 
+def ray_worker_setup() -> None:
+    """Ray's worker_process_setup_hook (configs/hydra/launcher/ray.yaml). A Ray worker starts in
+    the directory its node's Ray was started from; a sweep's jobs run where the sweep was
+    started (SARATHI_LAB_CWD), as under the other launchers, so that `results_root=outputs` and
+    a relative trace path name the same place. On a node without that directory the worker
+    fails to start, naming it, rather than writing results where the sweep does not look."""
+    cwd = os.environ.get("SARATHI_LAB_CWD")
+    if cwd:
+        try:
+            os.chdir(cwd)
+        except OSError as e:
+            raise OSError(f"sarathi-lab: the sweep's directory {cwd} is not on this node "
+                          f"({socket.gethostname()}): {e.strerror}; results_root and the "
+                          "directory the sweep starts from must be shared by every node") \
+                from None
+
+
+def _start_ray(init: DictConfig) -> None:
+    """Join (or start) the Ray cluster of hydra/launcher=ray before the launcher does, which
+    then uses it as it is: Ray's ray.init takes over SIGTERM, so that Ctrl-C would stop the
+    sweep and SIGTERM end it without a word; the handlers of `stop_on_signals` are put back.
+    What the jobs print reaches this terminal as they print it: no "(pid=..)" prefix, no
+    colour, and no folding into "[repeated 2x]" of lines that differ only in numbers, as the
+    lines of a sweep's jobs do (Ray reads these when it is imported)."""
+    for var, value in (("RAY_DISABLE_WORKER_LOG_PREFIX", "1"), ("RAY_COLOR_PREFIX", "0"),
+                       ("RAY_DEDUP_LOGS", "0")):
+        os.environ.setdefault(var, value)
+    import ray
+    if ray.is_initialized():
+        return
+    address = init.get("address")
+    where = f"hydra.launcher.ray.init.address={address}"
+    if address and address != "auto" and "://" not in str(address):
+        # Ray itself retries an address where nothing answers for minutes on end
+        host, _, port = str(address).rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=RAY_CONNECT_S).close()
+        except (OSError, ValueError) as e:
+            raise Abort(f"sarathi-lab: error: no Ray cluster answers at {where}: {e}") from None
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        ray.init(**OmegaConf.to_container(init, resolve=True))
+    except Exception as e:   # ConnectionError, ValueError, RuntimeError: Ray's words say why
+        raise Abort(f"sarathi-lab: error: cannot join the Ray cluster ({where}): "
+                    f"{type(e).__name__}: {e}") from None
+    for s, h in handlers.items():
+        if h is not None:
+            signal.signal(s, h)
+
+
 class Abort(SystemExit):
     """Ends the command from inside Hydra's machinery, which would turn an exception raised in a
     callback into a warning (and go on) and one raised in a job into a traceback. A message is
@@ -79,21 +131,24 @@ def stop_on_signals():
     exception unwinds through the launcher: joblib then kills its worker processes, which the
     default SIGTERM (this process gone at once) leaves computing. A further signal is ignored
     while that clean-up runs; a signal ignored when the command started (a background job,
-    nohup) stays ignored."""
+    nohup) stays ignored. Yields where the signal is recorded (`.signum`, else None): Ray
+    turns the exception into a plain KeyboardInterrupt on its way out of ray.get."""
+    received = types.SimpleNamespace(signum=None)
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield received
         return
     previous = {}
 
     def handler(signum, frame):
         for s in previous:
             signal.signal(s, signal.SIG_IGN)
+        received.signum = signum
         raise Interrupted(signum)
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(s) is not signal.SIG_IGN:
             previous[s] = signal.signal(s, handler)
     try:
-        yield
+        yield received
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
@@ -211,6 +266,9 @@ class SweepLog(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         start_collecting()   # the sweep may run for hours here, its jobs elsewhere
+        # hydra/launcher=ray, not ray_aws (which starts Ray on the machines it makes)
+        if str(config.hydra.launcher.get("_target_", "")).endswith(".ray_launcher.RayLauncher"):
+            _start_ray(config.hydra.launcher.ray.init)   # before anything is written
         sweep_dir = Path(str(config.hydra.sweep.dir))
         with _or_abort(f"the directory of sweep {config.name} "
                        f"({_setting(config, sweep_dir, 'hydra.sweep.dir')})"):
@@ -264,8 +322,10 @@ class _Job:
         self.multirun = hc.mode == RunMode.MULTIRUN
         self.label = hc.job.override_dirname or "(defaults)"
         self.sweep_dir = Path(str(hc.sweep.dir)) if self.multirun else None
-        self.parallel = self.multirun and "joblib" in str(hc.launcher.get("_target_", "")) \
-            and hc.launcher.get("n_jobs", -1) != 1
+        launcher = str(hc.launcher.get("_target_", ""))
+        self.parallel = self.multirun and (
+            "hydra_ray_launcher" in launcher
+            or "joblib" in launcher and hc.launcher.get("n_jobs", -1) != 1)
         self.index, self.total = None, None
         if self.multirun:
             self.index = int(hc.job.num) + 1

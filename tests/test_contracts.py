@@ -17,7 +17,7 @@ from test_cli import composed
 from sarathi_lab.config import CapacityConfig, RunConfig, SLOConfig
 from sarathi_lab.engine import Engine, fast_forward_safe
 from sarathi_lab.executors.base import Executor
-from sarathi_lab.registry import cost_model_class, executor_class, policy_class
+from sarathi_lab.registry import BUILTIN, cost_model_class, executor_class, policy_class
 from sarathi_lab.request import Request, Status
 from sarathi_lab.schedulers.base import SchedulerConfig
 from sarathi_lab.settings import parse
@@ -388,6 +388,11 @@ def test_executor_files_mirror_the_executor_config(option):
         cm = defaults(cost_model_class(node["cost_model"]).config_class)
         assert not want.keys() & cm.keys()
         want.update(cm)
+        # and every other built-in cost model's own settings as null (so that they can be set
+        # without a +), as common.yaml does for the policies' knobs
+        for name in BUILTIN["sarathi_lab.cost_models"]:
+            for k in defaults(cost_model_class(name).config_class).keys() - want.keys():
+                want[k] = None
     assert set(node) == set(want)
     for k, v in node.items():
         if isinstance(raw_node[k], str) and raw_node[k].startswith("${"):

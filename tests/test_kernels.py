@@ -301,3 +301,68 @@ def test_kernels_compile_for_hopper():
 
 if __name__ == "__main__":
     compile_all_for_hopper()
+
+
+# --- contiguous per-sequence copies (the torch backend's attention path) ------------------------
+
+def _plan(store, specs, block_tables, block_size, keys=None):
+    tables = [[b for b in row if b >= 0] for row in block_tables.tolist()]
+    return store.plan(keys or list(range(len(specs))), [s - n for s, n in specs],
+                      [n for _, n in specs], tables, block_size)
+
+
+@pytest.mark.parametrize("batch", list(BATCHES))
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_sequence_kv_matches_dense(batch, block_size):
+    """A fresh store fills each copy from the paged cache once (earlier context, as after a
+    prefix-cache hit), then attends over it; through paged_attention_torch's keyword too."""
+    from sarathi_lab.kernels.sequence_kv import SequenceKV
+    specs = BATCHES[batch]
+    args, dense = make_case(specs, 8, 2, 32, block_size)
+    scale = 32 ** -0.5
+    plan = _plan(SequenceKV(), specs, args[3], block_size)
+    out = K.paged_attention_torch(*args, scale, sequence_kv=plan)
+    torch.testing.assert_close(out, dense_attention(*dense, scale), atol=2e-5, rtol=1e-4)
+
+
+def test_sequence_kv_grows_in_place_and_refills_after_a_rewind():
+    """Decode steps append one token each (the buffer grows with the block table); a sequence
+    whose progress goes back is refilled from the paged cache, not served stale."""
+    from sarathi_lab.kernels.sequence_kv import SequenceKV
+    bs, scale = 4, 32 ** -0.5
+    specs = [(30, 1), (9, 1)]
+    args, (qs, ks, vs) = make_case(specs, 4, 2, 32, bs, seed=1)
+    q, k_cache, v_cache, tables = args[0], args[1], args[2], args[3]
+    store = SequenceKV()
+    gen = torch.Generator().manual_seed(2)
+    # prefill the first 20 and 5 tokens, then decode up to 30 and 9 (the cache holds them all)
+    lens = [20, 5]
+    plan = _plan(store, [(n, n) for n in lens], tables, bs)
+    plan.attention(torch.randn(sum(lens), 4, 32, generator=gen), k_cache, v_cache, scale)
+    store.commit(plan)
+    while lens != [30, 9]:
+        keys = [i for i, n in enumerate(lens) if n < (30, 9)[i]]
+        plan = store.plan(keys, [lens[i] for i in keys], [1] * len(keys),
+                          [[b for b in tables[i].tolist() if b >= 0] for i in keys], bs)
+        qd = torch.randn(len(keys), 4, 32, generator=gen)
+        out = plan.attention(qd, k_cache, v_cache, scale)
+        want = dense_attention([x[None] for x in qd], [ks[i][:lens[i] + 1] for i in keys],
+                               [vs[i][:lens[i] + 1] for i in keys], scale)
+        torch.testing.assert_close(out, want, atol=2e-5, rtol=1e-4)
+        store.commit(plan)
+        for i in keys:
+            lens[i] += 1
+    assert store.seqs[0].length == 30 and store.seqs[0].layers[k_cache.data_ptr()][0].shape[1] >= 30
+    # sequence 0 is preempted and recomputed from token 0 with new K/V: the copy must follow
+    t0 = [b for b in tables[0].tolist() if b >= 0]
+    k_cache[t0] = torch.randn_like(k_cache[t0])
+    v_cache[t0] = torch.randn_like(v_cache[t0])
+    new_k = torch.stack([k_cache[t0[p // bs], p % bs] for p in range(30)])
+    new_v = torch.stack([v_cache[t0[p // bs], p % bs] for p in range(30)])
+    plan = store.plan([0], [29], [1], [t0], bs)   # already at 29 < 30: a rewind
+    qd = torch.randn(1, 4, 32, generator=gen)
+    torch.testing.assert_close(plan.attention(qd, k_cache, v_cache, scale),
+                               dense_attention([qd], [new_k], [new_v], scale),
+                               atol=2e-5, rtol=1e-4)
+    store.drop([0, 1])
+    assert len(store) == 0

@@ -171,13 +171,16 @@ def model_dir():
     return d
 
 
-def full_forward_greedy(model, ids, n):
-    """The oracle: the whole sequence through the model at every step, no KV cache."""
+def full_forward_greedy(model, ids, n, eos=()):
+    """The oracle: the whole sequence through the model at every step, no KV cache; up to n
+    tokens, the first of `eos` included."""
     seq = list(ids)
     with torch.no_grad():
         for _ in range(n):
             logits = model(torch.tensor([seq]), use_cache=False, logits_to_keep=1).logits
             seq.append(int(logits[0, -1].argmax()))
+            if seq[-1] in eos:
+                break
     return seq[len(ids):]
 
 
@@ -191,7 +194,7 @@ def one_thread():
 
 
 CHAT = "What is the capital of France?"
-OUT_LEN = 16   # the executor stops at the trace's output_len, not at EOS
+OUT_LEN = 24   # the trace's output_len: the cap; the chat answer ends at EOS before it
 
 
 @pytest.fixture(scope="module")
@@ -215,18 +218,24 @@ def served(model_dir, tmp_path_factory):
     assert r.returncode == 0, r.stderr[-3000:]
     df = pd.read_parquet(d / "run" / "requests.parquet").sort_values("request_id")
     assert list(df["status"]) == ["finished"] * 3, df[["status", "rejection_reason"]]
-    return tok, prompts, [list(map(int, ids)) for ids in df["output_token_ids"]]
+    return tok, prompts, [list(map(int, ids)) for ids in df["output_token_ids"]], \
+        list(df["finish_reason"])
 
 
 def test_greedy_output_equals_full_forward_decoding(model_dir, served, one_thread):
-    tok, prompts, outs = served
+    """executor.stop_at_eos is null: on, for a trace that carries its prompts; each output
+    ends at the model's EOS (<|im_end|>) or at the trace's length, whichever comes first."""
+    tok, prompts, outs, reasons = served
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir,
                                                               dtype=torch.float32).eval()
-    want = [full_forward_greedy(model, ids, OUT_LEN) for ids in prompts]
+    eos = {model.generation_config.eos_token_id}
+    want = [full_forward_greedy(model, ids, OUT_LEN, eos) for ids in prompts]
     assert outs == want, [tok.decode(o) for o in outs]
+    assert reasons == ["eos" if o[-1] in eos else "length" for o in want]
 
 
-def test_chat_prompt_gets_a_sensible_answer(served):
-    tok, _, outs = served
+def test_chat_prompt_gets_a_sensible_answer_that_ends_at_eos(served):
+    tok, _, outs, reasons = served
     answer = tok.decode(outs[0], skip_special_tokens=True)
     assert "Paris" in answer, answer
+    assert reasons[0] == "eos" and tok.decode(outs[0][-1]) == "<|im_end|>", (answer, reasons)

@@ -63,9 +63,10 @@ def oracle(tmp_path_factory):
     return path, specs, hf_generate(model, specs)
 
 
-def run_engine(path, specs, *, backend="torch", kv_cache_gib=0.01, **sched):
+def run_engine(path, specs, *, backend="torch", kv_cache_gib=0.01, executor=None, **sched):
     cfg = {"executor": {"name": "torch", "device": "cpu", "dtype": "float32",
-                        "attention_backend": backend, "kv_cache_gib": kv_cache_gib, "seed": 0},
+                        "attention_backend": backend, "kv_cache_gib": kv_cache_gib, "seed": 0,
+                        **(executor or {})},
            "model": {"name": "hf-tiny", "path": str(path)},
            "scheduler": {"name": "sarathi", **sched}}
     policy, executor = runner.build(cfg)
@@ -169,7 +170,8 @@ def test_kv_budget_errors_name_the_setting(oracle):
         runner.build(cfg)
     cfg["executor"]["kv_cache_gib"] = 0.01
     cfg["scheduler"]["num_kv_blocks"] = 10**9   # set by hand: checked before anything is made
-    with pytest.raises(ValueError, match="needs .* GiB but .* GiB is free"):
+    with pytest.raises(ValueError, match=r"needs .* GiB \(with the torch backend.s contiguous "
+                                         r"copies of it\) but .* GiB is free"):
         runner.build(cfg)
 
 
@@ -233,3 +235,76 @@ def test_requests_without_token_ids_are_refused():
     policy, ex = runner.build(cfg)
     with pytest.raises(ValueError, match="request 0 has no prompt_token_ids"):
         Engine(policy, ex).run([Request(0, 0.0, 5, 2)])
+
+
+# --- EOS ---------------------------------------------------------------------------------------
+
+def with_eos(path, tmp_path, eos):
+    """A copy of the model directory whose checkpoint declares `eos` its EOS id."""
+    import json
+    import shutil
+    d = tmp_path / "eos-model"
+    shutil.copytree(path, d)
+    for name in ("config.json", "generation_config.json"):
+        f = d / name
+        if f.is_file():
+            f.write_text(json.dumps({**json.loads(f.read_text()), "eos_token_id": eos}))
+    return d
+
+
+@pytest.fixture(scope="module")
+def eos_case(oracle, tmp_path_factory):
+    """The oracle's model declaring as EOS the third token greedy decoding gives one request
+    (a token it has not emitted before), and that request's index."""
+    path, specs, ref = oracle
+    i = next(i for i, (_, n) in enumerate(specs) if n >= 8 and ref[i][2] not in ref[i][:2])
+    return with_eos(path, tmp_path_factory.mktemp("eos"), ref[i][2]), i, ref[i][2]
+
+
+def test_a_request_ends_at_the_eos_it_samples(oracle, eos_case):
+    from sarathi_lab.metrics import requests_table
+    _, specs, ref = oracle
+    d, i, eos = eos_case
+    # stop_at_eos null: on, for requests that carry their own prompts
+    reqs, engine = run_engine(d, specs, token_budget=16, block_size=4)
+    assert reqs[i].output_token_ids == ref[i][:3] and reqs[i].finish_reason == "eos"
+    for r, want, (_, n) in zip(reqs, ref, specs):   # every other request: the same rule
+        cut = want.index(eos) + 1 if eos in want else n
+        assert r.output_token_ids == want[:cut]
+        assert r.finish_reason == ("eos" if eos in want else "length")
+    df = requests_table(reqs, engine.output_lens).set_index("request_id")
+    assert df.loc[i, "status"] == "finished" and df.loc[i, "finish_reason"] == "eos"
+    assert df.loc[i, "num_output_tokens"] == 3 and df.loc[i, "target_output_tokens"] == specs[i][1]
+    assert len(engine.executor.sequence_kv) == 0   # every request's KV copy was dropped
+
+
+def test_with_stop_at_eos_off_requests_run_to_their_length(oracle, eos_case):
+    _, specs, ref = oracle
+    d, i, _ = eos_case
+    reqs, _ = run_engine(d, specs, executor={"stop_at_eos": False}, token_budget=16,
+                         block_size=4)
+    assert [r.output_token_ids for r in reqs] == ref
+    assert {r.finish_reason for r in reqs} == {"stop"}
+
+
+def test_a_length_only_trace_runs_to_its_lengths_unless_asked(eos_case):
+    from sarathi_lab.executors.torch_exec import TorchExecutor
+    d, _, _ = eos_case
+    df = pd.DataFrame({"arrival_time": [0.0], "num_prompt_tokens": [4], "num_output_tokens": [9]})
+    own = df.assign(prompt_token_ids=[[1, 2, 3, 4]])
+    for setting, trace, on in [(None, df, False), (None, own, True), (True, df, True),
+                               (False, own, False)]:
+        ex = TorchExecutor.from_config({"device": "cpu", "stop_at_eos": setting}, {"path": str(d)})
+        ex.prepare_trace(trace, {})
+        assert ex.stop_at_eos is on, (setting, trace.columns)
+
+
+def test_stop_at_eos_needs_a_model_that_declares_one():
+    from sarathi_lab.executors.torch_exec import TorchExecutor
+    from sarathi_lab.settings import ConfigError
+    preset = dict(name="t", num_layers=1, hidden_size=32, intermediate_size=64, num_heads=4,
+                  num_kv_heads=2, head_dim=8, vocab_size=100, max_model_len=64)
+    with pytest.raises(ConfigError, match="executor.stop_at_eos=true: the model declares no "
+                                          "eos_token_id"):
+        TorchExecutor.from_config({"device": "cpu", "stop_at_eos": True}, preset)
+    assert not TorchExecutor.from_config({"device": "cpu"}, preset).stop_at_eos

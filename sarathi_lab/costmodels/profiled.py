@@ -1,10 +1,12 @@
 """Profiled cost model: an iteration's time interpolated from measured operator times.
 
-``executor.cost_model=profiled +executor.profile=PATH`` (a project-format .csv/.parquet profile or
-a Vidur profile directory; formats and Vidur's operator mapping in `costmodels.profiles`). An
-iteration of T scheduled tokens, S of them sampled, costs
+``executor.cost_model=profiled executor.profile=PATH`` (a project-format .csv/.parquet profile, as
+``sarathi-lab-profile`` writes, or a Vidur profile directory; formats and Vidur's operator mapping
+in `costmodels.profiles`). An iteration of T scheduled tokens for B requests, S of them sampled,
+costs
 
-    overhead                          measured (the profile's ``overhead`` row) unless
+    overhead(B)                       measured (the profile's ``overhead`` rows: a constant, or
+                                      by requests in the batch) unless
                                       executor.iteration_overhead_s is set; 0 if neither
   + linear(T)                         interpolated by tokens
   + sum over prefill chunks of prefill_attention(chunk, context), at least the increment
@@ -17,8 +19,8 @@ iteration of T scheduled tokens, S of them sampled, costs
 
 An operator the profile lacks (e.g. attention in a Vidur directory without attention.csv) is
 priced by the roofline for the same model and hardware, which also sizes memory (num_kv_blocks)
-and gives max_model_len. Every interpolation is monotone (running maximum over the sorted grid,
-linear between points); beyond the profiled range it extrapolates linearly, as the roofline
+and gives max_model_len. Every interpolation is monotone (isotonic over the sorted grid,
+`profiles.monotone`, linear between points); beyond the profiled range it extrapolates linearly, as the roofline
 does for a compute-bound operator, and logs one warning per operator.
 """
 from __future__ import annotations
@@ -54,7 +56,7 @@ class ProfiledCostModel(CostModel):
         cfg = cfg or ProfiledConfig()
         if not cfg.profile:
             raise ProfileError("executor.profile: the profiled cost model needs a profile "
-                               "(+executor.profile=PATH)")
+                               "(executor.profile=PATH)")
         self.roofline = RooflineCostModel(model, hardware, tensor_parallel)
         m, hw, tp = self.roofline.model, self.roofline.hw, self.roofline.tp
         prof = load(cfg.profile, m.num_layers, tp)
@@ -77,13 +79,16 @@ class ProfiledCostModel(CostModel):
             wrong.append("tensor_parallel")
         shape = {"n_head": m.num_heads, "n_kv_head": m.num_kv_heads,
                  "n_embd": m.hidden_size, "n_expanded_embd": m.intermediate_size}
-        wrong += [f"shape ({k})" for k, v in prof.shape.items() if shape[k] != v]
+        wrong += [f"shape ({k}: {v} in the profile, {shape[k]} in the run)"
+                  for k, v in prof.shape.items() if shape[k] != v]
         if wrong:
             raise ProfileError(f"executor.profile={cfg.profile} was measured for {made}, but "
                                f"this run is {run} (differs in: {', '.join(wrong)})")
         self.profile = prof
         self.overhead = cfg.iteration_overhead_s if cfg.iteration_overhead_s is not None \
             else (prof.overhead_s or 0.0)
+        # by requests in the batch, when measured so and not overridden
+        self.overhead_curve = prof.overhead if cfg.iteration_overhead_s is None else None
         self._warned: set[str] = set()
 
     def _warn_beyond(self, op: str, point: str) -> None:
@@ -125,6 +130,12 @@ class ProfiledCostModel(CostModel):
             self._warn_beyond("decode_attention", f"batch {b}, mean context {k:.0f}")
         return surf(b, k)
 
+    def _overhead(self, B: int) -> float:
+        curve = self.overhead_curve
+        if curve.beyond(B):
+            self._warn_beyond("overhead", f"{B} requests")
+        return curve(B)
+
     def _lm_head(self, S: int) -> float:
         curve = self.profile.lm_head
         if curve is None or S <= 0:
@@ -138,7 +149,9 @@ class ProfiledCostModel(CostModel):
         if T <= 0:
             return self.overhead
         S = len(prefills) + len(decode_contexts) if num_sampled is None else num_sampled
-        t = self.overhead + self._linear(T) + self._lm_head(S) + self.roofline.allreduce_time(T)
+        B = len(prefills) + len(decode_contexts)
+        over = self.overhead if self.overhead_curve is None else self._overhead(B)
+        t = over + self._linear(T) + self._lm_head(S) + self.roofline.allreduce_time(T)
         for c, k in prefills:
             t += self._prefill(c, k)
         if decode_contexts:

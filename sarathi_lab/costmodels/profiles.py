@@ -2,21 +2,28 @@
 
 Two formats load into one `Profile` (whole-model seconds per operator, on one GPU of the group):
 
-**Project format** (a ``.csv`` or ``.parquet`` file, written by a profiler): one row per measured
-point, columns
+**Project format** (a ``.csv`` or ``.parquet`` file, written by ``sarathi-lab-profile``): one row
+per measured point, columns
 
-    operator      linear | prefill_attention | decode_attention | lm_head | overhead
+    operator      linear | prefill_attention | decode_attention | lm_head | overhead | iteration
     num_tokens    linear: tokens in the batch; lm_head: rows sampled
-    chunk         prefill_attention: new tokens of the chunk
-    batch         decode_attention: decodes in the batch
-    context       prefill_attention: tokens already in KV; decode_attention: their mean
+    chunk         prefill_attention, iteration: new tokens of the (one) prefill chunk
+    batch         decode_attention, iteration: decodes in the batch; overhead: requests in it
+    context       prefill_attention, iteration: the chunk's tokens already in KV;
+                  decode_attention: the decodes' mean
+    decode_context  iteration: tokens in KV before each decode
     time_s        seconds, whole model (all layers), median of the repeats
+    time_p10_s, time_p90_s, repeats    the spread of the repeats (optional)
     model, dtype, device, tensor_parallel    metadata, the same on every row (in a Parquet
-                  file they may instead sit in the file's key-value metadata)
+                  file they may instead sit in the file's key-value metadata, beside optional
+                  n_head, n_kv_head, n_embd, n_expanded_embd: the model's shape, checked too)
 
 ``linear`` is everything that scales with the batch's tokens but attention and the LM head
-(projections, MLP, norms, RoPE, residual adds); ``overhead`` (one row, only time_s) is the
-measured CPU side of an iteration. Columns an operator does not use are left empty.
+(projections, MLP, norms, RoPE, residual adds, the per-layer dispatch of a forward);
+``overhead`` is the measured CPU side of an iteration (input preparation, sampling): one row with
+only time_s (a constant) or rows by ``batch`` (requests in the batch). ``iteration`` rows are
+whole measured iterations of mixed batches, held out: never used to predict (`Profile.checks`).
+Columns an operator does not use are left empty.
 
 **Vidur format** (a directory ``.../compute/<device>/<org>/<model>/`` holding ``mlp.csv`` and,
 optionally, ``attention.csv``, as in github.com/microsoft/vidur ``data/profiling``): per-layer
@@ -44,6 +51,8 @@ import numpy as np
 
 
 OPERATORS = ("linear", "prefill_attention", "decode_attention", "lm_head", "overhead")
+HELD_OUT = ("iteration",)
+_SHAPE_KEYS = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd")
 
 _VIDUR_LINEAR = {"input_layernorm": 1, "attn_pre_proj": 1, "attn_rope": 1, "attn_post_proj": 1,
                  "post_attention_layernorm": 1, "mlp_up_proj": 1, "mlp_act": 1,
@@ -55,10 +64,28 @@ class ProfileError(ValueError):
     """A profile that cannot be read, or one made for another model, TP, dtype or device."""
 
 
+def monotone(y) -> np.ndarray:
+    """The nondecreasing sequence nearest to y in absolute deviation (isotonic regression by
+    pooling adjacent violators, each pool at its median). Unlike a running maximum, one point
+    measured while another job held the core (noise that only adds time) is outvoted by its
+    neighbours instead of raising every larger point to it."""
+    pools: list[list[float]] = []
+    level: list[float] = []
+    for v in np.asarray(y, dtype=float):
+        pools.append([v])
+        level.append(v)
+        while len(pools) > 1 and level[-2] > level[-1]:
+            last = pools.pop()
+            pools[-1] += last
+            level.pop()
+            level[-1] = float(np.median(pools[-1]))
+    return np.repeat(level, [len(p) for p in pools])
+
+
 class Curve:
-    """y(x) from measured points: the running maximum over the sorted grid (so a larger x never
-    predicts less; with `subadditive`, also y/x nonincreasing), linear between points, flat
-    below the first point, and beyond the last one linear with the last segment's slope (or,
+    """y(x) from measured points: made nondecreasing over the sorted grid (`monotone`: a larger
+    x never predicts less; with `subadditive`, also y/x nonincreasing), linear between points,
+    flat below the first point, and beyond the last one linear with the last segment's slope (or,
     where that is flat, proportional to x, the roofline's shape for a compute-bound operator)."""
 
     def __init__(self, x, y, what: str, subadditive: bool = False):
@@ -70,7 +97,7 @@ class Curve:
         ux = np.unique(x)
         # repeated points: their median
         uy = np.array([np.median(y[x == v]) for v in ux])
-        self.x, self.y = ux, np.maximum.accumulate(uy)
+        self.x, self.y = ux, monotone(uy)
         if subadditive and ux[0] > 0:
             # Time per token made nonincreasing (raised to its largest value at any larger x),
             # so t(a) + t(b) >= t(a + b): splitting tokens over iterations never predicts less
@@ -95,8 +122,9 @@ class Curve:
 
 class Surface:
     """t(a, b) from points on a grid of a (chunk or batch) x b (context): one `Curve` in b per
-    measured a, the running maximum across a at the queried b (monotone in both), linear between
-    the a's and, beyond the last one, with the last segment's slope (or proportional to a)."""
+    measured a, made monotone across a at each measured b (`monotone`; a running maximum beyond
+    the last b, where the rows extrapolate with their own slopes), linear between the a's and,
+    beyond the last one, with the last segment's slope (or proportional to a)."""
 
     def __init__(self, a, b, t, what: str):
         a, b, t = (np.asarray(v, dtype=float) for v in (a, b, t))
@@ -107,7 +135,8 @@ class Surface:
         # Every row is piecewise linear with knots on the union grid of b: tabulating the rows
         # there makes a query two columns' blend instead of one np.interp per row.
         self.b = np.unique(b)
-        self.table = np.array([[row(v) for v in self.b] for row in rows])
+        table = np.array([[row(v) for v in self.b] for row in rows])
+        self.table = np.column_stack([monotone(col) for col in table.T])
         self.slopes = np.array([row.slope for row in rows])
         self.b_max = self.b[-1]
         self.what = what
@@ -115,14 +144,13 @@ class Surface:
     def __call__(self, a: float, b: float) -> float:
         bs = self.b
         if b >= bs[-1]:
-            col = self.table[:, -1] + self.slopes * (b - bs[-1])
+            vals = np.maximum.accumulate(self.table[:, -1] + self.slopes * (b - bs[-1]))
         elif b <= bs[0]:
-            col = self.table[:, 0]
-        else:
+            vals = self.table[:, 0]
+        else:   # a blend of two monotone columns is monotone
             j = int(np.searchsorted(bs, b, side="right"))
             w = (b - bs[j - 1]) / (bs[j] - bs[j - 1])
-            col = self.table[:, j - 1] * (1 - w) + self.table[:, j] * w
-        vals = np.maximum.accumulate(col)
+            vals = self.table[:, j - 1] * (1 - w) + self.table[:, j] * w
         aa = self.a
         if a > aa[-1]:
             if aa.size >= 2 and vals[-1] > vals[-2]:
@@ -146,8 +174,11 @@ class Profile:
     lm_head: Curve | None = None
     prefill_attention: Surface | None = None
     decode_attention: Surface | None = None
-    overhead_s: float | None = None
-    shape: dict = field(default_factory=dict)   # Vidur's model geometry, checked against the run's
+    overhead_s: float | None = None             # a constant overhead, or
+    overhead: Curve | None = None               # one by requests in the batch
+    shape: dict = field(default_factory=dict)   # the model's geometry, checked against the run's
+    checks: list = field(default_factory=list)  # held-out whole iterations (rows, as read)
+    meta: dict = field(default_factory=dict)    # a Parquet profile's key-value metadata
 
 
 def load(path, num_layers: int, tensor_parallel: int) -> Profile:
@@ -160,7 +191,7 @@ def load(path, num_layers: int, tensor_parallel: int) -> Profile:
     if not p.is_file():
         raise ProfileError(f"executor.profile={path}: no such file or directory")
     if p.suffix == ".csv":
-            rows, meta = _read_csv(p), {}
+        rows, meta = _read_csv(p), {}
     elif p.suffix == ".parquet":
         import pyarrow.parquet as pq
         table = pq.read_table(p)
@@ -192,15 +223,21 @@ def _from_rows(rows, meta, source) -> Profile:
             meta[key] = vals.pop()
         if key not in meta:
             raise ProfileError(f"{source}: metadata {key!r} missing (a column or Parquet metadata)")
-    by_op = {op: [] for op in OPERATORS}
+    by_op = {op: [] for op in OPERATORS + HELD_OUT}
     for i, r in enumerate(rows):
         op = r.get("operator")
         if op not in by_op:
-            raise ProfileError(f"{source} row {i + 1}: operator {op!r} is not one of {OPERATORS}")
+            raise ProfileError(f"{source} row {i + 1}: operator {op!r} is not one of "
+                               f"{OPERATORS + HELD_OUT}")
         by_op[op].append(r)
     w = source
     prof = Profile(source, meta["model"], meta["dtype"], meta["device"],
-                   int(float(meta["tensor_parallel"])))
+                   int(float(meta["tensor_parallel"])), checks=by_op["iteration"], meta=meta)
+    try:
+        prof.shape = {k: int(meta[k]) for k in _SHAPE_KEYS if k in meta}
+    except ValueError:
+        raise ProfileError(f"{source}: the shape metadata {_SHAPE_KEYS} must be integers, got "
+                           f"{ {k: meta[k] for k in _SHAPE_KEYS if k in meta} }") from None
     if by_op["linear"]:
         r = by_op["linear"]
         prof.linear = Curve([_num(x, "num_tokens", w) for x in r],
@@ -215,8 +252,15 @@ def _from_rows(rows, meta, source) -> Profile:
             setattr(prof, op, Surface([_num(x, a, w) for x in r],
                                       [_num(x, "context", w) for x in r],
                                       [_num(x, "time_s", w) for x in r], f"{w}: {op}"))
-    if by_op["overhead"]:
-        prof.overhead_s = float(np.median([_num(x, "time_s", w) for x in by_op["overhead"]]))
+    r = by_op["overhead"]
+    with_batch = [x for x in r if x.get("batch") not in (None, "")]
+    if with_batch and len(with_batch) < len(r):
+        raise ProfileError(f"{w}: overhead rows must all have a batch or none may")
+    if with_batch:
+        prof.overhead = Curve([_num(x, "batch", w) for x in r],
+                              [_num(x, "time_s", w) for x in r], f"{w}: overhead")
+    elif r:
+        prof.overhead_s = float(np.median([_num(x, "time_s", w) for x in r]))
     return prof
 
 
@@ -250,8 +294,7 @@ def _load_vidur(d: Path, num_layers: int, tp: int) -> Profile:
     all_rows = _read_csv(mlp)
     if not all_rows:
         raise ProfileError(f"{mlp}: no rows")
-    prof.shape = {k: int(all_rows[0][k])
-                  for k in ("n_head", "n_kv_head", "n_embd", "n_expanded_embd")}
+    prof.shape = {k: int(all_rows[0][k]) for k in _SHAPE_KEYS}
     rows = _rows_at_tp(all_rows, tp, "mlp.csv", d)
     L, ms = num_layers, 1e-3
     tokens = [int(r["num_tokens"]) for r in rows]

@@ -5,7 +5,12 @@ bf16 on a GPU, fp32 on a CPU), ``attention_backend`` (auto: triton on a GPU, tor
 triton on a CPU needs TRITON_INTERPRET=1), ``kv_cache_gib`` (the KV budget on a CPU),
 ``gpu_memory_utilization`` (share of the free GPU memory after the weights that the KV cache
 takes), ``temperature``/``top_p``/``seed`` (sampling), ``shared_prefix_len`` (random prompts of a
-length-only trace open with a common prefix of that many tokens).
+length-only trace open with a common prefix of that many tokens), ``stop_at_eos`` (a request ends
+when it samples one of the model's EOS ids; the trace's output length stays its upper bound).
+
+On the torch attention backend each running request keeps a contiguous copy of its KV per layer
+that grows in place (`kernels/sequence_kv.py`), so a step reads its new tokens out of the paged
+cache instead of gathering every block of every sequence.
 
 Each step flattens the scheduled tokens of all requests into one batch (no padding) and samples
 for the requests it catches up. Sampling with temperature > 0 draws from a generator seeded by
@@ -22,6 +27,7 @@ import numpy as np
 import torch
 
 from sarathi_lab.executors.base import Executor, ExecutorConfig, StepResult
+from sarathi_lab.kernels.sequence_kv import SequenceKV
 from sarathi_lab.models.llama import AttnMetadata
 from sarathi_lab.models.dtypes import torch_dtype
 from sarathi_lab.models.loader import load_model
@@ -48,6 +54,36 @@ class TorchConfig(ExecutorConfig):
     top_p: float = setting(1.0, gt=0, le=1, help="nucleus sampling mass")
     seed: int = setting(0, ge=0, help="sampling streams; random prompt ids")
     shared_prefix_len: int = setting(0, ge=0, help="random prompts open with a common prefix")
+    stop_at_eos: bool | None = setting(
+        None, help="end a request when it samples an EOS id of the model (generation_config.json, "
+                   "else config.json); the trace's output length stays the upper bound. null: "
+                   "on for prompts the trace carries, off for the random prompts of a "
+                   "length-only trace (its output lengths are the workload)")
+
+
+def eos_token_ids(model_cfg: dict) -> tuple[int, ...]:
+    """The EOS ids of ``model.path``'s checkpoint, as `generate` reads them: generation_config.json,
+    else config.json (an int or a list). None for a preset with random weights."""
+    import json
+    from pathlib import Path
+    if not model_cfg.get("path"):
+        return ()
+    d = Path(str(model_cfg["path"])).expanduser()
+    for name in ("generation_config.json", "config.json"):
+        f = d / name
+        if not f.is_file():
+            continue
+        try:
+            eos = json.loads(f.read_text()).get("eos_token_id")
+        except (ValueError, AttributeError) as e:
+            raise ValueError(f"{f}: not a JSON object ({e})") from None
+        if eos is None:
+            continue
+        ids = eos if isinstance(eos, list) else [eos]
+        if not ids or not all(type(i) is int and i >= 0 for i in ids):
+            raise ValueError(f"{f}: eos_token_id={eos!r} is not a token id or a list of them")
+        return tuple(ids)
+    return ()
 
 
 def available_memory() -> int | None:
@@ -90,9 +126,20 @@ class TorchExecutor(Executor):
         self.top_p = cfg.top_p
         self.seed = cfg.seed
         self.shared_prefix_len = cfg.shared_prefix_len
+        self.eos_ids = frozenset(eos_token_ids(self.model_cfg))
+        if cfg.stop_at_eos and not self.eos_ids:
+            raise ConfigError("executor.stop_at_eos=true: the model declares no eos_token_id "
+                              "(random weights, or none in model.path's generation_config.json "
+                              "and config.json)")
+        # null: decided by the trace (prepare_trace); requests handed over directly carry their
+        # own prompts
+        self.stop_at_eos = bool(self.eos_ids) and cfg.stop_at_eos is not False
 
         self.model = load_model(self.model_cfg, self.device, self.dtype)
         self.args = self.model.args
+        if any(i >= self.args.vocab_size for i in self.eos_ids):
+            raise ValueError(f"model.path: eos_token_id {sorted(self.eos_ids)} outside the "
+                             f"vocabulary of {self.args.vocab_size}")
         self.model.setup(kernels, self.device)
         self.kv = None
         # seconds spent per phase, summed over steps (read by benchmarks)
@@ -131,6 +178,12 @@ class TorchExecutor(Executor):
         """The KV cache must fit the memory free now: allocating more is an out-of-memory kill
         (CPU) or error (GPU) with no word of which setting asked for it."""
         need = num_blocks * self.block_bytes(block_size)
+        copies = ""
+        if self.backend == "torch":
+            # the running requests' contiguous copies (kernels/sequence_kv.py) hold at most
+            # the slots their block tables hold: at most the cache again
+            need *= 2
+            copies = " (with the torch backend's contiguous copies of it)"
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
         else:
@@ -141,7 +194,7 @@ class TorchExecutor(Executor):
             knob = ("executor.gpu_memory_utilization" if self.device.type == "cuda"
                     else "executor.kv_cache_gib")
             raise ValueError(
-                f"the KV cache of {num_blocks} blocks needs {need / 2**30:.2f} GiB but "
+                f"the KV cache of {num_blocks} blocks needs {need / 2**30:.2f} GiB{copies} but "
                 f"{free / 2**30:.2f} GiB is free on {self.device}; lower {knob} (or "
                 "scheduler.num_kv_blocks, if set)")
 
@@ -153,10 +206,17 @@ class TorchExecutor(Executor):
                             a.head_dim, dtype=self.dtype, device=self.device)
         self.kv_cache = cache
         self.model.bind_cache(cache[0], cache[1])
+        self.sequence_kv = SequenceKV() if self.backend == "torch" else None
+        self._eos_ended: set = set()
 
     def prepare_trace(self, df, trace_cfg=None):
         """Give a length-only trace seeded random prompt ids (a trace with its own keeps them)."""
         from sarathi_lab.traces import attach_prompt_ids
+        own = "prompt_token_ids" in df and not df["prompt_token_ids"].isna().any()
+        if self.cfg.stop_at_eos is None and not own and self.stop_at_eos:
+            log.info("executor.stop_at_eos=null: the trace has no prompt ids, so its random "
+                     "prompts run to the trace's output lengths (set it to true to stop at EOS)")
+            self.stop_at_eos = False
         seed = (trace_cfg or {}).get("seed")
         return attach_prompt_ids(df, self.args.vocab_size, seed=self.seed if seed is None else seed,
                                  shared_prefix_len=self.shared_prefix_len)
@@ -203,6 +263,9 @@ class TorchExecutor(Executor):
                             seq_lens=(s_t + n_t).to(dev, torch.int32))
         if self.backend == "triton":   # spares the kernel a device-to-host sync per layer
             meta.attn_kwargs = {"max_query_len": max(ns)}
+        elif self.sequence_kv is not None:
+            meta.attn_kwargs = {"sequence_kv": self.sequence_kv.plan(
+                [r.request_id for r in reqs], starts, ns, tables, bs)}
         logits_rows = (cu[1:][sample] - 1).to(dev)
         return torch.tensor(ids, device=dev), positions.to(dev), meta, sample, logits_rows
 
@@ -214,18 +277,45 @@ class TorchExecutor(Executor):
         logits = self.model(input_ids, positions, meta, rows)
         sync()
         t2 = time.perf_counter()
-        sampled = [-1] * len(out.reqs)
+        reqs = out.reqs
+        sampled = [-1] * len(reqs)
         if sample:
-            toks = self.sample(logits, [out.reqs[i] for i in sample])
+            toks = self.sample(logits, [reqs[i] for i in sample])
             for i, tok in zip(sample, toks):
                 sampled[i] = tok
+        finished = self.finished(out)
+        if self.stop_at_eos and sample:
+            ends = set(finished)
+            for i in sample:
+                if sampled[i] in self.eos_ids:
+                    self._eos_ended.add(reqs[i].request_id)
+                    if i not in ends:
+                        finished.append(i)
+            finished.sort()
+        seq_kv = self.sequence_kv
+        if seq_kv is not None:
+            seq_kv.commit(meta.attn_kwargs["sequence_kv"])
+            seq_kv.drop([reqs[i].request_id for i in finished])
+            seq_kv.drop([r.request_id for r in out.preempted])
         t3 = time.perf_counter()
         tm = self.timers
         tm["prepare"] += t1 - t0
         tm["forward"] += t2 - t1
         tm["sample"] += t3 - t2
         tm["steps"] += 1
-        return StepResult(duration=t3 - t0, sampled=sampled, finished=self.finished(out))
+        return StepResult(duration=t3 - t0, sampled=sampled, finished=finished)
+
+    def add_request(self, req, output_len):
+        reason = super().add_request(req, output_len)
+        if self.stop_at_eos and self._stop_at[req.request_id][1] == "stop":
+            # the model ends it; the trace's length only caps it, as max_tokens would
+            self._stop_at[req.request_id] = (self._stop_at[req.request_id][0], "length")
+        return reason
+
+    def finish_reason(self, req) -> str:
+        if req.request_id in self._eos_ended:
+            return "eos"
+        return super().finish_reason(req)
 
     def sample(self, logits: torch.Tensor, reqs) -> list[int]:
         if self.temperature <= 0:

@@ -112,6 +112,11 @@ class KVCacheManager:
             parent = (b.block_id, b.gen)
         return hits, len(hits) * bs
 
+    def cached_prefix_len(self, req: Request) -> int:
+        """Tokens of a not yet admitted request's prompt that the cache holds now: what
+        `get_computed_blocks` would find, changing nothing (a router asks every replica)."""
+        return self.get_computed_blocks(req)[1]
+
     # -- allocation --------------------------------------------------------------------------
     def allocate_slots(self, req: Request, num_new_tokens: int,
                        computed: list[Block] | None = None,

@@ -111,8 +111,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.mlp = MLP(a)
 
-    def forward(self, x, cos, sin, meta, kernels):
+    def forward(self, x, cos, sin, meta, kernels, keep=None):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, kernels)
+        if keep is not None:   # the rows after this one are read only here (see the model)
+            x = x[keep]
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -156,8 +158,11 @@ class LlamaForCausalLM(nn.Module):
         """Logits [len(logits_indices), vocab] in fp32 (all rows if None)."""
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]
         x = self.model.embed_tokens(input_ids)
-        for layer in self.model.layers:
+        *layers, last = self.model.layers
+        for layer in layers:
             x = layer(x, cos, sin, meta, self.kernels)
-        if logits_indices is not None:
-            x = x[logits_indices]   # norm and lm_head are row-wise: only the sampling rows
+        # every row's K/V is cached by the last layer's attention, but its MLP, the norm and
+        # lm_head are row-wise and only the sampling rows are read: the other rows (prompt
+        # chunks that sample nothing) skip them, as llama.cpp does
+        x = last(x, cos, sin, meta, self.kernels, keep=logits_indices)
         return self.lm_head(self.model.norm(x)).float()

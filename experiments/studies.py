@@ -1,0 +1,26 @@
+"""What the study scripts share: running a preset's Hydra multirun as a child process."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def short(p: Path) -> Path:
+    """`p` relative to the working directory when below it (reports name their inputs)."""
+    try:
+        return p.relative_to(Path.cwd())
+    except ValueError:
+        return p
+
+
+def sweep(experiment: str, root: Path, name: str, overrides: list[str]) -> Path:
+    """`sarathi-lab -m experiment=EXPERIMENT results_root=ROOT name=NAME OVERRIDES...`; its
+    sweep directory. Stops the script if a job fails."""
+    cmd = [sys.executable, "-c", "from sarathi_lab.cli import main; main()", "-m",
+           f"experiment={experiment}", f"results_root={root}", f"name={name}", *overrides]
+    r = subprocess.run(cmd, env={**os.environ, "WANDB_MODE": "disabled"})
+    if r.returncode:
+        raise SystemExit(f"{experiment}: sweep {name} failed ({' '.join(cmd[3:])})")
+    return short(root / "sweeps" / name)

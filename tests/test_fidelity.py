@@ -1,0 +1,106 @@
+"""The fidelity study (experiments/fidelity/run.py): its comparison computed by hand, and the
+whole study at toy scale (profile, real runs, simulated runs, table, plots) in seconds."""
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from sarathi_lab.costmodels.profiles import ProfileError
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("fidelity_run",
+                                              ROOT / "experiments" / "fidelity" / "run.py")
+F = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(F)
+
+
+def figs(v):
+    return {F.metric_name(m, q): v for m, q in F.METRICS}
+
+
+def test_compare_by_hand():
+    real = {"orca": [figs(1.0), figs(3.0), figs(2.0)]}
+    sim = {"orca": figs(2.5)}
+    t = F.compare(real, sim)
+    assert len(t) == len(F.METRICS) and set(t["policy"]) == {"orca"}
+    row = t[t.metric == "ttft_p99"].iloc[0]
+    assert row.real_median == 2.0 and row.real_min == 1.0 and row.real_max == 3.0
+    assert row.real_spread == pytest.approx((3 - 1) / 2)
+    assert row.error == pytest.approx(2.5 / 2.0 - 1) and row.repeats == 3
+    md = F.markdown(t)
+    assert "| orca | +25.0% (100.0%) |" in md
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    n = torch.get_num_threads()
+    out = tmp_path_factory.mktemp("fidelity")
+    table = F.study(out, toy=True, repeats=1, log=lambda *_: None)
+    torch.set_num_threads(n)
+    return out, table
+
+
+def test_toy_study_writes_its_table_and_plots(toy):
+    out, table = toy
+    assert set(table["policy"]) == set(F.POLICIES)
+    assert len(table) == len(F.POLICIES) * len(F.METRICS)
+    assert np.isfinite(table["error"]).all() and (table["real_spread"] == 0).all()  # 1 repeat
+    csv = pd.read_csv(out / "fidelity.csv")
+    assert len(csv) == len(table)
+    md = (out / "fidelity.md").read_text()
+    assert all(f"| {p} |" in md for p in F.POLICIES)
+    assert (out / "cdfs.png").stat().st_size > 10_000
+    info = json.loads((out / "fidelity.json").read_text())
+    assert info["torch_threads"] == 1 and info["profile_meta"]["threads"] == "1"
+    ratios = pd.read_csv(out / "decode_ratios.csv")
+    assert set(ratios["policy"]) <= set(F.POLICIES) and (ratios["p50"] > 0).all()
+    assert "measured / predicted" in md
+    checks = pd.read_csv(out / "profile_check.csv")
+    assert len(checks) > 0 and (checks["predicted_s"] > 0).all()
+
+
+def test_toy_study_compares_like_with_like(toy):
+    out, table = toy
+    for policy in F.POLICIES:
+        real = pd.read_parquet(out / "runs" / policy / "real-0" / "iterations.parquet")
+        sim = pd.read_parquet(out / "runs" / policy / "sim" / "iterations.parquet")
+        got = table[(table.policy == policy) & (table.metric == "num_iterations")].iloc[0]
+        assert got.real_median == len(real) and got.sim == len(sim)
+        # the real run's clock is the executor's measured wall-clock per step: each iteration
+        # starts when the previous one ended (or later, when the engine waited for an arrival)
+        start, dur = real["start"].to_numpy(), real["duration"].to_numpy()
+        gaps = start[1:] - (start[:-1] + dur[:-1])
+        assert (gaps > -1e-9).all() and np.isclose(gaps, 0, atol=1e-9).mean() > 0.5
+        # both served the same trace
+        rr = pd.read_parquet(out / "runs" / policy / "real-0" / "requests.parquet")
+        rs = pd.read_parquet(out / "runs" / policy / "sim" / "requests.parquet")
+        assert rr["num_prompt_tokens"].tolist() == rs["num_prompt_tokens"].tolist()
+        assert (rr["status"] == "finished").all() and (rs["status"] == "finished").all()
+
+
+def test_decode_ratios_use_the_batches_mean_context(tmp_path):
+    class Cost:   # 1 ms per request + 1 us per token of context
+        def iteration_time(self, prefills, decodes, sampled):
+            assert not prefills and sampled == len(decodes)
+            return 1e-3 * len(decodes) + 1e-6 * sum(decodes)
+    # two decodes at contexts 99 and 199 store 100 + 200 tokens after the step: mean 149
+    pd.DataFrame({"prefill_tokens": [0, 64], "num_requests": [2, 1], "kv_tokens_stored": [300, 64],
+                  "duration": [2 * (2e-3 + 298e-6), 1.0]}).to_parquet(tmp_path / "iterations.parquet")
+    assert F.decode_ratios([tmp_path], Cost()).tolist() == pytest.approx([2.0])
+
+
+def test_a_profile_of_another_model_stops_the_study_before_the_real_runs(toy, tmp_path):
+    out, _ = toy
+    scale = dict(F.SCALES["toy"], model=["model=tiny-llama", "model.hidden_size=128"])
+    F.SCALES["wrong"] = scale
+    try:
+        with pytest.raises(ProfileError, match="n_embd: 64 in the profile, 128 in the run"):
+            F.study(tmp_path, toy=True, profile=str(out / "profile.parquet"), repeats=1,
+                    log=lambda *_: None, scale_name="wrong")
+    finally:
+        del F.SCALES["wrong"]
+    assert not (tmp_path / "runs").exists()

@@ -212,9 +212,11 @@ def test_a_ray_sweep_records_what_a_joblib_sweep_does(sweeps, head):
         return sorted(ln.split()[1:3] for ln in out.splitlines() if ln.startswith(f"[{name} ")
                       and ln.split()[2] != "note:")
     assert "\x1b" not in ray.stdout and "repeated" not in ray.stdout
-    mine, theirs = job_lines(ray.stdout, "grid"), job_lines(joblib.stdout, "jl")
-    assert [n for n, _ in mine] == [n for n, _ in theirs] == ["1/4]", "2/4]", "3/4]", "4/4]"]
-    assert sorted(s for _, s in mine) == sorted(s for _, s in theirs)
+    # (the two launchers are compared through sweep.log above: a joblib job's terminal line was
+    # once missing from the captured output, the log never)
+    mine = job_lines(ray.stdout, "grid")
+    assert [n for n, _ in mine] == ["1/4]", "2/4]", "3/4]", "4/4]"]
+    assert sorted(s for _, s in mine) == sorted(f[2] for f in log_lines(g))
 
 
 def test_resume_on_ray_reruns_only_the_failed_job(sweeps, head):

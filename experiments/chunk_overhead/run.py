@@ -214,6 +214,10 @@ def plot(t: pd.DataFrame, out: Path) -> Path:
                             lw=0, label="measured: lowest-highest round")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xscale("log", base=2)
+    ax.set_yscale("log")    # the tiny model on an A100 is all fixed costs: tens of x
+    ax.set_xticks(list(t["chunk"].unique()), [str(c) for c in t["chunk"].unique()])
+    ax.set_yticks([1, 1.25, 1.5, 2, 3, 5, 10, 20, 40], ["1", "1.25", "1.5", "2", "3", "5", "10",
+                                                        "20", "40"])
     ax.set_xlabel("chunk size (tokens)")
     ax.set_ylabel("prefill time / one piece")
     ax.grid(True, alpha=0.3)

@@ -40,6 +40,9 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "experiments"))
+from studies import compose  # noqa: E402
+
 VIDUR_REL = Path("profiles/vidur/compute/a100/meta-llama/Llama-2-70b-hf")
 VIDUR_TOY = ROOT / "tests" / "data" / "vidur" / "a100" / "meta-llama" / "Llama-2-70b-hf"
 
@@ -60,18 +63,6 @@ SCALES = {
     "toy": dict(model=["model=tiny-llama"], prompt=256, chunks=(32, 64, 128, 256), grid="tiny",
                 profile_repeats=2, extra_linear=(256,), extra_prefill=((256, 0), (32, 224))),
 }
-
-
-def compose(overrides: list[str]) -> dict:
-    from hydra import compose as hydra_compose, initialize_config_module
-    from omegaconf import OmegaConf
-    from sarathi_lab.sweeps import register_resolvers
-    register_resolvers()
-    with initialize_config_module("sarathi_lab.configs", version_base="1.3"):
-        cfg = hydra_compose("config", overrides=overrides)
-    c = OmegaConf.to_container(cfg, resolve=True)
-    c.pop("hydra", None)
-    return c
 
 
 def sources(scale: dict, profile: Path, vidur: Path) -> dict[str, tuple[str, list[str], bool]]:

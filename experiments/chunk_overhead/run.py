@@ -156,7 +156,8 @@ def table(rows: list[dict], prompt: int) -> pd.DataFrame:
         df["round"] = 0
     df["round"] = df["round"].fillna(0)
     one = df[df["chunk"] >= prompt].set_index(["source", "round"])["seconds"]
-    df["ratio"] = df["seconds"].to_numpy() / one.loc[list(zip(df["source"], df["round"]))].to_numpy()
+    own = one.loc[list(zip(df["source"], df["round"]))].to_numpy()
+    df["ratio"] = df["seconds"].to_numpy() / own
     out = []
     for (src, chunk), d in df.groupby(["source", "chunk"], sort=False):
         t, r = d["seconds"].to_numpy(), d["ratio"].to_numpy()

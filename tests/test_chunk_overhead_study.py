@@ -52,6 +52,13 @@ def test_toy_study_has_every_source_and_chunk(toy):
         # a chunk of c tokens: ceil(P / c) prefill iterations
         assert (d["iterations"] == np.ceil(scale["prompt"] / d["chunk"])).all()
         assert (d["seconds"] > 0).all()
+    per = pd.read_csv(out / "per_chunk.csv")
+    for (src, chunk), d in per.groupby(["source", "chunk"]):
+        # the chunks' durations add up to the table's prefill time, at contexts 0, c, 2c, ...
+        row = t[(t.source == src) & (t.chunk == chunk)].iloc[0]
+        assert d["seconds"].sum() == pytest.approx(row.seconds)
+        assert d["context"].tolist() == list(range(0, scale["prompt"], chunk))
+    assert set(per["source"]) == set(t[t.kind != "measured"]["source"])
     csv = pd.read_csv(out / "chunk_overhead.csv")
     assert len(csv) == len(names) * len(scale["chunks"])
     md = (out / "chunk_overhead.md").read_text()

@@ -20,7 +20,8 @@ the durations of the iterations that carry its prompt. Sources:
              nothing is extrapolated), and Vidur's measured Llama-2-70B TP2 A100 profiles.
 Writes, in DIR (default results/chunk_overhead, or results/chunk_overhead/toy with --toy):
 chunk_overhead.csv (chunk x source: prefill seconds, ratio to one piece, iterations; min and
-spread for the measured rows), runs.csv (every run), chunk_overhead.md (ratios side by side),
+spread for the measured rows), runs.csv (every measured run), per_chunk.csv (the predicted
+duration of each chunk at its context), chunk_overhead.md (ratios side by side),
 chunk_overhead.png, chunk_overhead.json (machine, load, settings) and profile.parquet.
 """
 from __future__ import annotations
@@ -93,8 +94,9 @@ def sources(scale: dict, profile: Path, vidur: Path) -> dict[str, tuple[str, lis
 
 
 def prefill_time(overrides: list[str], prompt: int, chunk: int, host: dict | None) -> tuple:
-    """(seconds, iterations) of prefilling one `prompt`-token request under sarathi with a token
-    budget of `chunk`: the sum of the durations of the iterations that carry prompt tokens."""
+    """(seconds, durations) of prefilling one `prompt`-token request under sarathi with a token
+    budget of `chunk`: the sum of the durations of the iterations that carry prompt tokens, and
+    those durations, chunk after chunk."""
     from sarathi_lab.config import resolve
     from sarathi_lab.engine import Engine
     from sarathi_lab.metrics import iterations_table
@@ -116,7 +118,7 @@ def prefill_time(overrides: list[str], prompt: int, chunk: int, host: dict | Non
     if int(pre["prefill_tokens"].sum()) != prompt or requests[0].num_computed_tokens < prompt:
         raise RuntimeError(f"chunk {chunk}: {int(pre['prefill_tokens'].sum())} of {prompt} "
                            "prompt tokens were prefilled")
-    return float(pre["duration"].sum()), len(pre)
+    return float(pre["duration"].sum()), pre["duration"].tolist()
 
 
 def make_profile(scale: dict, out: Path, progress: bool) -> Path:
@@ -237,14 +239,14 @@ def study(out: Path, toy: bool = False, repeats: int = 3, profile: str | None = 
     vidur = Path(vidur) if vidur else find_vidur(toy)
     P, chunks = scale["prompt"], scale["chunks"]
     srcs = sources(scale, profile, vidur)
-    rows, load = [], []
+    rows, load, per_chunk = [], [], []
     measured = {k: v for k, v in srcs.items() if v[0] == "measured"}
     for name, (kind, ov, _) in measured.items():
         prefill_time(ov, P, chunks[-1], None)     # warm-up: first-call allocations, caches
         for rep in range(repeats):
             for c in (chunks if rep % 2 == 0 else chunks[::-1]):
-                s, n = prefill_time(ov, P, c, None)
-                rows.append(dict(source=name, kind=kind, chunk=c, seconds=s, iterations=n,
+                s, d = prefill_time(ov, P, c, None)
+                rows.append(dict(source=name, kind=kind, chunk=c, seconds=s, iterations=len(d),
                                  round=rep))
                 load.append(os.getloadavg()[0])
             log(f"{name} round {rep}: " + ", ".join(f"{r['chunk']}: {r['seconds']:.3f} s"
@@ -253,9 +255,12 @@ def study(out: Path, toy: bool = False, repeats: int = 3, profile: str | None = 
         if kind == "measured":
             continue
         for c in chunks:
-            s, n = prefill_time(ov, P, c, host if on_host else None)
-            rows.append(dict(source=name, kind=kind, chunk=c, seconds=s, iterations=n))
+            s, d = prefill_time(ov, P, c, host if on_host else None)
+            rows.append(dict(source=name, kind=kind, chunk=c, seconds=s, iterations=len(d)))
+            per_chunk += [dict(source=name, chunk=c, context=i * c, seconds=x)
+                          for i, x in enumerate(d)]
     pd.DataFrame(rows).to_csv(out / "runs.csv", index=False)
+    pd.DataFrame(per_chunk).to_csv(out / "per_chunk.csv", index=False)
     t = table(rows, P)
     t.to_csv(out / "chunk_overhead.csv", index=False)
     md = markdown(t)

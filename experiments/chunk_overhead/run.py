@@ -20,8 +20,8 @@ the durations of the iterations that carry its prompt. Sources:
              nothing is extrapolated), and Vidur's measured Llama-2-70B TP2 A100 profiles.
 Writes, in DIR (default results/chunk_overhead, or results/chunk_overhead/toy with --toy):
 chunk_overhead.csv (chunk x source: prefill seconds, ratio to one piece, iterations; min and
-spread for the measured rows), runs.csv (every measured run), per_chunk.csv (the predicted
-duration of each chunk at its context), chunk_overhead.md (ratios side by side),
+spread for the measured rows), runs.csv (every run; the measured ones by round), per_chunk.csv
+(the predicted duration of each chunk at its context), chunk_overhead.md (ratios side by side),
 chunk_overhead.png, chunk_overhead.json (machine, load, settings) and profile.parquet.
 """
 from __future__ import annotations

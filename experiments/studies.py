@@ -24,3 +24,17 @@ def sweep(experiment: str, root: Path, name: str, overrides: list[str]) -> Path:
     if r.returncode:
         raise SystemExit(f"{experiment}: sweep {name} failed ({' '.join(cmd[3:])})")
     return short(root / "sweeps" / name)
+
+
+def compose(overrides: list[str]) -> dict:
+    """The resolved config of `sarathi-lab OVERRIDES...` as a plain dict (no `hydra` node): for
+    scripts that build runs in-process."""
+    from hydra import compose as hydra_compose, initialize_config_module
+    from omegaconf import OmegaConf
+    from sarathi_lab.sweeps import register_resolvers
+    register_resolvers()
+    with initialize_config_module("sarathi_lab.configs", version_base="1.3"):
+        cfg = hydra_compose("config", overrides=overrides)
+    c = OmegaConf.to_container(cfg, resolve=True)
+    c.pop("hydra", None)
+    return c

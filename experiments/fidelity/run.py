@@ -33,6 +33,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "experiments"))
+from studies import compose  # noqa: E402
 
 # A random Llama (about 5M parameters) whose real runs of a few hundred requests take seconds each
 # on one CPU thread, with both compute (prefills of a few hundred tokens: tens of ms) and per-step
@@ -70,18 +72,6 @@ METRICS = [(m, q) for m in ("ttft", "tbt", "e2e") for q in ("p50", "p90", "p99")
 
 def metric_name(m, q):
     return f"{m}_{q}" if q else m
-
-
-def compose(overrides: list[str]) -> dict:
-    from hydra import compose as hydra_compose, initialize_config_module
-    from omegaconf import OmegaConf
-    from sarathi_lab.sweeps import register_resolvers
-    register_resolvers()
-    with initialize_config_module("sarathi_lab.configs", version_base="1.3"):
-        cfg = hydra_compose("config", overrides=overrides)
-    c = OmegaConf.to_container(cfg, resolve=True)
-    c.pop("hydra", None)
-    return c
 
 
 def run_config(scale: dict, policy: str, executor: list[str], hardware: dict | None) -> dict:

@@ -26,7 +26,8 @@ import torch.nn.functional as F
 
 
 class _Seq:
-    """One sequence's buffers: layer key (the layer's k_cache data pointer) -> [k, v]."""
+    """One sequence's buffers: layer key (the layer's k_cache data pointer) -> [2, Hkv, capacity,
+    D], K then V."""
     __slots__ = ("length", "layers")
 
     def __init__(self):
@@ -44,7 +45,7 @@ class SequenceKV:
         return len(self.seqs)
 
     def nbytes(self) -> int:
-        return sum(t.nbytes for s in self.seqs.values() for kv in s.layers.values() for t in kv)
+        return sum(kv.nbytes for s in self.seqs.values() for kv in s.layers.values())
 
     def plan(self, keys, starts, num_new, block_tables, block_size: int) -> "StepPlan":
         """What one step needs: for sequence i (key keys[i]) the tokens [starts[i],
@@ -85,29 +86,30 @@ class StepPlan:
         self.masks: dict = {}    # i -> causal mask of a chunk that follows earlier KV
 
     def _buffers(self, layer, k_cache, v_cache):
-        """Each sequence's [k, v] for this layer, grown to hold the step's tokens, with the
-        missing tokens copied in from the paged cache."""
+        """Each sequence's [2, Hkv, capacity, D] buffer (K then V) for this layer, grown to hold
+        the step's tokens, with the missing tokens copied in from the paged cache."""
         hkv, d = k_cache.shape[2], k_cache.shape[3]
         if self.slots.device != k_cache.device:
             self.slots = self.slots.to(k_cache.device)
-        new_k = k_cache.reshape(-1, hkv, d).index_select(0, self.slots).transpose(0, 1)
-        new_v = v_cache.reshape(-1, hkv, d).index_select(0, self.slots).transpose(0, 1)
+        # K and V side by side: one copy per sequence moves both
+        new = torch.stack((k_cache.reshape(-1, hkv, d).index_select(0, self.slots),
+                           v_cache.reshape(-1, hkv, d).index_select(0, self.slots)))
+        new = new.transpose(1, 2)   # [2, Hkv, tokens, D]
         out, o = [], 0
         for seq, s, n, a, cap in zip(self.seqs, self.starts, self.num_new, self.fill_from,
                                      self.capacities):
             end = s + n
             kv = seq.layers.get(layer)
-            if kv is None or kv[0].shape[1] < end:
-                grown = [torch.empty(hkv, max(cap, end), d, dtype=k_cache.dtype,
-                                     device=k_cache.device) for _ in range(2)]
+            if kv is None or kv.shape[2] < end:
+                grown = torch.empty(2, hkv, max(cap, end), d, dtype=k_cache.dtype,
+                                    device=k_cache.device)
                 if kv is not None and a:
-                    grown[0][:, :a] = kv[0][:, :a]
-                    grown[1][:, :a] = kv[1][:, :a]
+                    grown[:, :, :a] = kv[:, :, :a]
                 kv = seq.layers[layer] = grown
-            kv[0][:, a:end] = new_k[:, o:o + end - a]
-            kv[1][:, a:end] = new_v[:, o:o + end - a]
+            # narrow, not slicing: the per-sequence ops of this loop run in every layer
+            kv.narrow(2, a, end - a).copy_(new.narrow(2, o, end - a))
             o += end - a
-            out.append(kv)
+            out.append(kv.narrow(2, 0, end))
         return out
 
     def attention(self, q, k_cache, v_cache, scale: float) -> torch.Tensor:
@@ -121,16 +123,19 @@ class StepPlan:
         # a decode's query heads, grouped by the KV head they share, are its query rows: one
         # pass over each KV head's keys serves the whole group, with no mask and no GQA expansion
         qg = qf.view(T, hkv, H // hkv, D)
+        qd = qg * scale
         out = torch.empty(T, hkv, H // hkv, D, dtype=torch.float32, device=q.device)
         row = 0
-        for i, ((k, v), s, n) in enumerate(zip(bufs, self.starts, self.num_new)):
-            end = s + n
-            k, v = k[:, :end], v[:, :end]
+        for i, (kv, s, n) in enumerate(zip(bufs, self.starts, self.num_new)):
             if upcast:
-                k, v = k.float(), v.float()
+                kv = kv.float()
+            k, v = kv.unbind()
             if n == 1:
-                out[row] = F.scaled_dot_product_attention(qg[row], k, v, scale=scale)
+                # two batched matmuls and an exact softmax: for one query row per head this
+                # costs a CPU about two thirds of what scaled_dot_product_attention does
+                torch.bmm(torch.bmm(qd[row], k.transpose(1, 2)).softmax(-1), v, out=out[row])
             else:
+                end = s + n
                 qi = qf[row:row + n].transpose(0, 1)[None]
                 if s == 0:   # a first chunk: square causal
                     o = F.scaled_dot_product_attention(qi, k[None], v[None], is_causal=True,

@@ -146,7 +146,8 @@ def test_empty_batch():
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_write_kv(impl, dtype):
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
+def test_write_kv(impl, dtype, padded):
     write_kv = K.write_kv_torch if impl == "torch" else write_kv_triton
     gen = torch.Generator().manual_seed(5)
     num_blocks, block_size, num_kv_heads, head_dim, num_tokens = 6, 4, 3, 16, 10
@@ -155,7 +156,8 @@ def test_write_kv(impl, dtype):
     key = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen).to(dtype)
     value = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen).to(dtype)
     slots = torch.randperm(num_blocks * block_size, generator=gen)[:num_tokens]
-    slots[[2, 7]] = -1  # padding tokens
+    if padded:
+        slots[[2, 7]] = -1  # padding tokens
     write_kv(key, value, k_cache, v_cache, slots)
 
     flat_k = k_cache.reshape(-1, num_kv_heads, head_dim)

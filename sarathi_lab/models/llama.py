@@ -82,10 +82,13 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, meta: AttnMetadata, kernels):
         write_kv, paged_attention = kernels
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = _rotate(q.view(-1, self.nh, self.d), cos, sin)
-        k = _rotate(k.view(-1, self.nkv, self.d), cos, sin)
-        write_kv(k, v.view(-1, self.nkv, self.d), self.k_cache, self.v_cache, meta.slot_mapping)
+        qkv = self.qkv_proj(x)
+        # q and k side by side: one rotation (its six ops) serves both
+        qk = _rotate(qkv[:, :self.q_size + self.kv_size].view(-1, self.nh + self.nkv, self.d),
+                     cos, sin)
+        q, k = qk[:, :self.nh], qk[:, self.nh:]
+        v = qkv[:, self.q_size + self.kv_size:].view(-1, self.nkv, self.d)
+        write_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         o = paged_attention(q, self.k_cache, self.v_cache, meta.block_tables,
                             meta.query_start_loc, meta.seq_lens, self.scale, **meta.attn_kwargs)
         return self.o_proj(o.reshape(-1, self.q_size))

@@ -76,8 +76,14 @@ def _key_metrics(mode: str, result: dict) -> str:
     parts = [f"TBT p99 {ms(s['tbt']['p99'])}", f"TTFT p50 {sec(s['ttft']['p50'])}",
              f"{s['throughput_rps']:.2f} req/s"]
     if slo:
-        parts.append(f"goodput {slo['goodput_rps']:.2f} req/s, "
-                     f"TBT SLO {'met' if slo['meets_tbt_slo'] else 'missed'}")
+        # only the criteria the SLO defines (a TTFT/TPOT SLO has no P99-TBT criterion)
+        kinds = {c["criterion"] for c in slo.get("criteria", ())}
+        part = f"goodput {slo['goodput_rps']:.2f} req/s"
+        if "tbt" in kinds:
+            part += f", TBT SLO {'met' if slo['meets_tbt_slo'] else 'missed'}"
+        if "attainment" in kinds:
+            part += f", attainment {'met' if slo['meets_attainment'] else 'missed'}"
+        parts.append(part)
     return " | ".join(parts)
 
 

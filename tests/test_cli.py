@@ -204,3 +204,16 @@ def test_executor_and_cost_model_by_dotted_path(tmp_path):
     assert (it["duration"] == 0.5).all()
     s = json.loads((tmp_path / "c" / "summary.json").read_text())
     assert s["simulated"] is True and "simulated" in r.stdout
+
+
+def test_the_job_line_names_only_the_criteria_the_slo_defines():
+    from sarathi_lab.cli import _key_metrics
+    base = {"tbt": {"p99": 0.05}, "ttft": {"p50": 0.3}, "throughput_rps": 2.0}
+    distserve = {"goodput_rps": 1.5, "meets_tbt_slo": False, "meets_attainment": True,
+                 "criteria": [{"criterion": "attainment", "met": True}]}
+    line = _key_metrics("run", {**base, "slo": distserve})
+    assert "attainment met" in line and "TBT SLO" not in line
+    strict = {"goodput_rps": 1.5, "meets_tbt_slo": False, "meets_attainment": True,
+              "criteria": [{"criterion": "tbt", "met": False}]}
+    line = _key_metrics("run", {**base, "slo": strict})
+    assert "TBT SLO missed" in line and "attainment" not in line

@@ -12,7 +12,9 @@ this trace, so it routes by load: the cost of asking 8 caches per arrival is wha
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 from sarathi_lab.cluster import Cluster
 from sarathi_lab.config import resolve
@@ -21,16 +23,14 @@ from sarathi_lab.registry import router_class
 from sarathi_lab.runner import build
 from sarathi_lab.traces import load_trace, to_requests
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from studies import compose  # noqa: E402
+
 ROUTERS = ("round_robin", "least_loaded", "power_of_two", "prefix_affinity")
 
 
 def config(prefix_caching: bool) -> dict:
-    from hydra import compose, initialize_config_module
-    from omegaconf import OmegaConf
-    with initialize_config_module("sarathi_lab.configs", version_base="1.3"):
-        cfg = compose("config", overrides=[f"scheduler.enable_prefix_caching={prefix_caching}",
-                                           "progress=false"])
-    return OmegaConf.to_container(cfg, resolve=True)
+    return compose([f"scheduler.enable_prefix_caching={prefix_caching}", "progress=false"])
 
 
 def engines(c: dict, n: int) -> list[Engine]:

@@ -19,10 +19,14 @@ One command writes results/routing/routing.csv and prints the table:
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from studies import compose  # noqa: E402
 
 ROUTERS = {   # label: cluster settings
     "round_robin": {"router": "round_robin"},
@@ -37,17 +41,9 @@ OUT = Path(__file__).resolve().parents[2] / "results" / "routing"
 
 
 def config(replicas: int, cluster: dict) -> dict:
-    from hydra import compose, initialize_config_module
-    from omegaconf import OmegaConf
-
-    from sarathi_lab.sweeps import register_resolvers
-    register_resolvers()
-    ov = ["slo=distserve-chat", "scheduler.enable_prefix_caching=true", "progress=false",
-          f"cluster.num_replicas={replicas}",
-          *(f"cluster.{k}={v}" for k, v in cluster.items())]
-    with initialize_config_module("sarathi_lab.configs", version_base="1.3"):
-        cfg = compose("config", overrides=ov)
-    return OmegaConf.to_container(cfg, resolve=True)
+    return compose(["slo=distserve-chat", "scheduler.enable_prefix_caching=true",
+                    "progress=false", f"cluster.num_replicas={replicas}",
+                    *(f"cluster.{k}={v}" for k, v in cluster.items())])
 
 
 def workload(n: int, qps: float, shared: bool, *, contexts=400, context_len=2048, zipf=1.0,

@@ -73,6 +73,15 @@ class HardwareSpec:
     memory_bytes: float = setting(gt=0, help="GPU memory, bytes")
     link_bandwidth: float = setting(gt=0, help="GPU-to-GPU bytes/s, one direction")
     link_latency_s: float = setting(ge=0, help="per ring (NCCL) all-reduce")
+    # links beyond NVLink, for KV moved to host memory (swap) or to another node (disaggregated
+    # prefill/decode): a transfer of B bytes takes latency + B / (bandwidth * eff)
+    pcie_bandwidth: float = setting(32.0e9, gt=0, help="GPU-host bytes/s, one direction")
+    pcie_eff: float = setting(0.8, gt=0, le=1, help="share of pcie_bandwidth a pinned copy gets")
+    pcie_latency_s: float = setting(1.0e-5, ge=0, help="per GPU-host copy")
+    net_bandwidth: float = setting(25.0e9, gt=0,
+                                   help="inter-node bytes/s per GPU (its NIC), one direction")
+    net_eff: float = setting(0.9, gt=0, le=1, help="share of net_bandwidth an RDMA write gets")
+    net_latency_s: float = setting(1.0e-5, ge=0, help="per inter-node transfer")
     compute_eff: float = setting(0.71, gt=0, le=1, help="achieved share of peak_flops in GEMMs")
     mem_eff: float = setting(0.81, gt=0, le=1,
                              help="achieved share of mem_bandwidth reading weights, activations")

@@ -17,11 +17,10 @@ from matplotlib.figure import Figure
 
 from sarathi_lab import rundir
 from sarathi_lab.metrics import tbt_gaps
-from sarathi_lab.plots.lines import Line, arrange, config_settings, configs, grid, \
+from sarathi_lab.plots.lines import Line, arrange, caption, config_settings, configs, grid, \
     outer_labels
-from sarathi_lab.plots.style import (DATA_GID, QUANTILES, Skip, collect_legend, context,
-                                     figure_legend, figure_plot, plain_log, setting_keys,
-                                     slo_value)
+from sarathi_lab.plots.style import (DATA_GID, QUANTILES, Skip, collect_legend, figure_legend,
+                                     figure_plot, plain_log, setting_keys, slo_value)
 from sarathi_lab.report.seeds import spread_rows
 
 MAX_LINES = 8
@@ -79,25 +78,17 @@ def draw_quantiles(ax, x, q, lo, hi, style, label=None, lw=1.8):
         ax.fill_betweenx(q, lo, hi, color=c, alpha=0.18, lw=0)
 
 
-def _seeded(lines) -> bool:
-    return any(ln.data["n_seeds"].iloc[0] > 1 for ln in lines)
-
-
-def _titles(fig, what, table, lines, layout):
-    parts = [what, context(table)]
-    if layout.split:
-        parts.append("a panel per " + " and ".join(k.rsplit(".", 1)[-1] for k in layout.split))
-    if _seeded(lines):
-        parts.append(BAND_NOTE)
-    fig.suptitle("\n".join(p for p in parts if p), fontsize=10)
+def _layout(table, values_of, what: str, max_lines: int):
+    """The configurations' quantile lines of `values_of(run_dir)`, arranged in panels."""
+    lines = config_lines(table, lambda r: values_of(r["run_dir"]), setting_keys(table))
+    if not lines:
+        raise Skip(f"no {rundir.REQUESTS} with {what} in the input runs")
+    return lines, arrange(lines, table, max_lines)
 
 
 @figure_plot
 def ttft_cdf(table, max_lines=MAX_LINES):
-    lines = config_lines(table, lambda r: ttft_values(r["run_dir"]), setting_keys(table))
-    if not lines:
-        raise Skip(f"no {rundir.REQUESTS} with a first token in the input runs")
-    layout = arrange(lines, table, max_lines)
+    lines, layout = _layout(table, ttft_values, "a first token", max_lines)
     fig = Figure(layout="constrained")
     axes = [row[0] for row in grid(fig, len(layout.panels))]
     for (title, drawn), ax in zip(layout.panels, axes):
@@ -114,17 +105,14 @@ def ttft_cdf(table, max_lines=MAX_LINES):
         if title:
             ax.set_title(title, fontsize=9)
     outer_labels(axes, "TTFT: first token - arrival (s, log scale)", "share of requests")
-    _titles(fig, "TTFT CDF", table, lines, layout)
+    caption(fig, "TTFT CDF", table, lines, layout, BAND_NOTE)
     figure_legend(fig, *collect_legend(axes))
     return fig, layout.data()
 
 
 @figure_plot
 def tbt_cdf(table, max_lines=MAX_LINES):
-    lines = config_lines(table, lambda r: tbt_values(r["run_dir"]), setting_keys(table))
-    if not lines:
-        raise Skip(f"no {rundir.REQUESTS} with two or more output tokens in the input runs")
-    layout = arrange(lines, table, max_lines)
+    lines, layout = _layout(table, tbt_values, "two or more output tokens", max_lines)
     slo = slo_value(table, "slo_p99_tbt")
     fig = Figure(layout="constrained")
     rows = grid(fig, len(layout.panels), kinds=2, sharey=True)
@@ -155,7 +143,8 @@ def tbt_cdf(table, max_lines=MAX_LINES):
         tail.set_title(prefix + "tail: dots mark each line's P99", fontsize=9)
     for a in rows[-1]:
         a.set_xlabel("time between tokens (ms, log scale)")
-    _titles(fig, "TBT CDF: every gap between consecutive tokens", table, lines, layout)
+    caption(fig, "TBT CDF: every gap between consecutive tokens", table, lines, layout,
+            BAND_NOTE)
     figure_legend(fig, *collect_legend([a for r in rows for a in r]))
     return fig, layout.data()
 
@@ -226,7 +215,8 @@ def class_cdfs(table, max_lines=MAX_LINES):
     rows[-1][0].set_xlabel("TTFT (s, log scale)")
     rows[-1][1].set_xlabel("time between tokens (ms, log scale)")
     all_lines = lines["ttft"] + lines["tbt"]
-    _titles(fig, "TTFT and TBT per SLO class (line style: class)", table, all_lines, lay)
+    caption(fig, "TTFT and TBT per SLO class (line style: class)", table, all_lines, lay,
+            BAND_NOTE)
     figure_legend(fig, *collect_legend([a for r in rows for a in r]))
     data = pd.concat([lay_.data() for lay_ in layout.values()], ignore_index=True)
     return fig, data

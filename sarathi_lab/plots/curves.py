@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from sarathi_lab.plots.lines import Line, arrange, configs, grid
-from sarathi_lab.plots.style import (DATA_GID, Skip, collect_legend, context, figure_legend,
-                                     figure_plot, name, plain_log, setting_keys, slo_value)
+from sarathi_lab.plots.lines import Line, arrange, caption, configs, grid
+from sarathi_lab.plots.style import (DATA_GID, Skip, collect_legend, figure_legend, figure_plot,
+                                     name, plain_log, setting_keys, slo_value)
 from sarathi_lab.report.seeds import spread
 
 MAX_LINES = 8
@@ -59,10 +59,6 @@ def series_lines(table, x: str, x_keys, cols: dict, extra=None) -> tuple[list[Li
     return lines, keys
 
 
-def _spreads(lines) -> bool:
-    return any((ln.data["n_seeds"] > 1).any() for ln in lines)
-
-
 def draw_series(ax, x, y, lo, hi, style, label=None, marker="o", lw=1.8):
     """A curve through the means, with error bars where the seeds spread."""
     c, ls = style
@@ -75,13 +71,16 @@ def draw_series(ax, x, y, lo, hi, style, label=None, marker="o", lw=1.8):
         ax.plot(x, y, color=c, ls=ls, marker=marker, lw=lw, label=label, gid=DATA_GID)
 
 
-def _suptitle(fig, what, table, lines, layout):
-    parts = [what, context(table)]
-    if layout.split:
-        parts.append("a panel per " + " and ".join(k.rsplit(".", 1)[-1] for k in layout.split))
-    if _spreads(lines):
-        parts.append(ERRORBAR_NOTE)
-    fig.suptitle("\n".join(p for p in parts if p), fontsize=10)
+def _finish_load_axes(g_ax, a_ax, title, g_label, a_label):
+    g_ax.set_ylabel(g_label)
+    a_ax.set_ylabel(a_label)
+    a_ax.set_ylim(0, 102)
+    g_ax.set_ylim(bottom=0)
+    for ax in (g_ax, a_ax):
+        ax.grid(True, alpha=0.3)
+        ax.tick_params(which="both", labelbottom=True)
+        if title:
+            ax.set_title(title, fontsize=9)
 
 
 def _log_if_wide(axes, values, ylabel):
@@ -144,7 +143,7 @@ def budget_tradeoff(table, max_lines=MAX_LINES):
     _log_if_wide([r[1] for r in rows], data["ttft_p50"], "median TTFT (s)")
     for ax in rows[-1]:
         ax.set_xlabel("token budget per iteration = chunk size (tokens, log scale)")
-    _suptitle(fig, "Token budget trade-off", table, lines, layout)
+    caption(fig, "Token budget trade-off", table, lines, layout, ERRORBAR_NOTE)
     figure_legend(fig, *collect_legend([a for r in rows for a in r]))
     return fig, data
 
@@ -207,19 +206,13 @@ def load_curves(table, max_lines=MAX_LINES):
         if target:
             a_ax.axhline(target * 100, color="k", ls="--", lw=1,
                          label=f"attainment target {target:.0%}")
-        g_ax.set_ylabel("goodput (req/s within SLO)")
-        a_ax.set_ylabel("SLO attainment (% of requests)")
-        a_ax.set_ylim(0, 102)
-        g_ax.set_ylim(bottom=0)
+        _finish_load_axes(g_ax, a_ax, title, "goodput (req/s within SLO)",
+                          "SLO attainment (% of requests)")
         for ax in (g_ax, a_ax):
             ax.set_xlim(lo - pad, hi + pad)
-            ax.grid(True, alpha=0.3)
-            ax.tick_params(which="both", labelbottom=True)
-            if title:
-                ax.set_title(title, fontsize=9)
     for ax in rows[-1]:
         ax.set_xlabel("offered load (req/s)")
-    _suptitle(fig, "Goodput and SLO attainment vs load", table, lines, layout)
+    caption(fig, "Goodput and SLO attainment vs load", table, lines, layout, ERRORBAR_NOTE)
     figure_legend(fig, *collect_legend([a for r in rows for a in r]))
     return fig, data
 
@@ -274,18 +267,11 @@ def class_goodput(table, max_lines=MAX_LINES):
                         v["goodput_rps_hi"], d.style, d.legend, lw=1.6)
             draw_series(a_ax, v["offered_qps"], v["attainment"] * 100, v["attainment_lo"] * 100,
                         v["attainment_hi"] * 100, d.style, lw=1.6)
-        g_ax.set_ylabel("goodput of the class (req/s within its SLO)")
-        a_ax.set_ylabel("SLO attainment of the class (%)")
-        a_ax.set_ylim(0, 102)
-        g_ax.set_ylim(bottom=0)
-        for ax in (g_ax, a_ax):
-            ax.grid(True, alpha=0.3)
-            ax.tick_params(which="both", labelbottom=True)
-            if title:
-                ax.set_title(title, fontsize=9)
+        _finish_load_axes(g_ax, a_ax, title, "goodput of the class (req/s within its SLO)",
+                          "SLO attainment of the class (%)")
     for ax in rows[-1]:
         ax.set_xlabel("offered load, all classes (req/s)")
-    _suptitle(fig, "Goodput and SLO attainment per class vs load (line style: class)", table,
-              lines, layout)
+    caption(fig, "Goodput and SLO attainment per class vs load (line style: class)", table,
+            lines, layout, ERRORBAR_NOTE)
     figure_legend(fig, *collect_legend([a for r in rows for a in r]))
     return fig, data

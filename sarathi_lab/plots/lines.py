@@ -9,7 +9,8 @@ from itertools import combinations
 import numpy as np
 import pandas as pd
 
-from sarathi_lab.plots.style import line_styles, missing, name, plain, setting_keys, short
+from sarathi_lab.plots.style import context, line_styles, missing, name, plain, setting_keys, \
+    short
 
 MAX_PANELS = 12        # past this many panels a split is not tried
 SAME = " = "           # joins the names of lines drawn once
@@ -172,3 +173,18 @@ def outer_labels(axes, xlabel, ylabel):
             ax.set_xlabel(xlabel)
         if i % ncols == 0:
             ax.set_ylabel(ylabel)
+
+
+def seeded(lines) -> bool:
+    """Whether some line stands for several seeds."""
+    return any((ln.data["n_seeds"] > 1).any() for ln in lines)
+
+
+def caption(fig, what: str, table, lines, layout: Layout, seeds_note: str):
+    """The figure's title: what it shows, what the runs share, the split, the seeds' note."""
+    parts = [what, context(table)]
+    if layout.split:
+        parts.append("a panel per " + " and ".join(short(k) for k in layout.split))
+    if seeded(lines):
+        parts.append(seeds_note)
+    fig.suptitle("\n".join(p for p in parts if p), fontsize=10)

@@ -202,8 +202,8 @@ def main(argv=None) -> None:
         for agg, what in ((rep.by_config, "configurations"),
                           (rep.capacity_by_config, "capacity searches")):
             if not agg.empty:
-                print(f"\n{len(agg)} {what} over seeds: mean [95% t interval from 4 seeds, "
-                      "min-max below]")
+                print(f"\n{len(agg)} {what} over seeds, mean [lo, hi]: the 95% t interval of "
+                      "the mean with 4 or more seeds, the range with 2 or 3")
                 print(spread_view(agg).to_string(index=False))
     if not rep.incomplete.empty:
         print("\n" + "\n".join(incomplete_lines(rep.incomplete)))

@@ -1,0 +1,3 @@
+from sarathi_lab.report.command import main
+
+main()

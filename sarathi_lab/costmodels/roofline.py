@@ -357,6 +357,9 @@ class RooflineCostModel(CostModel):
     def max_model_len(self) -> int:
         return self.model.max_model_len
 
+    def kv_block_bytes(self, block_size: int) -> int:
+        return int(block_size * self.kv_bytes_per_token)
+
     def num_kv_blocks(self, block_size: int, gpu_memory_utilization: float = 0.9,
                       workspace_bytes: float = 2**30, activation_tokens: int = 8192) -> int:
         m, hw = self.model, self.hw

@@ -77,11 +77,3 @@ def test_a_swap_in_restores_every_block_bit_for_bit(oracle):
     assert checked and not seen
     assert [r.output_token_ids for r in reqs] == ref
 
-
-def test_the_torch_executor_refuses_quantized_settings():
-    from sarathi_lab.executors.torch_exec import TorchExecutor
-    from sarathi_lab.settings import ConfigError
-    for key, value in (("kv_cache_dtype", "fp8"), ("weight_dtype", "int8")):
-        with pytest.raises(ConfigError, match=f"executor.{key}={value!r}: the torch executor "
-                                              "runs weights and KV in executor.dtype"):
-            TorchExecutor.parse_config({key: value})

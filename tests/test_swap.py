@@ -3,6 +3,8 @@ semantics), the guard's swap rules, the simulator's PCIe charge, and every swap 
 scenario computed by hand."""
 import json
 
+import pandas as pd
+
 import numpy as np
 import pytest
 from conftest import LinearCost, make_policy, req
@@ -425,7 +427,6 @@ def test_cli_swap_run_records_the_swap_metrics(tmp_path):
     assert s["settings"]["scheduler"]["swap_space_gib"] == 0.5
     assert sw["bytes_out"] == sw["blocks_out"] * 2**21
     assert sw["recompute_preemptions"] + sw["swap_outs"] == s["preemptions"]
-    import pandas as pd
     it = pd.read_parquet(run_dir / "iterations.parquet")
     rq = pd.read_parquet(run_dir / "requests.parquet")
     assert it["swap_out_blocks"].sum() == sw["blocks_out"] == rq["num_swapped_blocks"].sum()
@@ -435,3 +436,38 @@ def test_cli_swap_run_records_the_swap_metrics(tmp_path):
     moved = it[it["swap_outs"] > 0]
     assert np.allclose(moved["swap_s"], 1e-5 + moved["swap_out_blocks"] * 2**21 / 25.6e9)
     assert (it["swap_s"] <= it["duration"]).all()
+
+
+def test_design_defines_every_swap_figure_and_column():
+    import re
+    from pathlib import Path
+
+    from sarathi_lab.engine import ITER_COLUMNS
+    design = (Path(__file__).resolve().parents[1] / "sarathi_lab" / "DESIGN.md").read_text()
+    defined = set(re.findall(r"`([^`]+)`", re.sub(r"```.*?```", "", design, flags=re.S)))
+    words = {w for d in defined for w in re.split(r"[^\w]+", d) if w}
+    p = swap_policy("vllm")
+    a, b = req(0, 8, 6), req(1, 8, 6)
+    e = run(p, [a, b])
+    rq, it = requests_table([a, b], e.output_lens), iterations_table(e.iterations())
+    s = summarize(rq, it, swap_space=e.swap_space())
+    swap_cols = [c for c in rq.columns if "swap" in c] + [c for c in ITER_COLUMNS if "swap" in c
+                                                          or "host" in c]
+    missing = sorted(k for k in [*s["swap"], *swap_cols] if k not in words)
+    assert len(swap_cols) == 5 + 7 and not missing, missing
+
+
+@pytest.mark.parametrize("policy", ["vllm", "sarathi", "sarathi_priority", "vtc", "edf"])
+def test_fast_forward_with_swapped_requests_equals_stepping(policy, tmp_path):
+    # ShareGPT-4 on 120 blocks of 16 tokens: requests are swapped out and wait to come back
+    # while the others decode; skipping those decode runs must change nothing
+    tables = []
+    for ff in (True, False):
+        cfg = composed(f"scheduler={policy}", "trace=sharegpt", "trace.num_requests=40",
+                      "trace.qps=4", "scheduler.num_kv_blocks=120",
+                      "scheduler.preemption_mode=swap", "scheduler.num_swap_blocks=200",
+                      f"fast_forward={str(ff).lower()}")
+        s = runner.run(cfg, tmp_path / str(ff))
+        tables.append(pd.read_parquet(tmp_path / str(ff) / "iterations.parquet"))
+        assert s["swap"]["swap_outs"] > 0
+    pd.testing.assert_frame_equal(*tables)

@@ -3,26 +3,10 @@ swapped run's greedy tokens equal Hugging Face's (and an unpreempted run's), and
 swap-in restores holds, bit for bit, what its swap-out copied."""
 import pytest
 import torch
-from test_model import make_hf_model
-from test_torch_executor import hf_generate, make_specs, run_engine
+# the fixtures too: one thread, and the tiny HF model with its greedy outputs
+from test_torch_executor import one_thread, oracle, run_engine  # noqa: F401
 
 pytest.importorskip("transformers")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def oracle(tmp_path_factory):
-    path = tmp_path_factory.mktemp("hf-llama-swap")
-    model = make_hf_model(path)
-    specs = make_specs()
-    return path, specs, hf_generate(model, specs)
 
 
 # 80 tokens of KV for 18 requests of up to 75 tokens: 6-7 preemptions

@@ -12,19 +12,18 @@ tensor parallel 2 on ShareGPT-4 (experiments/memory/README.md).
    KV (4 searches).
 3. Every A100 configuration of 1. as one run at a fixed load (--qps): how often requests are
    preempted, what recompute re-prefills and what swapping moves over PCIe.
-4. `sarathi-lab-report` over 1. and 2., memory.csv (one row per configuration: capacity and what
-   preemption cost at capacity), fixed_load.csv, and memory.png.
+4. `sarathi-lab-report` over 1. and 2., memory.csv (one row per configuration: its capacity and
+   the preemptions of the probe at capacity), fixed_load.csv (3.), and memory.png.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "experiments"))
-from studies import short, sweep  # noqa: E402
+from studies import short, study_args, sweep  # noqa: E402
 
 H100 = ["hardware=h100-sxm", "scheduler=sarathi", "scheduler.preemption_mode=recompute",
         "executor.weight_dtype=bfloat16,fp8", "executor.kv_cache_dtype=bfloat16,fp8"]
@@ -32,11 +31,12 @@ H100 = ["hardware=h100-sxm", "scheduler=sarathi", "scheduler.preemption_mode=rec
 
 def _settings(cfg: dict) -> dict:
     """A configuration's labels from its config: policy, hardware, preemption mode, precisions."""
+    from sarathi_lab.models.dtypes import dtype_name
     ex = cfg["executor"]
     return {"policy": cfg["scheduler"]["name"], "hardware": cfg["hardware"]["name"],
             "preemption_mode": cfg["scheduler"].get("preemption_mode") or "recompute",
-            "weight_dtype": ex.get("weight_dtype") or cfg["model"]["dtype"],
-            "kv_cache_dtype": ex.get("kv_cache_dtype") or cfg["model"]["dtype"]}
+            "weight_dtype": dtype_name(ex.get("weight_dtype") or cfg["model"]["dtype"]),
+            "kv_cache_dtype": dtype_name(ex.get("kv_cache_dtype") or cfg["model"]["dtype"])}
 
 
 def preemption_cost(run_dir: Path) -> dict:
@@ -83,49 +83,50 @@ def capacity_table(cap):
     return pd.DataFrame(rows).sort_values(order, ignore_index=True)
 
 
+_SHORT = {"bfloat16": "bf16", "float16": "fp16", "float8": "fp8", "int8": "int8"}
+
+
 def plot(table, fixed, out: Path) -> Path:
     """Capacity per configuration (A100: recompute and swap side by side; H100: precisions),
     and the preemptions of the fixed-load runs."""
     from matplotlib.figure import Figure
-    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    fig = Figure(figsize=(11, 4.4), layout="constrained")
     ax, bx = fig.subplots(1, 2, width_ratios=[3, 2])
-    labels, values, colours = [], [], []
+
+    def colour(mode):
+        return "tab:orange" if mode == "swap" else "tab:blue"
+    labels = []
     for _, r in table.iterrows():
         gpu = "A100" if r["hardware"].startswith("a100") else "H100"
-        w = "" if r["weight_dtype"] == "bfloat16" else f" W{r['weight_dtype'][:4]}"
-        labels.append(f"{gpu} {r['policy']}{w}\nKV {r['kv_cache_dtype'][:4]} "
-                      f"{r['preemption_mode'][:4]}")
-        values.append(r["capacity_qps"])
-        colours.append("tab:orange" if r["preemption_mode"] == "swap" else "tab:blue")
-    ax.bar(range(len(values)), values, color=colours)
-    ax.set_xticks(range(len(values)), labels, rotation=90, fontsize=7)
-    ax.set_ylabel("capacity (req/s), P99 TBT <= 1 s, median delay <= 2 s")
-    ax.set_title("Llama-2-70B TP2, ShareGPT-4 (<= 4k tokens): capacity", fontsize=9)
+        labels.append(f"{gpu} {r['policy']}\nW {_SHORT[r['weight_dtype']]} "
+                      f"KV {_SHORT[r['kv_cache_dtype']]}")
+    bars = ax.bar(range(len(table)), table["capacity_qps"],
+                  color=[colour(m) for m in table["preemption_mode"]])
+    ax.bar_label(bars, fmt="%.2f", fontsize=7)
+    ax.set_xticks(range(len(table)), labels, rotation=90, fontsize=7)
+    ax.set_ylabel("capacity (req/s)")
+    ax.set_title("capacity: P99 TBT <= 1 s, median scheduling delay <= 2 s\n"
+                 "(blue: preemption by recompute, orange: by swap)", fontsize=9)
     f = fixed.sort_values(["policy", "kv_cache_dtype", "preemption_mode"])
-    names = [f"{p}\nKV {k[:4]} {m[:4]}" for p, k, m in
-             zip(f["policy"], f["kv_cache_dtype"], f["preemption_mode"])]
-    bx.bar(range(len(f)), f["preemptions"],
-           color=["tab:orange" if m == "swap" else "tab:blue" for m in f["preemption_mode"]])
+    names = [f"{p}\nKV {_SHORT[k]}" for p, k in zip(f["policy"], f["kv_cache_dtype"])]
+    bars = bx.bar(range(len(f)), f["preemptions"], color=[colour(m) for m in
+                                                           f["preemption_mode"]])
+    bx.bar_label(bars, fontsize=7)
     bx.set_xticks(range(len(f)), names, rotation=90, fontsize=7)
-    bx.set_ylabel("preemptions")
+    bx.set_ylabel("preemptions (of 1,000 requests)" if len(f) else "preemptions")
     qps = f["qps"].iloc[0] if len(f) else float("nan")
-    bx.set_title(f"A100 x2 at {qps:g} req/s: preemptions (blue recompute, orange swap)",
-                 fontsize=9)
+    bx.set_title(f"two A100s at {qps:g} req/s: preemptions", fontsize=9)
+    fig.suptitle("Llama-2-70B, tensor parallel 2, ShareGPT-4 within 4,096 tokens", fontsize=10)
     path = out / "memory.png"
     fig.savefig(path, dpi=130)
     return path
 
 
-def run_study(root: Path, out: Path, requests: int, qps: float, overrides: list[str]):
-    """The three sweeps, the report, memory.csv, fixed_load.csv and memory.png; returns (the
-    report, the capacity table, the fixed-load table)."""
+def write_results(a100: Path, h100: Path, fixed: Path, out: Path):
+    """The report over the capacity sweeps, memory.csv, fixed_load.csv and memory.png."""
     import pandas as pd
 
     from sarathi_lab.report import find, make_report
-    common = [f"trace.num_requests={requests}", *overrides]
-    a100 = sweep("memory", root, "memory_a100", common)
-    h100 = sweep("memory", root, "memory_h100", [*common, *H100])
-    fixed = sweep("memory", root, "memory_fixed", [*common, "mode=run", f"trace.qps={qps}"])
     out.mkdir(parents=True, exist_ok=True)
     rep = make_report([a100, h100], out)
     table = capacity_table(rep.capacity)
@@ -138,13 +139,19 @@ def run_study(root: Path, out: Path, requests: int, qps: float, overrides: list[
     return rep, table, fixed_t
 
 
+def run_study(root: Path, out: Path, requests: int, qps: float, overrides: list[str]):
+    """The three sweeps and `write_results`; returns (the report, the capacity table, the
+    fixed-load table)."""
+    common = [f"trace.num_requests={requests}", *overrides]
+    a100 = sweep("memory", root, "memory_a100", common)
+    h100 = sweep("memory", root, "memory_h100", [*common, *H100])
+    fixed = sweep("memory", root, "memory_fixed", [*common, "mode=run", f"trace.qps={qps}"])
+    return write_results(a100, h100, fixed, out)
+
+
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--root", default=str(REPO / "outputs"), help="results_root of the sweeps")
-    ap.add_argument("--out", default=str(REPO / "results" / "memory"))
-    ap.add_argument("--requests", type=int, default=1000, help="requests per probe and run")
+    ap = study_args(__doc__, "memory", 1000)
     ap.add_argument("--qps", type=float, default=0.6, help="the fixed-load runs' rate, req/s")
-    ap.add_argument("overrides", nargs="*", help="Hydra overrides for every sweep")
     a = ap.parse_args(argv)
     if a.requests < 2 or a.qps <= 0:
         ap.error("--requests must be >= 2 and --qps > 0")

@@ -158,7 +158,7 @@ class RooflineConfig(CostModelConfig):
     weight_dtype: str | None = setting(
         None, help="the linear layers' weights: null (model.dtype) | bfloat16 | float16 | fp8 | "
                    "int8; 8-bit weights run 8-bit GEMMs at the GPU's 8-bit peak (activations "
-                   "quantized per token) unless weight_only")
+                   "quantized on the fly) unless weight_only")
     weight_only: bool | None = setting(
         None, help="true: 8-bit weights dequantised to model.dtype inside the GEMM, which runs at "
                    "the 16-bit peak (vLLM's FP8 Marlin on GPUs without fp8 tensor cores); null: "
@@ -266,10 +266,10 @@ class RooflineCostModel(CostModel):
         ew_bytes = b * (10 * h + 2 * (self.heads + self.kv_heads) * d + 3 * inter) \
             + b_kv * 2 * self.kv_heads * d
         if w8a8:
-            # each GEMM's input quantized per token to 8 bits by its own kernel (read in
-            # model.dtype, write 8 bits), as vLLM's dynamic fp8/int8 quantization does unless
-            # fused into the norm before it (ASSUMPTION: not fused); the output's dequantization
-            # is in the GEMM's epilogue
+            # each GEMM's input quantized to 8 bits on the fly by its own kernel (read in
+            # model.dtype, write 8 bits), as vLLM's dynamic fp8 (a per-tensor scale per forward)
+            # and int8 quantization do unless fused into the norm before it (ASSUMPTION: not
+            # fused); the output's dequantization is in the GEMM's epilogue
             ew_bytes += (b + b_w) * (2 * h + self.heads * d + inter)
         self.ew_per_token = L * ew_bytes / bw
         self.attn_per_pair = L * 4 * d * self.heads / (flops * hw.attn_eff)

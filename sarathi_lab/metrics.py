@@ -96,10 +96,17 @@ def _token_times(times: list) -> tuple[np.ndarray, np.ndarray]:
     return col, first
 
 
+# the columns before preemption by swap added its own: records of that width get zeros for those
+_NO_SWAP_COLUMNS = ITER_COLUMNS.index("swap_outs")
+
+
 def iterations_table(rows) -> pd.DataFrame:
     """One row per iteration from the engine's records (`Engine.iterations()`, or tuples with
-    the fields of ITER_COLUMNS)."""
-    a = np.asarray(rows, dtype=float).reshape(-1, len(ITER_COLUMNS))
+    the fields of ITER_COLUMNS; tuples of only the fields before `swap_outs` mean no swap)."""
+    a = np.asarray(rows, dtype=float)
+    if a.ndim == 2 and a.shape[1] == _NO_SWAP_COLUMNS:
+        a = np.hstack([a, np.zeros((len(a), len(ITER_COLUMNS) - _NO_SWAP_COLUMNS))])
+    a = a.reshape(-1, len(ITER_COLUMNS))
     return pd.DataFrame({c: a[:, i] if c in FLOAT_COLUMNS else a[:, i].astype(np.int64)
                          for i, c in enumerate(ITER_COLUMNS)})
 

@@ -122,7 +122,8 @@ class Policy(abc.ABC):
                                       "and never preempts")
         if cls.reserves_kv or cfg.preemption_mode == "recompute":
             for k in ("swap_space_gib", "num_swap_blocks"):
-                why[k] = why.get("preemption_mode") or "read only with scheduler.preemption_mode=swap"
+                why[k] = why.get("preemption_mode") \
+                    or "read only with scheduler.preemption_mode=swap"
         return why
 
     @staticmethod

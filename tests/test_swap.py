@@ -427,6 +427,8 @@ def test_cli_swap_run_records_the_swap_metrics(tmp_path):
     assert s["settings"]["scheduler"]["swap_space_gib"] == 0.5
     assert sw["bytes_out"] == sw["blocks_out"] * 2**21
     assert sw["recompute_preemptions"] + sw["swap_outs"] == s["preemptions"]
+    assert (f"swap: {sw['swap_outs']} swapped out and {sw['swap_ins']} in, "
+            f"{sw['recompute_preemptions']} recomputed") in r.stdout
     it = pd.read_parquet(run_dir / "iterations.parquet")
     rq = pd.read_parquet(run_dir / "requests.parquet")
     assert it["swap_out_blocks"].sum() == sw["blocks_out"] == rq["num_swapped_blocks"].sum()

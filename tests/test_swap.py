@@ -474,3 +474,17 @@ def test_fast_forward_with_swapped_requests_equals_stepping(policy, tmp_path):
         tables.append(pd.read_parquet(tmp_path / str(ff) / "iterations.parquet"))
         assert s["swap"]["swap_outs"] > 0
     pd.testing.assert_frame_equal(*tables)
+
+
+def test_a_fleet_sums_its_replicas_swaps(tmp_path):
+    cfg = composed("scheduler=vllm", "trace=sharegpt", "trace.num_requests=60", "trace.qps=8",
+                   "scheduler.num_kv_blocks=120", "scheduler.preemption_mode=swap",
+                   "scheduler.num_swap_blocks=200", "cluster.num_replicas=2")
+    s = runner.run(cfg, tmp_path)
+    per = [r["swap"] for r in s["replicas"]]
+    assert s["swap"]["host_blocks_total"] == 400 and [p["host_blocks_total"] for p in per] \
+        == [200, 200]
+    for k in ("swap_outs", "swap_ins", "blocks_out", "recompute_preemptions"):
+        assert s["swap"][k] == sum(p[k] for p in per)
+    assert s["swap"]["swap_outs"] > 0
+    assert s["swap"]["host_utilization_max"] == max(p["host_utilization_max"] for p in per)

@@ -26,6 +26,20 @@ def sweep(experiment: str, root: Path, name: str, overrides: list[str]) -> Path:
     return short(root / "sweeps" / name)
 
 
+def study_args(doc: str, name: str, requests: int):
+    """The arguments of a study that runs sweeps: --root (their results_root), --out (default
+    results/NAME), --requests (per run or probe, default `requests`) and Hydra overrides; the
+    study adds its own to the parser it gets back."""
+    import argparse
+    repo = Path(__file__).resolve().parents[1]
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--root", default=str(repo / "outputs"), help="results_root of the sweeps")
+    ap.add_argument("--out", default=str(repo / "results" / name))
+    ap.add_argument("--requests", type=int, default=requests, help="requests per probe and run")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides for every sweep")
+    return ap
+
+
 def compose(overrides: list[str]) -> dict:
     """The resolved config of `sarathi-lab OVERRIDES...` as a plain dict (no `hydra` node): for
     scripts that build runs in-process."""

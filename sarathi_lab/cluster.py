@@ -204,20 +204,26 @@ class Cluster:
         sizes = {(kv.num_blocks, kv.block_size) for kv in kvs}
         assert len(sizes) == 1, "utilization per iteration assumes one KV size for the fleet"
         blocks, block_size = sizes.pop()
+        swaps = [e.swap_space() for e in self.engines]
         per = []
         for j, kv in enumerate(kvs):
             s = summarize(req_df[req_df["replica"] == j], it_df[it_df["replica"] == j], slo=slo,
                           kv_blocks_total=blocks, block_size=block_size,
                           prefix_cache=kv.prefix_cache_stats(),
-                          price_per_gpu_hour=price_per_gpu_hour, num_gpus=num_gpus)
+                          price_per_gpu_hour=price_per_gpu_hour, num_gpus=num_gpus,
+                          swap_space=swaps[j])
             per.append({"replica": j, **s})
+        # host utilisation per iteration against its replica's swap space, as for the KV cache
+        fleet_swap = swaps[0]
         stats = [kv.prefix_cache_stats() for kv in kvs]
         pooled = None if stats[0] is None else {
             k: sum(s[k] for s in stats) for k in ("hit_tokens", "query_tokens")}
         out = summarize(req_df, it_df, slo=slo, kv_blocks_total=blocks, block_size=block_size,
                         prefix_cache=pooled, price_per_gpu_hour=price_per_gpu_hour,
-                        num_gpus=num_gpus * len(kvs))
+                        num_gpus=num_gpus * len(kvs), swap_space=fleet_swap)
         out["kv"]["blocks_total"] = blocks * len(kvs)
+        if fleet_swap:
+            out["swap"]["host_blocks_total"] = sum(w["host_blocks_total"] for w in swaps)
         out["num_replicas"] = len(kvs)
         out["router"] = self.router.name or type(self.router).__qualname__
         out["replicas"] = per

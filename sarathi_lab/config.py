@@ -262,6 +262,11 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
     _drop_unread_knobs(p_node, policy_cls.config_class, "scheduler", f"policy {p_name!r}",
                        user, notes if drop_unread else None)
     policy_cfg = policy_cls.parse_config(p_node, "scheduler")
+    defaults = {f.name: f.default for f in dataclasses.fields(policy_cfg)}
+    for k, why in policy_cls.unread_settings(policy_cfg).items():   # read only with others
+        if f"scheduler.{k}" in user:
+            unread(f"scheduler.{k}", why)
+            setattr(policy_cfg, k, defaults[k])
     try:   # the policy's own default when not set (edf's is edf)
         queue_cls = registry.queue_class(policy_cfg.queue)
     except ValueError as e:

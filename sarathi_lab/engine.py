@@ -18,9 +18,16 @@ from sarathi_lab.schedulers.base import Policy
 
 log = logging.getLogger(__name__)
 _COMPUTED = attrgetter("num_computed_tokens")
+_NO_SWAPS = (0, 0, 0, 0, 0.0, 0)
 
 ITER_COLUMNS = ("start", "duration", "prefill_tokens", "decode_tokens", "num_requests",
-                "kv_blocks_used", "kv_tokens_stored", "preemptions", "num_waiting")
+                "kv_blocks_used", "kv_tokens_stored", "preemptions", "num_waiting",
+                # preemption by swap: requests and KV blocks moved each way, the seconds of
+                # `duration` the executor spent copying them, swaps that fell back to
+                # recompute, host blocks held after the iteration
+                "swap_outs", "swap_ins", "swap_out_blocks", "swap_in_blocks", "swap_s",
+                "swap_fallbacks", "host_blocks_used")
+FLOAT_COLUMNS = ("start", "duration", "swap_s")   # the others count things
 
 
 def _all_decoding(reqs: list[Request]) -> bool:
@@ -99,7 +106,7 @@ class Engine:
         table = np.empty((n_rows, len(ITER_COLUMNS)))
         stepped = np.ones(n_rows, bool)
         if self._runs:
-            first, now, durs, ends, extra, B, used, stored, waiting = zip(*self._runs)
+            first, now, durs, ends, extra, B, used, stored, waiting, host = zip(*self._runs)
             ks = np.fromiter(map(len, durs), np.int64, len(durs))
             offsets = np.cumsum(ks) - ks              # of each run among the skipped rows
             within = np.arange(int(ks.sum())) - np.repeat(offsets, ks)
@@ -118,11 +125,22 @@ class Engine:
             run[:, 6] = np.repeat(np.array(stored, float), ks) + B * step_no
             run[:, 7] = 0
             run[:, 8] = np.repeat(np.array(waiting, float), ks)
+            run[:, 9:15] = 0                          # no decode run swaps
+            run[:, 15] = np.repeat(np.array(host, float), ks)
             table[pos] = run
         if self.rows:
             table[stepped] = np.array(self.rows, dtype=float)
         self._table = table
         return table
+
+    def swap_space(self) -> dict | None:
+        """The host swap space, for the summary (`metrics.summarize`): its blocks and the
+        bytes of one KV block on one GPU (None if the executor does not know); None without."""
+        kv = self.kv
+        if not kv.num_host_blocks:
+            return None
+        return {"host_blocks_total": kv.num_host_blocks,
+                "kv_block_bytes": self.executor.kv_block_bytes(kv.block_size)}
 
     @property
     def num_iterations(self) -> int:
@@ -170,6 +188,8 @@ class Engine:
         except Exception as e:
             raise self._blame(policy, "schedule", e) from e
         if not out:
+            if out.swapped_out or out.swapped_in:
+                self.guard.swaps_without_batch(out, self._where)
             self.num_done += len(out.rejected)
             return out, [], 0, 0
         emitted, ended = self.guard.check(out, self._where, self._stops)
@@ -187,8 +207,15 @@ class Engine:
             raise self._blame(policy, "update", e) from e
         for r in done:
             r.finish_reason = ex.finish_reason(r)
+        if out.swapped_out or out.swapped_in or out.swap_fallbacks:
+            swaps = (len(out.swapped_out), len(out.swapped_in),
+                     sum(len(p) for _, p in out.swapped_out),
+                     sum(len(p) for _, p in out.swapped_in), step.swap_s, len(out.swap_fallbacks))
+        else:
+            swaps = _NO_SWAPS
         self.rows.append((start, step.duration, n_pre, n_dec, len(out), kv.pool.num_used,
-                          kv.num_stored_tokens, len(out.preempted), len(policy.waiting)))
+                          kv.num_stored_tokens, len(out.preempted), len(policy.waiting),
+                          *swaps, kv.num_used_host_blocks))
         self.now = end
         self.guard.progressed(emitted, len(done) + len(out.rejected), self._where)
         self.num_done += len(done) + len(out.rejected)
@@ -220,7 +247,8 @@ class Engine:
                 kv = self.kv
                 raise RuntimeError(
                     f"policy {policy.name!r} scheduled nothing at t={self.now:.3f}s with "
-                    f"{len(policy.waiting)} waiting and {len(policy.running)} running requests "
+                    f"{len(policy.waiting)} waiting, {len(policy.swapped)} swapped and "
+                    f"{len(policy.running)} running requests "
                     f"and {kv.num_free_blocks}/{kv.num_blocks} KV blocks free; it would never "
                     "make progress")
             if self.fast_forward:
@@ -252,7 +280,9 @@ class Engine:
         policy = self.policy
         if policy.running and not out.preempted \
                 and (n_pre == 0 and n_dec == len(out) == len(policy.running) + len(done)
-                     or _all_decoding(policy.running)) and policy.steady_decode():
+                     or _all_decoding(policy.running)) and policy.steady_decode() \
+                and not (policy.swapped and policy.swap_in_possible()):
+            # a swap-in that could happen now is the next batch's: the run would skip it
             self._skip_decodes(next_arrival)
 
     def _skip_decodes(self, next_arrival: float) -> None:
@@ -296,6 +326,7 @@ class Engine:
             "advance_decodes did not do what k decode steps would"
         # nothing arrives or is admitted inside the run: the waiting queue stays as it is
         self._runs.append((len(self.rows) + self._n_skipped, self.now, durs, ends, extra, B,
-                           used_before, stored_before, len(policy.waiting)))
+                           used_before, stored_before, len(policy.waiting),
+                           kv.num_used_host_blocks))
         self._n_skipped += k
         self.now = times[-1]

@@ -7,12 +7,20 @@ what its request has left to compute; no request twice in a batch; only running 
 slots held for every token scheduled. A run that emits no token and ends no request for a bounded
 number of iterations is stuck (a policy that preempts and re-admits forever), and at the end of a
 run every KV block must be free or cached.
+
+Preemption by swap: a swapped request holds host blocks and no device blocks (so it is never
+scheduled: it is not running); a swap-out moves the blocks of every computed token; a swap-in
+restores exactly the host blocks its swap-out filled, in order, to the head of its new block
+table, with its progress and tokens unchanged; no batch swaps both ways (a block freed by one
+direction could be refilled before the other copied it); a swapped request is swapped in or
+rejected, never lost; at the end no host block is held.
 """
 from __future__ import annotations
 
 from sarathi_lab.request import Status
 
 RUNNING = Status.RUNNING
+SWAPPED = Status.SWAPPED
 
 
 class RuleViolation(RuntimeError):
@@ -29,6 +37,8 @@ class BatchGuard:
         self.patience = 2 * kv.max_model_len + 1000
         self.idle = 0
         self.blocks, self.block_size = kv.block_counts(), kv.block_size
+        # request id -> (request, host blocks, computed tokens, its tokens) at its swap-out
+        self.swap_log: dict = {}
 
     def _fail(self, rule: str, detail: str, where) -> None:
         cls = type(self.policy)
@@ -75,7 +85,78 @@ class BatchGuard:
                 self._entry(r, k, where)
             if end > len(blocks(r.request_id, ())) * bs or r.status is not RUNNING:
                 self._entry(r, k, where)
+        if out.swapped_out or out.swapped_in or self.swap_log or self.policy.swapped:
+            self._check_swaps(out, where)
         return samples, ended
+
+    # -- preemption by swap -----------------------------------------------------------------------
+    @staticmethod
+    def _tokens(r) -> tuple:
+        return r.num_prompt_tokens, r.num_output_tokens, tuple(r.output_token_ids)
+
+    def _check_swaps(self, out, where) -> None:
+        kv, bs, log, held = self.kv, self.block_size, self.swap_log, self.blocks
+        if out.swapped_out and out.swapped_in:
+            self._fail("no batch swaps both ways", f"it swaps out "
+                       f"{[r.request_id for r, _ in out.swapped_out]} and swaps in "
+                       f"{[r.request_id for r, _ in out.swapped_in]}", where)
+        for r, pairs in out.swapped_out:
+            rid, host = r.request_id, kv.host_block_table(r)
+            if r.status is not SWAPPED or rid in held:
+                self._fail("a swapped request holds no device blocks", f"request {rid!r} is "
+                           f"{r.status.name.lower()} and holds {len(held.get(rid, ()))} device "
+                           "blocks after its swap-out", where)
+            n = -(-r.num_computed_tokens // bs)
+            moved = [h for _, h in pairs]
+            if not n or moved != host or len(host) != n or len({d for d, _ in pairs}) != n:
+                self._fail("a swap-out moves the blocks of every computed token",
+                           f"request {rid!r} has {r.num_computed_tokens} tokens computed "
+                           f"({n} blocks of {bs}); its swap-out copies {pairs} and it holds host "
+                           f"blocks {host}", where)
+            log[rid] = (r, host, r.num_computed_tokens, self._tokens(r))
+        for r, pairs in out.swapped_in:
+            rid = r.request_id
+            rec = log.pop(rid, None)
+            if rec is None:
+                self._fail("only swapped requests are swapped in", f"request {rid!r} was not "
+                           "swapped out", where)
+            _, host, n_tok, tokens = rec
+            source, dest = [h for h, _ in pairs], [d for _, d in pairs]
+            if source != host or kv.block_table(r)[:len(dest)] != dest \
+                    or len(set(dest)) != len(dest):
+                self._fail("a swap-in restores exactly the swapped blocks", f"request {rid!r} "
+                           f"was swapped out to host blocks {host}; its swap-in copies {pairs} "
+                           f"and its block table is {kv.block_table(r)}", where)
+            if r.num_computed_tokens != n_tok or self._tokens(r) != tokens \
+                    or kv.host_block_table(r):
+                self._fail("a swap-in restores exactly the swapped blocks", f"request {rid!r} "
+                           f"was swapped out with {n_tok} tokens computed and comes back with "
+                           f"{r.num_computed_tokens} (its tokens changed: "
+                           f"{self._tokens(r) != tokens}; host blocks still held: "
+                           f"{kv.host_block_table(r)})", where)
+        swapped = self.policy.swapped
+        if len(swapped) != len(log):
+            ids = {r.request_id for r in swapped}
+            for rid in [k for k in log if k not in ids]:
+                if log[rid][0].status is Status.REJECTED and not kv.host_block_table(log[rid][0]):
+                    del log[rid]   # rejected while swapped (it could never come back)
+                else:
+                    self._fail("a swapped request is swapped in or rejected, never lost",
+                               f"request {rid!r} left the swapped queue without a swap-in", where)
+        for r in swapped:
+            rid = r.request_id
+            if rid not in log or r.status is not SWAPPED or rid in held \
+                    or kv.host_block_table(r) != log[rid][1]:
+                self._fail("a swapped request holds its host blocks and no device blocks",
+                           f"request {rid!r} is {r.status.name.lower()}, holds "
+                           f"{len(held.get(rid, ()))} device blocks and host blocks "
+                           f"{kv.host_block_table(r)}", where)
+
+    def swaps_without_batch(self, out, where) -> None:
+        """A batch with no entries moved KV blocks: no iteration would copy them."""
+        self._fail("a batch that swaps KV schedules tokens", f"it swaps out "
+                   f"{[r.request_id for r, _ in out.swapped_out]} and in "
+                   f"{[r.request_id for r, _ in out.swapped_in]} but schedules nothing", where)
 
     def _entry(self, r, k, where) -> None:
         rid = r.request_id
@@ -104,11 +185,18 @@ class BatchGuard:
                        "would never finish", where)
 
     def finished(self) -> None:
-        """At the end of a run: nothing left queued or running, no KV block held."""
+        """At the end of a run: nothing left queued, swapped or running, no KV block (device or
+        host) held."""
         p, kv = self.policy, self.kv
-        if p.waiting or p.running:
-            self._fail("every request ends", f"{len(p.waiting)} waiting and {len(p.running)} "
-                       "running requests were left when the run ended", "at the end")
+        if p.waiting or p.running or p.swapped:
+            swapped = f", {len(p.swapped)} swapped" if p.swapped else ""
+            self._fail("every request ends", f"{len(p.waiting)} waiting{swapped} and "
+                       f"{len(p.running)} running requests were left when the run ended",
+                       "at the end")
+        if kv.host_holders() or kv.num_used_host_blocks:
+            self._fail("every host block is freed", f"{kv.num_used_host_blocks} host blocks "
+                       f"still held, by requests {sorted(kv.host_holders(), key=str)[:10]}",
+                       "at the end")
         holders = kv.holders()
         if holders or kv.num_used_blocks:
             self._fail("every KV block is freed", f"{kv.num_used_blocks} blocks still held, by "

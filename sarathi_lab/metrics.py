@@ -17,7 +17,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from sarathi_lab.engine import ITER_COLUMNS
+from sarathi_lab.engine import FLOAT_COLUMNS, ITER_COLUMNS
 from sarathi_lab.request import Request
 
 PCTS = (50, 90, 99)
@@ -63,6 +63,11 @@ def requests_table(reqs: list[Request], output_lens: dict | None = None) -> pd.D
         "normalized_e2e": norm_e2e,
         "scheduling_delay": sched - arrival,
         "num_preemptions": np.array([r.num_preemptions for r in reqs], np.int64),
+        "num_swap_outs": np.array([r.num_swap_outs for r in reqs], np.int64),
+        "num_swap_ins": np.array([r.num_swap_ins for r in reqs], np.int64),
+        "num_swap_fallbacks": np.array([r.num_swap_fallbacks for r in reqs], np.int64),
+        "num_swapped_blocks": np.array([r.num_swapped_blocks for r in reqs], np.int64),
+        "swap_time_s": np.array([r.swap_time_s for r in reqs], float),
         "priority": np.array([r.priority for r in reqs], np.int64),
         "tenant": [r.tenant for r in reqs],
         "slo_class": [r.slo_class for r in reqs],
@@ -91,11 +96,18 @@ def _token_times(times: list) -> tuple[np.ndarray, np.ndarray]:
     return col, first
 
 
+# the columns before preemption by swap added its own: records of that width get zeros for those
+_NO_SWAP_COLUMNS = ITER_COLUMNS.index("swap_outs")
+
+
 def iterations_table(rows) -> pd.DataFrame:
     """One row per iteration from the engine's records (`Engine.iterations()`, or tuples with
-    the fields of ITER_COLUMNS)."""
-    a = np.asarray(rows, dtype=float).reshape(-1, len(ITER_COLUMNS))
-    return pd.DataFrame({c: a[:, i] if c in ("start", "duration") else a[:, i].astype(np.int64)
+    the fields of ITER_COLUMNS; tuples of only the fields before `swap_outs` mean no swap)."""
+    a = np.asarray(rows, dtype=float)
+    if a.ndim == 2 and a.shape[1] == _NO_SWAP_COLUMNS:
+        a = np.hstack([a, np.zeros((len(a), len(ITER_COLUMNS) - _NO_SWAP_COLUMNS))])
+    a = a.reshape(-1, len(ITER_COLUMNS))
+    return pd.DataFrame({c: a[:, i] if c in FLOAT_COLUMNS else a[:, i].astype(np.int64)
                          for i, c in enumerate(ITER_COLUMNS)})
 
 
@@ -396,13 +408,42 @@ def slo_criteria(out: dict, slo: dict, attainment: float) -> list[dict]:
     return crit
 
 
+def swap_stats(req_df: pd.DataFrame, it_df: pd.DataFrame, host_blocks_total: int,
+               kv_block_bytes: int | None) -> dict:
+    """Preemption by swap over a run (summary `swap`): swap-outs and swap-ins (requests),
+    preemptions by recompute (fallbacks included), swaps the policy chose that fell back to
+    recompute, KV blocks and bytes moved each way (bytes per GPU of the tensor-parallel group:
+    each GPU moves its own share over its own link; null when the executor does not know a
+    block's bytes), the seconds the executor spent on them and their share of the run's
+    iteration time, and the host swap space held at most."""
+    outs, ins = int(req_df["num_swap_outs"].sum()), int(req_df["num_swap_ins"].sum())
+    b_out, b_in = int(it_df["swap_out_blocks"].sum()), int(it_df["swap_in_blocks"].sum())
+    t, busy = float(it_df["swap_s"].sum()), float(it_df["duration"].sum())
+    host = it_df["host_blocks_used"].to_numpy(float)
+    return {
+        "host_blocks_total": int(host_blocks_total),
+        "kv_block_bytes": kv_block_bytes,
+        "swap_outs": outs, "swap_ins": ins,
+        "recompute_preemptions": int(req_df["num_preemptions"].sum()) - outs,
+        "fallbacks_to_recompute": int(req_df["num_swap_fallbacks"].sum()),
+        "blocks_out": b_out, "blocks_in": b_in,
+        "bytes_out": None if kv_block_bytes is None else b_out * kv_block_bytes,
+        "bytes_in": None if kv_block_bytes is None else b_in * kv_block_bytes,
+        "time_s": t, "time_share": t / busy if busy > 0 else 0.0,
+        "host_utilization_max": float(host.max()) / host_blocks_total
+        if len(host) and host_blocks_total else 0.0,
+    }
+
+
 def summarize(req_df: pd.DataFrame, it_df: pd.DataFrame, *, slo: dict | None = None,
               kv_blocks_total: int = 0, block_size: int = 16, stall_factor: float = 5.0,
               prefix_cache: dict | None = None, price_per_gpu_hour: float | None = None,
-              num_gpus: int = 1) -> dict:
+              num_gpus: int = 1, swap_space: dict | None = None) -> dict:
     """The run's figures (summary.json). `prefix_cache`: the KV manager's
     `prefix_cache_stats()`, given when prefix caching is on. `price_per_gpu_hour` (the
-    hardware preset's) and `num_gpus` (the tensor-parallel group) give the `cost` section."""
+    hardware preset's) and `num_gpus` (the tensor-parallel group) give the `cost` section.
+    `swap_space` ({"host_blocks_total", "kv_block_bytes"}), given with preemption by swap,
+    gives the `swap` section."""
     slo = dict(slo or {})
     fin = req_df[req_df["status"] == "finished"]
     gaps_owner = tbt_gaps(req_df)
@@ -449,6 +490,8 @@ def summarize(req_df: pd.DataFrame, it_df: pd.DataFrame, *, slo: dict | None = N
     queue = queue_stats(it_df)
     if queue is not None:
         out["queue"] = queue
+    if swap_space:
+        out["swap"] = swap_stats(req_df, it_df, **swap_space)
     met = slo_met(req_df, slo, gaps_owner) if slo else None
     out["classes"] = group_metrics(req_df, "slo_class", gaps_owner, span, met)
     out["tenants"] = group_metrics(req_df, "tenant", gaps_owner, span, met)

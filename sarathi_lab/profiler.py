@@ -90,7 +90,9 @@ GRIDS = {
 class _Blocks:
     """The part of a KV-cache manager the executor reads: block tables of requests set to their
     contexts. Each request gets its own blocks while the cache holds them (a real batch reads
-    distinct memory), then ids wrap around."""
+    distinct memory), then ids wrap around. No swap space: nothing is preempted."""
+
+    num_host_blocks = 0
 
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int):
         self.num_blocks, self.block_size, self.max_model_len = num_blocks, block_size, max_model_len

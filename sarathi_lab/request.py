@@ -16,6 +16,7 @@ class Status(enum.IntEnum):
     RUNNING = 1
     FINISHED = 2
     REJECTED = 3
+    SWAPPED = 4     # preempted by swap: its KV in host memory, waiting to be swapped back in
 
 
 class Request:
@@ -25,6 +26,7 @@ class Request:
         "first_scheduled_time", "finish_time", "token_times", "num_preemptions",
         "rejection_reason", "block_hashes", "extra", "finish_reason",
         "priority", "tenant", "deadline", "slo_class",
+        "num_swap_outs", "num_swap_ins", "num_swap_fallbacks", "num_swapped_blocks", "swap_time_s",
     )
 
     def __init__(self, request_id, arrival_time: float, num_prompt_tokens: int,
@@ -49,7 +51,15 @@ class Request:
         self.first_scheduled_time: float | None = None
         self.finish_time: float | None = None
         self.token_times: list[float] = []
-        self.num_preemptions = 0
+        self.num_preemptions = 0      # by recompute and by swap
+        # preemption by swap (schedulers/base.py): times its KV went to host memory and came
+        # back, swaps the policy chose that fell back to recompute (host space full), KV blocks
+        # moved out (each comes back as one block), and its share of the iterations' swap time
+        self.num_swap_outs = 0
+        self.num_swap_ins = 0
+        self.num_swap_fallbacks = 0
+        self.num_swapped_blocks = 0
+        self.swap_time_s = 0.0
         self.rejection_reason: str | None = None
         # "stop" (its trace length), "max_tokens", "max_model_len"; the torch executor with
         # stop_at_eos: "eos" (sampled its EOS) or "length" (the trace length capped it)

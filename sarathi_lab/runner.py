@@ -39,8 +39,23 @@ def build(cfg, resolved: Resolved | None = None):
                           "set scheduler.num_kv_blocks")
     executor.check_kv_memory(num_blocks, pc.block_size)
     cls = r.policy_cls
-    kv = KVCacheManager(num_blocks, pc.block_size, enable_prefix_caching=pc.enable_prefix_caching,
-                        reserve=cls.reserves_kv, max_model_len=max_model_len)
+    try:
+        num_host = cls.swap_blocks(pc, executor.kv_block_bytes(pc.block_size))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if num_host:
+        if not executor.supports_swap:
+            raise ConfigError(f"scheduler.preemption_mode=swap: executor "
+                              f"{type(executor).__name__} does not copy swapped KV blocks "
+                              "(its supports_swap is False); use preemption_mode=recompute")
+        executor.check_swap_memory(num_host, pc.block_size)
+    try:
+        kv = KVCacheManager(num_blocks, pc.block_size,
+                            enable_prefix_caching=pc.enable_prefix_caching,
+                            reserve=cls.reserves_kv, max_model_len=max_model_len,
+                            num_host_blocks=num_host)
+    except ValueError as e:
+        raise ConfigError(f"scheduler: {e}") from None
     # the smallest request must fit, or the configuration is useless
     if kv.blocks_needed(max_model_len if cls.reserves_kv else 2) > num_blocks:
         where = (f"scheduler.num_kv_blocks={num_blocks}" if pc.num_kv_blocks else
@@ -65,6 +80,11 @@ def used_settings(r: Resolved, policy) -> dict:
     sched["queue"] = f"{q.__module__}:{q.__qualname__}"
     if hasattr(policy, "token_cap"):
         sched["max_num_batched_tokens"] = policy.token_cap
+    if policy.kv.num_host_blocks:
+        sched["num_swap_blocks"] = policy.kv.num_host_blocks
+        if policy.cfg.num_swap_blocks is None:
+            from sarathi_lab.schedulers.base import DEFAULT_SWAP_SPACE_GIB
+            sched["swap_space_gib"] = policy.cfg.swap_space_gib or DEFAULT_SWAP_SPACE_GIB
     if r.notes:
         eff["unread"] = list(r.notes)
     return eff
@@ -157,7 +177,8 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
         summary = summarize(req_df, it_df, slo=c.get("slo"),
                             kv_blocks_total=policy.kv.num_blocks,
                             block_size=policy.kv.block_size,
-                            prefix_cache=policy.kv.prefix_cache_stats(), **price)
+                            prefix_cache=policy.kv.prefix_cache_stats(),
+                            swap_space=engine.swap_space(), **price)
     summary["load"] = load
     summary["wall_time_s"] = wall
     summary["simulated"] = executor.simulated

@@ -218,6 +218,15 @@ def format_summary(s: dict) -> str:
                      f"internal waste {kv['internal_waste_mean']:.1%}")
     if "prefix_cache" in s:
         lines.append(_prefix_line(s))
+    if s.get("swap"):
+        sw = s["swap"]
+        gb = "" if sw["bytes_out"] is None else f" ({sw['bytes_out'] / 1e9:.2f} GB per GPU)"
+        lines.append(f"swap: {sw['swap_outs']} swapped out and {sw['swap_ins']} in, "
+                     f"{sw['recompute_preemptions']} recomputed ({sw['fallbacks_to_recompute']} "
+                     f"for want of host space); {sw['blocks_out']} blocks out{gb}, "
+                     f"{sw['time_s']:.3f} s copying ({sw['time_share']:.2%} of the run); host "
+                     f"space {sw['host_blocks_total']} blocks, at most "
+                     f"{sw['host_utilization_max']:.1%} used")
     if s.get("queue") is not None:
         lines.append(f"queue: {s['queue']['mean']:.2f} requests waiting on average over time, "
                      f"at most {s['queue']['max']}")

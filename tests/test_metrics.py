@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import only_read
 
-from sarathi_lab.engine import ITER_COLUMNS, Engine
+from sarathi_lab.engine import FLOAT_COLUMNS, ITER_COLUMNS, Engine
 from sarathi_lab.executors.base import Executor, ExecutorConfig, StepResult
 from sarathi_lab.metrics import (iterations_table, request_p99_tbt, requests_table, summarize,
                                  tbt_gaps)
@@ -136,7 +136,8 @@ def test_iterations_table_columns_and_types():
     assert list(it.columns) == list(ITER_COLUMNS)
     assert it.iloc[0][list(COLUMNS)].tolist() == [2.0, 0.5, 3, 2, 5, 4, 7, 1]
     assert it["start"].dtype == it["duration"].dtype == np.float64
-    assert all(it[c].dtype == np.int64 for c in ITER_COLUMNS if c not in ("start", "duration"))
+    assert all(it[c].dtype == np.int64 for c in ITER_COLUMNS if c not in FLOAT_COLUMNS)
+    assert all(it[c].dtype == np.float64 for c in FLOAT_COLUMNS)
     assert len(iterations_table([])) == 0
 
 

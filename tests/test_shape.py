@@ -143,8 +143,13 @@ def test_one_dtype_table():
     with pytest.raises(ValueError, match=r"executor.dtype='fp8': the torch executor does not "
                                          r"run float8 \(it runs float32, float16, bfloat16\)"):
         torch_dtype("fp8", "executor.dtype")
-    with pytest.raises(ValueError, match="executor.dtype='int8': unknown dtype"):
+    # int8 is priced (quantized weights in the roofline), not run
+    assert dtype_bytes("int8") == 1
+    with pytest.raises(ValueError, match="executor.dtype='int8': the torch executor does not "
+                                         "run int8"):
         torch_dtype("int8", "executor.dtype")
+    with pytest.raises(ValueError, match="executor.dtype='int4': unknown dtype"):
+        torch_dtype("int4", "executor.dtype")
 
 
 def test_the_cost_model_and_the_shape_import_no_torch():

@@ -42,6 +42,11 @@ class CostModel(abc.ABC):
     def max_model_len(self) -> int:
         """The model's context length."""
 
+    def kv_block_bytes(self, block_size: int) -> int | None:
+        """Bytes of one KV block of `block_size` tokens on one GPU (None: unknown); the sim
+        executor prices swapping KV to host memory by it."""
+        return None
+
     def step_time(self, reqs, num_new_tokens) -> float:
         """iteration_time of a scheduled batch (entries (req, n): n tokens after
         req.num_computed_tokens)."""

@@ -166,3 +166,6 @@ class ProfiledCostModel(CostModel):
     @property
     def max_model_len(self) -> int:
         return self.roofline.max_model_len
+
+    def kv_block_bytes(self, block_size: int) -> int:
+        return self.roofline.kv_block_bytes(block_size)

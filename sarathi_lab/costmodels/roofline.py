@@ -38,6 +38,17 @@ charged at any chunk size. A decode is the chunk c = 1: k + 1 pairs and k + 1 to
 With a sliding window W (Mistral-7B v0.1) query j sees min(j, W) keys and the chunk reads
 min(k + c, W + c - 1) tokens of KV.
 
+Quantization (executor.weight_dtype, weight_only, kv_cache_dtype): the linear layers' weights
+are read, and held, at b_w bytes (lin_weights, weight memory); with 8-bit weights and 8-bit
+activations (W8A8, the default for fp8/int8 weights) the GEMMs' F uses the hardware's 8-bit
+peak (H100/H200: fp8 and int8 1,979 TFLOPS dense; A100: int8 624 TOPS dense, no fp8) and each
+GEMM input pays a quantization pass (read b, write 1 byte per element); weight-only 8-bit
+weights keep the 16-bit peak and dequantise for free in the GEMM (an assumption). The KV cache's
+b_kv bytes set KV per token: attention's KV reads, the KV write, the KV capacity and the bytes a
+swap moves. Attention's FLOPs stay at the 16-bit peak (fp8 KV is converted in the kernel, as
+vLLM's paged attention does; the conversion's cost is taken as hidden under the KV reads).
+Norms, embeddings, the LM head and all-reduces stay in model.dtype.
+
 Not modelled (small, or properties of the serving stack rather than the GPU): the embedding lookup
 and its all-reduce, the final norm, the gather of TP-sharded logits, sampling kernels, tile and
 wave quantisation (the soft roofline averages it), kernel floors that vary with the batch (the
@@ -52,8 +63,9 @@ import numpy as np
 
 from sarathi_lab.config import plain
 from sarathi_lab.costmodels.base import CostModel, CostModelConfig
+from sarathi_lab.models.dtypes import dtype_bytes, dtype_name
 from sarathi_lab.models.shape import ModelShape
-from sarathi_lab.settings import parse, setting
+from sarathi_lab.settings import ConfigError, parse, setting
 
 # vLLM's default max_num_seqs: its memory profile holds this many rows of fp32 full-vocab logits.
 _MAX_SAMPLED_ROWS = 256
@@ -73,6 +85,10 @@ class HardwareSpec:
     memory_bytes: float = setting(gt=0, help="GPU memory, bytes")
     link_bandwidth: float = setting(gt=0, help="GPU-to-GPU bytes/s, one direction")
     link_latency_s: float = setting(ge=0, help="per ring (NCCL) all-reduce")
+    # 8-bit GEMMs (executor.weight_dtype=fp8 / int8 with 8-bit activations); null: the GPU has
+    # no such tensor cores (A100: no fp8)
+    peak_flops_fp8: float | None = setting(None, gt=0, help="dense fp8 tensor-core FLOP/s")
+    peak_flops_int8: float | None = setting(None, gt=0, help="dense int8 tensor-core OP/s")
     # links beyond NVLink, for KV moved to host memory (swap) or to another node (disaggregated
     # prefill/decode): a transfer of B bytes takes latency + B / (bandwidth * eff)
     pcie_bandwidth: float = setting(32.0e9, gt=0, help="GPU-host bytes/s, one direction")
@@ -138,6 +154,51 @@ class RooflineConfig(CostModelConfig):
     request_overhead_s: float | None = setting(
         None, ge=0, help="CPU side of an iteration per request in the batch (presets: vLLM v0)")
     layer_overhead_s: float | None = setting(None, ge=0, help="GPU kernel floors per layer")
+    # quantized weights and KV (vLLM's --quantization fp8 / W8A8 int8 and --kv-cache-dtype)
+    weight_dtype: str | None = setting(
+        None, help="the linear layers' weights: null (model.dtype) | bfloat16 | float16 | fp8 | "
+                   "int8; 8-bit weights run 8-bit GEMMs at the GPU's 8-bit peak (activations "
+                   "quantized on the fly) unless weight_only")
+    weight_only: bool | None = setting(
+        None, help="true: 8-bit weights dequantised to model.dtype inside the GEMM, which runs at "
+                   "the 16-bit peak (vLLM's FP8 Marlin on GPUs without fp8 tensor cores); null: "
+                   "false")
+    kv_cache_dtype: str | None = setting(None, help="the KV cache: null (model.dtype) | bfloat16 "
+                                                    "| float16 | fp8: bytes read, written, held")
+
+    def validate(self) -> None:
+        for key, allowed in (("weight_dtype", _WEIGHT_DTYPES), ("kv_cache_dtype", _KV_DTYPES)):
+            v = getattr(self, key)
+            if v is not None:
+                name = dtype_name(v, key)
+                if name not in allowed:
+                    raise ValueError(f"{key}={v!r}: must be null or one of {', '.join(allowed)}")
+                setattr(self, key, name)
+        if self.weight_only and self.weight_dtype not in ("float8", "int8"):
+            raise ValueError(f"weight_only=true: needs 8-bit weights (weight_dtype=fp8 or int8), "
+                             f"not weight_dtype={self.weight_dtype or 'null (model.dtype)'}")
+
+
+_WEIGHT_DTYPES = ("float32", "bfloat16", "float16", "float8", "int8")
+_KV_DTYPES = ("float32", "bfloat16", "float16", "float8")
+
+
+def gemm_peak(hw: HardwareSpec, weight_dtype: str, weight_only: bool) -> float:
+    """The tensor-core peak the linear layers' GEMMs run at: the 8-bit one for 8-bit weights
+    with 8-bit activations (W8A8), else the 16-bit one (weight-only dequantisation is assumed
+    free: fused into the GEMM's loads, as Marlin-style kernels do)."""
+    if weight_dtype not in ("float8", "int8") or weight_only:
+        return hw.peak_flops
+    peak = hw.peak_flops_fp8 if weight_dtype == "float8" else hw.peak_flops_int8
+    if peak is None:
+        kind = "fp8" if weight_dtype == "float8" else "int8"
+        raise ConfigError(
+            f"executor.weight_dtype={kind}: {hw.name} has no {kind} tensor cores "
+            f"(hardware.peak_flops_{kind} is null); set executor.weight_only=true ({kind} "
+            "weights dequantised to 16 bits in the GEMM)"
+            + (" or executor.weight_dtype=int8 (W8A8 int8)" if kind == "fp8"
+               and hw.peak_flops_int8 else ""))
+    return peak
 
 
 def window_pairs(c: int, k: int, w: int) -> int:
@@ -168,6 +229,14 @@ class RooflineCostModel(CostModel):
                              f"num_kv_heads={m.num_kv_heads}")
         self.model, self.hw, self.tp = m, hw, tp
         h, d, b, L = m.hidden_size, m.head_dim, m.dtype_bytes, m.num_layers
+        # quantization: the linear layers' weight bytes (b_w) and GEMM peak, the KV bytes (b_kv);
+        # activations, norms, embeddings and the LM head stay in model.dtype (b)
+        q = cfg if isinstance(cfg, RooflineConfig) else RooflineConfig()
+        self.weight_dtype = q.weight_dtype or m.dtype
+        self.kv_cache_dtype = q.kv_cache_dtype or m.dtype
+        b_w, b_kv = dtype_bytes(self.weight_dtype), dtype_bytes(self.kv_cache_dtype)
+        gemm_flops = gemm_peak(hw, self.weight_dtype, bool(q.weight_only))
+        w8a8 = self.weight_dtype in ("float8", "int8") and not q.weight_only
         self.heads = m.num_heads // tp
         # With fewer KV heads than GPUs, each GPU keeps a replica of one (as vLLM does).
         self.kv_heads = max(1, m.num_kv_heads // tp)
@@ -178,20 +247,31 @@ class RooflineCostModel(CostModel):
         self.linear_params = h * (self.heads + 2 * self.kv_heads) * d + self.heads * d * h \
             + 3 * h * inter                                    # per layer
         vocab_params = m.vocab_size * h / tp                   # vocab-parallel embedding, LM head
-        self.weight_bytes = b * (L * (self.linear_params + 2 * h) + h
-                                 + vocab_params * (1 if m.tie_word_embeddings else 2))
-        self.kv_bytes_per_token = L * 2 * self.kv_heads * d * b   # all layers
+        # per-channel or per-tensor scales of 8-bit weights (<= 4 bytes a row of >= 4096) left
+        # out: under 0.1% of the weight bytes
+        self.weight_bytes = b_w * L * self.linear_params \
+            + b * (L * 2 * h + h + vocab_params * (1 if m.tie_word_embeddings else 2))
+        self.kv_bytes_per_token = L * 2 * self.kv_heads * d * b_kv   # all layers
 
         # -- seconds per unit, whole model; precomputed so the hot path is a few multiplies
         flops, bw = hw.peak_flops, hw.mem_bandwidth * hw.mem_eff
         self.n, self.inv_n = hw.ridge_exponent, 1.0 / hw.ridge_exponent
-        self.lin_per_token = L * 2 * self.linear_params / (flops * hw.compute_eff)
-        self.lin_weights = L * b * self.linear_params / bw
+        # ASSUMPTION: 8-bit GEMMs reach the same share of their peak as the fitted 16-bit ones
+        # (no 8-bit profile here to fit compute_eff to)
+        self.lin_per_token = L * 2 * self.linear_params / (gemm_flops * hw.compute_eff)
+        self.lin_weights = L * b_w * self.linear_params / bw
         # norms (read+write h, x2), residual adds (read 2h write h, x2) are replicated per rank;
-        # RoPE (read+write q, k), SiLU*mul (read 2I write I), KV write are sharded.
-        ew_elems = 10 * h + 2 * (self.heads + self.kv_heads) * d + 3 * inter \
-            + 2 * self.kv_heads * d
-        self.ew_per_token = L * b * ew_elems / bw
+        # RoPE (read+write q, k), SiLU*mul (read 2I write I), KV write (in kv_cache_dtype) are
+        # sharded.
+        ew_bytes = b * (10 * h + 2 * (self.heads + self.kv_heads) * d + 3 * inter) \
+            + b_kv * 2 * self.kv_heads * d
+        if w8a8:
+            # each GEMM's input quantized to 8 bits on the fly by its own kernel (read in
+            # model.dtype, write 8 bits), as vLLM's dynamic fp8 (a per-tensor scale per forward)
+            # and int8 quantization do unless fused into the norm before it (ASSUMPTION: not
+            # fused); the output's dequantization is in the GEMM's epilogue
+            ew_bytes += (b + b_w) * (2 * h + self.heads * d + inter)
+        self.ew_per_token = L * ew_bytes / bw
         self.attn_per_pair = L * 4 * d * self.heads / (flops * hw.attn_eff)
         self.attn_per_kv_token = self.kv_bytes_per_token / (hw.mem_bandwidth * hw.attn_kv_eff)
         self.decode_per_kv_token = self.attn_per_pair + self.attn_per_kv_token
@@ -356,6 +436,9 @@ class RooflineCostModel(CostModel):
     @property
     def max_model_len(self) -> int:
         return self.model.max_model_len
+
+    def kv_block_bytes(self, block_size: int) -> int:
+        return int(block_size * self.kv_bytes_per_token)
 
     def num_kv_blocks(self, block_size: int, gpu_memory_utilization: float = 0.9,
                       workspace_bytes: float = 2**30, activation_tokens: int = 8192) -> int:

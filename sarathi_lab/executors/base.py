@@ -30,6 +30,7 @@ class StepResult:
     # indices into SchedulerOutput.reqs of the requests this step ended (their last token was
     # emitted); None: the engine asks `Executor.finished`, the default stop rule
     finished: list[int] | None = None
+    swap_s: float = 0.0                  # of `duration`, seconds spent copying swapped KV
 
 
 class Executor(abc.ABC):
@@ -53,6 +54,10 @@ class Executor(abc.ABC):
     uses_hardware: ClassVar[bool] = False
     #: True when `decode_run` is implemented (lets the engine skip through steady decode runs)
     supports_fast_forward: ClassVar[bool] = False
+    #: True when `execute` copies (or charges) the KV blocks of a batch's swap-outs and
+    #: swap-ins (`SchedulerOutput.blocks_to_swap_out` / `blocks_to_swap_in`) before it runs,
+    #: and reports their time in `StepResult.swap_s`; scheduler.preemption_mode=swap needs it
+    supports_swap: ClassVar[bool] = False
 
     @classmethod
     def parse_config(cls, values: dict, where: str = "executor"):
@@ -84,9 +89,18 @@ class Executor(abc.ABC):
         """The longest sequence the model takes (None: unknown)."""
         return None
 
+    def kv_block_bytes(self, block_size: int) -> int | None:
+        """Bytes of one KV block of `block_size` tokens on one GPU (None: unknown). Sizes the
+        host swap space (scheduler.swap_space_gib) and the swap traffic."""
+        return None
+
     def check_kv_memory(self, num_blocks: int, block_size: int) -> None:
         """Raise if a KV cache of `num_blocks` blocks cannot be held (checked before anything
         is allocated); the message names the setting to change."""
+
+    def check_swap_memory(self, num_host_blocks: int, block_size: int) -> None:
+        """Raise if a host swap space of `num_host_blocks` KV blocks cannot be held (checked
+        before anything is allocated); the message names the setting to change."""
 
     def bind(self, kv) -> None:
         """Called once, by the engine, with the KV-cache manager (block tables live there).

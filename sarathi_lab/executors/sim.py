@@ -2,6 +2,16 @@
 
 Settings (``configs/executor/sim.yaml``): `SimConfig` below, plus the chosen cost model's own
 (`RooflineConfig` for ``roofline``), set flat under ``executor``.
+
+KV swapped to or from host memory (preemption by swap) is charged in the iteration that moves
+it, before its forward and not overlapped with it (vLLM v0 copies the swap blocks on the
+model's stream before running it): per direction that moves any block,
+``pcie_latency_s + blocks x block bytes / (pcie_bandwidth x pcie_eff)``, block bytes per GPU
+of the tensor-parallel group (each GPU copies its own share over its own link: an assumption;
+in a DGX A100 two GPUs share one PCIe switch's uplink). One transfer per direction, as one
+batched copy would be: vLLM v0 issues a copy per block and layer, whose per-copy overheads
+make small blocks slower to swap (the vLLM paper, Fig. 19): not modelled, so the swap time
+here is a lower bound at small block sizes.
 """
 from __future__ import annotations
 
@@ -31,6 +41,7 @@ class SimExecutor(Executor):
     simulated = True
     uses_hardware = True
     supports_fast_forward = True
+    supports_swap = True
 
     @classmethod
     def reads_model_key(cls, key: str) -> bool:
@@ -75,9 +86,38 @@ class SimExecutor(Executor):
         self.cost_model = cm_cls(model, hardware, cfg.tensor_parallel, cm_cfg)
         # bound once: execute() runs hundreds of thousands of times per simulation
         self._step_time = self.cost_model.step_time
+        from sarathi_lab.costmodels.roofline import HardwareSpec
+        hw = HardwareSpec.from_config(hardware)
+        self.pcie_latency_s = hw.pcie_latency_s
+        self.pcie_bytes_per_s = hw.pcie_bandwidth * hw.pcie_eff
+        self._block_bytes = None   # of the bound KV cache's blocks, set by bind
+
+    def bind(self, kv) -> None:
+        super().bind(kv)
+        self._block_bytes = self.kv_block_bytes(kv.block_size)
 
     def execute(self, out) -> StepResult:
-        return StepResult(self._step_time(out.reqs, out.num_new_tokens))
+        t = self._step_time(out.reqs, out.num_new_tokens)
+        if out.swapped_out or out.swapped_in:
+            s = self.swap_time(sum(len(p) for _, p in out.swapped_out)) \
+                + self.swap_time(sum(len(p) for _, p in out.swapped_in))
+            return StepResult(t + s, swap_s=s)
+        return StepResult(t)
+
+    def swap_time(self, num_blocks: int) -> float:
+        """Seconds to copy `num_blocks` KV blocks one way between a GPU and host memory."""
+        if not num_blocks:
+            return 0.0
+        return self.pcie_latency_s + num_blocks * self._block_bytes / self.pcie_bytes_per_s
+
+    def kv_block_bytes(self, block_size: int) -> int | None:
+        return self.cost_model.kv_block_bytes(block_size)
+
+    def check_swap_memory(self, num_host_blocks: int, block_size: int) -> None:
+        if self.kv_block_bytes(block_size) is None:
+            raise ConfigError(f"scheduler.preemption_mode=swap: cost model "
+                              f"{self.cfg.cost_model!r} does not give the bytes of a KV block "
+                              "(kv_block_bytes), so the swap traffic cannot be priced")
 
     def decode_run(self, contexts: np.ndarray, k: int) -> np.ndarray:
         return self.cost_model.decode_run(contexts, k)

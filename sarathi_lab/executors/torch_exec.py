@@ -12,6 +12,12 @@ On the torch attention backend each running request keeps a contiguous copy of i
 that grows in place (`kernels/sequence_kv.py`), so a step reads its new tokens out of the paged
 cache instead of gathering every block of every sequence.
 
+Preemption by swap copies real KV: the host swap space is a tensor in host memory (pinned on a
+GPU) of `scheduler.num_swap_blocks` blocks; a step first copies its swap-outs' device blocks to
+host blocks, then its swap-ins' host blocks to device blocks, then runs the forward (on a CPU
+the copy is still a real copy, between two tensors). Its time is part of the step's, and
+reported apart as `swap_s`.
+
 Each step flattens the scheduled tokens of all requests into one batch (no padding) and samples
 for the requests it catches up. Sampling with temperature > 0 draws from a generator seeded by
 (seed, request id, output index), so a request's tokens do not depend on what it was batched with.
@@ -34,6 +40,10 @@ from sarathi_lab.models.loader import load_model
 from sarathi_lab.settings import ConfigError, setting
 
 log = logging.getLogger(__name__)
+
+
+# the roofline's quantization settings (costmodels/roofline.py), which this executor does not run
+_QUANTIZED = ("weight_dtype", "kv_cache_dtype", "weight_only")
 
 
 def _auto(value, default):
@@ -100,6 +110,17 @@ def available_memory() -> int | None:
 
 class TorchExecutor(Executor):
     config_class = TorchConfig
+    supports_swap = True
+
+    @classmethod
+    def parse_config(cls, values: dict, where: str = "executor") -> TorchConfig:
+        for key in _QUANTIZED:   # the sim executor's roofline prices these; say so
+            if key in values:
+                raise ConfigError(
+                    f"{where}.{key}={values[key]!r}: the torch executor runs weights and KV "
+                    f"in {where}.dtype (float32, float16, bfloat16); quantized weights and KV "
+                    "are priced by the simulator (executor=sim), not run")
+        return super().parse_config(values, where)
 
     def __init__(self, cfg: TorchConfig, model: dict, hardware=None):
         from sarathi_lab.kernels import get_backend
@@ -143,7 +164,7 @@ class TorchExecutor(Executor):
         self.model.setup(kernels, self.device)
         self.kv = None
         # seconds spent per phase, summed over steps (read by benchmarks)
-        self.timers = {"prepare": 0.0, "forward": 0.0, "sample": 0.0, "steps": 0}
+        self.timers = {"swap": 0.0, "prepare": 0.0, "forward": 0.0, "sample": 0.0, "steps": 0}
 
     # -- sizing ---------------------------------------------------------------------------------
     def block_bytes(self, block_size: int) -> int:
@@ -168,6 +189,19 @@ class TorchExecutor(Executor):
                 f"{knob}: the KV budget of {budget / 2**20:.3f} MiB holds no KV block "
                 f"({per_block / 2**20:.3f} MiB each at block_size={block_size}); raise it")
         return n
+
+    def kv_block_bytes(self, block_size: int) -> int:
+        return self.block_bytes(block_size)
+
+    def check_swap_memory(self, num_host_blocks: int, block_size: int) -> None:
+        """The host swap space lives in host memory, beside (on a CPU) the KV cache."""
+        need = num_host_blocks * self.block_bytes(block_size)
+        free = available_memory()
+        if free is not None and need > free:
+            raise ValueError(
+                f"the swap space of {num_host_blocks} KV blocks needs {need / 2**30:.2f} GiB of "
+                f"host memory but {free / 2**30:.2f} GiB is available; lower "
+                "scheduler.swap_space_gib (or scheduler.num_swap_blocks)")
 
     def max_model_len(self) -> int:
         n = self.args.max_model_len
@@ -206,6 +240,11 @@ class TorchExecutor(Executor):
                             a.head_dim, dtype=self.dtype, device=self.device)
         self.kv_cache = cache
         self.model.bind_cache(cache[0], cache[1])
+        self.host_cache = None
+        if kv.num_host_blocks:   # the swap space: same layout, in host memory
+            self.host_cache = torch.zeros(2, a.num_layers, kv.num_host_blocks, kv.block_size,
+                                          a.num_kv_heads, a.head_dim, dtype=self.dtype,
+                                          pin_memory=self.device.type == "cuda")
         self.sequence_kv = SequenceKV() if self.backend == "torch" else None
         self._eos_ended: set = set()
 
@@ -269,9 +308,26 @@ class TorchExecutor(Executor):
         logits_rows = (cu[1:][sample] - 1).to(dev)
         return torch.tensor(ids, device=dev), positions.to(dev), meta, sample, logits_rows
 
+    def swap(self, out) -> None:
+        """Copy the batch's swapped KV blocks: device to host for its swap-outs, then host to
+        device for its swap-ins (a batch never does both: the guard's rule), K and V of every
+        layer."""
+        cache, host = self.kv_cache, self.host_cache
+        if out.swapped_out:
+            dev, hst = zip(*out.blocks_to_swap_out)
+            host[:, :, list(hst)] = cache[:, :, list(dev)].to(host.device)
+        if out.swapped_in:
+            hst, dev = zip(*out.blocks_to_swap_in)
+            cache[:, :, list(dev)] = host[:, :, list(hst)].to(cache.device)
+
     def execute(self, out) -> StepResult:
         sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         t0 = time.perf_counter()
+        tp = t0
+        if out.swapped_out or out.swapped_in:
+            self.swap(out)
+            sync()
+            tp = time.perf_counter()
         input_ids, positions, meta, sample, rows = self.prepare(out)
         t1 = time.perf_counter()
         logits = self.model(input_ids, positions, meta, rows)
@@ -299,11 +355,12 @@ class TorchExecutor(Executor):
             seq_kv.drop([r.request_id for r in out.preempted])
         t3 = time.perf_counter()
         tm = self.timers
-        tm["prepare"] += t1 - t0
+        tm["swap"] += tp - t0
+        tm["prepare"] += t1 - tp
         tm["forward"] += t2 - t1
         tm["sample"] += t3 - t2
         tm["steps"] += 1
-        return StepResult(duration=t3 - t0, sampled=sampled, finished=finished)
+        return StepResult(duration=t3 - t0, sampled=sampled, finished=finished, swap_s=tp - t0)
 
     def add_request(self, req, output_len):
         reason = super().add_request(req, output_len)

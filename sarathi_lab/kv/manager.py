@@ -6,7 +6,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from sarathi_lab.kv.block_pool import Block, BlockPool
+from sarathi_lab.kv.block_pool import Block, BlockPool, PlainBlockPool
 from sarathi_lab.request import Request
 
 ROOT = (-1, 0)  # parent of a request's first block
@@ -20,10 +20,17 @@ def cdiv(a: int, b: int) -> int:
 class KVCacheManager:
     """Paged mode allocates blocks on demand as tokens are computed (vLLM). Reservation mode
     holds a request's maximum possible length from its first allocation (Orca,
-    FasterTransformer): prompt + its `max_tokens` cap, or `max_model_len` without one."""
+    FasterTransformer): prompt + its `max_tokens` cap, or `max_model_len` without one.
+
+    With `num_host_blocks`, a swap space in host memory (vLLM's `swap_space`): `swap_out` moves
+    the blocks that hold a request's computed tokens to host blocks and frees its device blocks;
+    `swap_in` gives it device blocks again, the first of them receiving exactly the host blocks'
+    contents. Both return the (source, destination) block pairs the executor copies before the
+    iteration runs."""
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False,
-                 reserve: bool = False, max_model_len: int | None = None):
+                 reserve: bool = False, max_model_len: int | None = None,
+                 num_host_blocks: int = 0):
         if block_size < 1 or block_size & (block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {block_size}")
         if reserve and enable_prefix_caching:
@@ -31,8 +38,17 @@ class KVCacheManager:
                              "(request_level, orca) holds whole sequences")
         if reserve and not max_model_len:
             raise ValueError("reservation mode needs max_model_len")
+        if num_host_blocks < 0:
+            raise ValueError(f"num_host_blocks={num_host_blocks}: must be >= 0")
+        if reserve and num_host_blocks:
+            raise ValueError("swap space needs paged KV; reservation mode (request_level, orca) "
+                             "never preempts")
         self.block_size = block_size
         self.pool = BlockPool(num_blocks, enable_prefix_caching)
+        # host blocks are never shared nor cached: a plain stack
+        self.host = PlainBlockPool(num_host_blocks) if num_host_blocks else None
+        self.host_blocks: dict[object, list[Block]] = {}   # swapped request id -> its host blocks
+        self.num_host_tokens = 0   # computed tokens whose KV sits in host blocks
         self.reserve = reserve
         self.max_model_len = max_model_len
         self.enable_prefix_caching = enable_prefix_caching
@@ -236,6 +252,81 @@ class KVCacheManager:
 
     def block_table(self, req: Request) -> list[int]:
         return [b.block_id for b in self.req_blocks.get(req.request_id, ())]
+
+    # -- swap space ----------------------------------------------------------------------------
+    @property
+    def num_host_blocks(self) -> int:
+        return self.host.num_blocks if self.host else 0
+
+    @property
+    def num_free_host_blocks(self) -> int:
+        return self.host.num_free if self.host else 0
+
+    @property
+    def num_used_host_blocks(self) -> int:
+        return self.host.num_used if self.host else 0
+
+    def swap_out_blocks(self, req: Request) -> int:
+        """Blocks swapping the running `req` out moves: those holding its computed tokens (the
+        empty blocks a prompt holds ahead of its chunks are freed, not copied)."""
+        return cdiv(req.num_computed_tokens, self.block_size)
+
+    def can_swap_out(self, req: Request) -> bool:
+        n = self.swap_out_blocks(req)
+        return 0 < n <= self.num_free_host_blocks and req.request_id in self.req_blocks
+
+    def swap_out(self, req: Request) -> list[tuple[int, int]]:
+        """Move the running `req`'s computed KV to host blocks and free its device blocks.
+        Returns the (device block, host block) pairs to copy, in block-table order."""
+        assert self.can_swap_out(req), "swap_out needs can_swap_out"
+        rid = req.request_id
+        held = self.req_blocks.pop(rid)
+        n = self.swap_out_blocks(req)
+        host = self.host_blocks[rid] = self.host.allocate(n)
+        pairs = [(d.block_id, h.block_id) for d, h in zip(held, host)]
+        # released device blocks keep their prefix-cache keys: another request may still hit
+        self.pool.release(reversed(held))
+        self.num_stored_tokens -= req.num_computed_tokens
+        self.num_host_tokens += req.num_computed_tokens
+        req.block_hashes = []   # its chain named device blocks; swap_in hashes the new ones
+        return pairs
+
+    def swap_in_blocks(self, req: Request) -> int:
+        """Device blocks swapping the swapped `req` in takes: room for every token it holds,
+        so that it can compute up to its next sample (the rest of its prompt, or its decode)
+        without allocating again, as admission takes a whole prompt's blocks."""
+        return cdiv(req.num_tokens, self.block_size)
+
+    def swap_in(self, req: Request) -> list[tuple[int, int]]:
+        """Give the swapped `req` device blocks again. Returns the (host block, device block)
+        pairs to copy: its host blocks in order, into the head of its new block table."""
+        rid = req.request_id
+        host = self.host_blocks.pop(rid)
+        need = self.swap_in_blocks(req)
+        assert rid not in self.req_blocks and len(host) <= need <= self.pool.num_free, \
+            "swap_in needs swap_in_blocks(req) free device blocks"
+        held = self.req_blocks[rid] = self.pool.allocate(need)
+        pairs = [(h.block_id, d.block_id) for h, d in zip(host, held)]
+        self.host.release(host)
+        self.num_host_tokens -= req.num_computed_tokens
+        self.num_stored_tokens += req.num_computed_tokens
+        if self.enable_prefix_caching and req.prompt_token_ids is not None:
+            self._cache_full_blocks(req, held, req.num_computed_tokens)
+        return pairs
+
+    def drop_swapped(self, req: Request) -> None:
+        """Free a swapped request's host blocks (it will never be swapped in: rejected)."""
+        host = self.host_blocks.pop(req.request_id, None)
+        if host is not None:
+            self.host.release(host)
+            self.num_host_tokens -= req.num_computed_tokens
+
+    def host_block_table(self, req: Request) -> list[int]:
+        return [b.block_id for b in self.host_blocks.get(req.request_id, ())]
+
+    def host_holders(self) -> list:
+        """Ids of the requests holding host blocks now."""
+        return list(self.host_blocks)
 
     def usage(self) -> dict:
         used = self.pool.num_used

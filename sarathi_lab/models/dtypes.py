@@ -3,13 +3,15 @@ cost model) and the torch dtype (the real model). torch is imported only by `tor
 simulator, which needs only the bytes, never loads it."""
 from __future__ import annotations
 
-# canonical name: (bytes per element, torch attribute, aliases). float8 has no torch entry: the
-# real model's matmuls and kernels do not run in it, but the cost model can price it.
+# canonical name: (bytes per element, torch attribute, aliases). float8 and int8 have no torch
+# entry: the real model's matmuls and kernels do not run in them, but the cost model can price
+# them (quantized weights and KV: costmodels/roofline.py).
 _TABLE = {
     "float32": (4, "float32", ("fp32", "float")),
     "float16": (2, "float16", ("fp16", "half")),
     "bfloat16": (2, "bfloat16", ("bf16",)),
-    "float8": (1, None, ("fp8",)),
+    "float8": (1, None, ("fp8", "float8_e4m3", "e4m3")),
+    "int8": (1, None, ()),
 }
 _CANONICAL = {alias: name for name, (_, _, aliases) in _TABLE.items()
               for alias in (name, *aliases)}

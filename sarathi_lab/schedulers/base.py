@@ -8,7 +8,9 @@ this module, `schedulers.output` and `request`.
 from __future__ import annotations
 
 import abc
+from bisect import insort
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import ClassVar
 
 from sarathi_lab.kv import KVCacheManager
@@ -35,10 +37,29 @@ class SchedulerConfig:
                                         "requests waiting; null: no bound")
     deadline_admission: bool = setting(False, help="reject arrivals whose predicted TTFT "
                                        "exceeds their deadline")
+    # preemption (when a running request needs a KV block and none is free)
+    preemption_mode: str = setting(
+        "recompute", choices=("recompute", "swap"),
+        help="recompute: drop the victim's KV, recompute it on re-admission | swap: copy it to "
+             "host memory, copy it back before the victim runs again (vLLM v0)")
+    swap_space_gib: float | None = setting(
+        None, gt=0, help="host memory per GPU for swapped KV (vLLM's swap_space), in GiB of "
+                         "KV blocks; null: 4 (vLLM's default) with preemption_mode=swap")
+    num_swap_blocks: int | None = setting(
+        None, ge=1, help="host swap space in KV blocks, in place of swap_space_gib")
 
     def validate(self) -> None:
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size={self.block_size}: must be a power of two")
+        if self.swap_space_gib is not None and self.num_swap_blocks is not None:
+            raise ValueError(f"swap_space_gib={self.swap_space_gib} and num_swap_blocks="
+                             f"{self.num_swap_blocks}: set one of them (both size the host swap "
+                             "space)")
+
+
+# vLLM's default swap_space: 4 GiB of host memory per GPU
+DEFAULT_SWAP_SPACE_GIB = 4.0
+_ARRIVAL = attrgetter("arrival_time")
 
 
 class Policy(abc.ABC):
@@ -52,7 +73,8 @@ class Policy(abc.ABC):
       oracle          True: may read true output lengths (`self.oracle_output_len(req)`)
 
     Hooks a policy may override: `schedule` (must), `steady_decode` (lets the simulator skip
-    ahead), `rejection_reason`, `preemption_victim`. `update` and `advance_decodes` change
+    ahead), `rejection_reason`, `preemption_victim`, `preemption_mode_for` (recompute or swap,
+    per victim). `update` and `advance_decodes` change
     request progress; a policy that overrides `update` without `advance_decodes` (or `schedule`
     without `steady_decode`) runs with the simulator's fast-forward off, so skipping can never
     bypass it.
@@ -73,6 +95,8 @@ class Policy(abc.ABC):
             queue = queue_class(cfg.queue)()
         self.waiting: RequestQueue = queue
         self.running: list[Request] = []
+        # preempted by swap, in arrival order: swapped back in before any new admission
+        self.swapped: list[Request] = []
         # admissions leave this many blocks free, so running requests can grow without
         # preempting each other at once (reserved KV never grows)
         self.watermark = 0 if kv.reserve else int(cfg.kv_watermark * kv.num_blocks)
@@ -87,6 +111,39 @@ class Policy(abc.ABC):
         """Typed settings from the ``scheduler`` config node (without its ``name``)."""
         from sarathi_lab.settings import parse
         return parse(cls.config_class, values, where, f"policy {cls.name!r}")
+
+    @classmethod
+    def unread_settings(cls, cfg: SchedulerConfig) -> dict[str, str]:
+        """Settings of `cfg` that this policy does not read given the others: {key: why}. One
+        the user set is an error (in a multirun, noted and left at its default)."""
+        why = {}
+        if cls.reserves_kv:
+            why["preemption_mode"] = (f"policy {cls.name!r} reserves each request's KV up front "
+                                      "and never preempts")
+        if cls.reserves_kv or cfg.preemption_mode == "recompute":
+            for k in ("swap_space_gib", "num_swap_blocks"):
+                why[k] = why.get("preemption_mode") \
+                    or "read only with scheduler.preemption_mode=swap"
+        return why
+
+    @staticmethod
+    def swap_blocks(cfg: SchedulerConfig, block_bytes: int | None) -> int:
+        """Host swap blocks of `cfg` (0 unless preemption_mode=swap), given the bytes of one KV
+        block on one GPU (None: unknown, then num_swap_blocks must be set)."""
+        if cfg.preemption_mode != "swap":
+            return 0
+        if cfg.num_swap_blocks is not None:
+            return cfg.num_swap_blocks
+        if not block_bytes:
+            raise ValueError("scheduler.preemption_mode=swap: the executor does not know the bytes "
+                             "of a KV block, so scheduler.swap_space_gib cannot be converted; set "
+                             "scheduler.num_swap_blocks")
+        gib = cfg.swap_space_gib if cfg.swap_space_gib is not None else DEFAULT_SWAP_SPACE_GIB
+        n = int(gib * 2**30 // block_bytes)
+        if n < 1:
+            raise ValueError(f"scheduler.swap_space_gib={gib}: holds no KV block of "
+                             f"{block_bytes} bytes; raise it")
+        return n
 
     # -- hooks --------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -133,6 +190,12 @@ class Policy(abc.ABC):
         Default: the queue's choice (FCFS: the latest admitted, as vLLM)."""
         return self.waiting.victim(candidates)
 
+    def preemption_mode_for(self, req: Request) -> str:
+        """How to preempt the victim `req`: "recompute" or "swap" (needs
+        scheduler.preemption_mode=swap, which sizes the host swap space). Default: the
+        setting. A swap that does not fit the free host blocks falls back to recompute."""
+        return self.cfg.preemption_mode
+
     def oracle_output_len(self, req: Request) -> int:
         """The true output length, for research policies that declare ``oracle = True``."""
         if not self.oracle or self._output_len is None:
@@ -158,13 +221,15 @@ class Policy(abc.ABC):
         req.rejection_reason = reason
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.swapped)
 
     def admission_blocker(self, req: Request, max_tokens: int, whole: bool = False,
                           hit: list = (), hit_tokens: int = 0) -> str | None:
         """Why the waiting `req` cannot start now with up to `max_tokens` tokens (all it needs if
         `whole`), or None if it can. The one rule set of admission: `admit` applies it, and
         `head_blocked` asks it about the queue's head."""
+        if self.swapped:
+            return "swapped requests first"   # vLLM v0: no new prompt while any is swapped
         if len(self.running) >= self.cfg.max_num_seqs:
             return "max_num_seqs"
         todo = req.num_tokens_to_compute - hit_tokens
@@ -199,7 +264,9 @@ class Policy(abc.ABC):
     def admit_waiting(self, out: SchedulerOutput, budget: int, whole: bool = False) -> int:
         """Admit waiting requests in queue order while they fit (`budget` tokens, max_num_seqs,
         KV); add their tokens to `out`; return the budget left. Stops at the first that does
-        not fit: no request overtakes the queue's head."""
+        not fit: no request overtakes the queue's head. Swapped requests come first
+        (`swap_in_waiting`): none is admitted while any stays swapped."""
+        budget = self.swap_in_waiting(out, budget, whole)
         while self.waiting:
             req = self.waiting.peek()
             n = self.admit(req, budget, whole)
@@ -232,8 +299,28 @@ class Policy(abc.ABC):
         out.add_decodes(list(self.running))
 
     # -- preemption ------------------------------------------------------------------------------
-    def preempt(self, req: Request, out: SchedulerOutput) -> None:
-        """Preemption by recompute: drop the KV, start over from token 0 in the waiting queue."""
+    def preempt(self, req: Request, out: SchedulerOutput, mode: str | None = None) -> None:
+        """Preempt the running `req`, by `mode` (None: `preemption_mode_for(req)`).
+        Recompute: drop the KV, start over from token 0 in the waiting queue. Swap: its
+        computed KV to host blocks, into the swapped queue with its progress kept; when the
+        host blocks do not hold it, recompute (counted in `num_swap_fallbacks`). A request
+        with nothing computed has nothing to swap: it is recomputed (nothing is lost)."""
+        if mode is None:
+            mode = self.preemption_mode_for(req)
+        if mode == "swap":
+            if not self.kv.num_host_blocks:
+                raise ValueError(f"preemption mode 'swap' for request {req.request_id!r}, but "
+                                 "there is no swap space (scheduler.preemption_mode="
+                                 f"{self.cfg.preemption_mode})")
+            if req.num_computed_tokens:
+                if self.kv.can_swap_out(req):
+                    self._swap_out(req, out)
+                    return
+                req.num_swap_fallbacks += 1
+                out.swap_fallbacks.append(req)
+        elif mode != "recompute":
+            raise ValueError(f"preemption mode {mode!r} for request {req.request_id!r}: must be "
+                             "'recompute' or 'swap'")
         self.kv.free(req)
         self.running.remove(req)
         req.num_computed_tokens = 0
@@ -241,6 +328,65 @@ class Policy(abc.ABC):
         req.status = Status.WAITING
         self.waiting.push_preempted(req)
         out.preempted.append(req)
+
+    def _swap_out(self, req: Request, out: SchedulerOutput) -> None:
+        pairs = self.kv.swap_out(req)
+        self.running.remove(req)
+        req.status = Status.SWAPPED
+        req.num_preemptions += 1
+        req.num_swap_outs += 1
+        req.num_swapped_blocks += len(pairs)
+        insort(self.swapped, req, key=_ARRIVAL)
+        out.preempted.append(req)
+        out.swapped_out.append((req, pairs))
+
+    def swap_in_waiting(self, out: SchedulerOutput, budget: int, whole: bool = False) -> int:
+        """Swap requests back in, oldest arrival first, while they fit (max_num_seqs, `budget`
+        tokens, their blocks above the watermark: vLLM v0's can_swap_in), each with its next
+        tokens (up to `budget`; all of them if `whole`) added to `out`; return the budget left.
+        Nothing is swapped in by a batch that preempted (vLLM: it means there is no room). A
+        swapped request that could never get its blocks back is rejected."""
+        if not self.swapped or out.preempted:
+            return budget
+        kv, seats = self.kv, self.cfg.max_num_seqs
+        while self.swapped and budget > 0:
+            req = self.swapped[0]
+            need = kv.swap_in_blocks(req)
+            if need > kv.num_blocks - self.watermark:
+                self.swapped.pop(0)
+                kv.drop_swapped(req)
+                self.reject(req, f"swapped out at {req.num_tokens} tokens; swapping it in needs "
+                                 f"{need} KV blocks, but only {kv.num_blocks - self.watermark} "
+                                 f"of the cache's {kv.num_blocks} may be taken "
+                                 f"(scheduler.kv_watermark={self.cfg.kv_watermark})")
+                out.rejected.append(req)
+                continue
+            todo = req.num_tokens_to_compute
+            if len(self.running) >= seats or need > kv.num_free_blocks - self.watermark \
+                    or (whole and todo > budget):
+                break
+            pairs = kv.swap_in(req)
+            self.swapped.pop(0)
+            req.status = Status.RUNNING
+            req.num_swap_ins += 1
+            self.running.append(req)
+            out.swapped_in.append((req, pairs))
+            n = min(todo, budget)
+            decode = req.is_decoding
+            out.add(req, n)
+            if decode and out.num_decodes is not None:
+                out.num_decodes += 1
+            budget -= n
+        return budget
+
+    def swap_in_possible(self) -> bool:
+        """Whether the swapped queue's head could be swapped in now (seats and KV blocks): a
+        decode run may not be skipped past it. Both only tighten while running requests grow."""
+        if not self.swapped:
+            return False
+        kv = self.kv
+        return len(self.running) < self.cfg.max_num_seqs \
+            and kv.swap_in_blocks(self.swapped[0]) <= kv.num_free_blocks - self.watermark
 
     def allocate_or_preempt(self, req: Request, n: int, out: SchedulerOutput,
                             granted: list[Request] = ()) -> bool:
@@ -304,7 +450,18 @@ class Policy(abc.ABC):
                     done.append(req)
         if done:
             self.running = [r for r in self.running if r.status is Status.RUNNING]
+        if out.swapped_out or out.swapped_in:
+            self._charge_swap_time(out, step.swap_s)
         return done
+
+    @staticmethod
+    def _charge_swap_time(out: SchedulerOutput, seconds: float) -> None:
+        """Each swapped request's share of the iteration's swap time, by the blocks it moved."""
+        moves = out.swapped_out + out.swapped_in
+        total = sum(len(p) for _, p in moves)
+        if total and seconds:
+            for r, pairs in moves:
+                r.swap_time_s += seconds * len(pairs) / total
 
     def advance_decodes(self, times: list[float]) -> None:
         """What len(times) `update()` calls would do for as many decode-only batches of every

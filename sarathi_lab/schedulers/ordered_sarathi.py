@@ -63,6 +63,8 @@ class OrderedSarathi(Sarathi):
                 out.rejected.append(head)
             else:
                 admitting = False   # no overtaking; started prefills go on
+        # swapped requests (admission waits for them) take what ongoing prefills left
+        self.swap_in_waiting(out, budget)
         return out
 
     def steady_decode(self):

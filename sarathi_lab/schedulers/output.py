@@ -13,6 +13,13 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)    # preempted while building this batch
     rejected: list[Request] = field(default_factory=list)     # outgrew the whole KV cache
     num_decodes: int | None = None   # set by policies that know it; else counted on demand
+    # preemption by swap: (request, [(device block, host block), ...]) swapped out while
+    # building this batch (also in `preempted`), (request, [(host block, device block), ...])
+    # swapped back in (also in `reqs`); the executor copies these blocks before the batch runs
+    swapped_out: list[tuple[Request, list[tuple[int, int]]]] = field(default_factory=list)
+    swapped_in: list[tuple[Request, list[tuple[int, int]]]] = field(default_factory=list)
+    # victims the policy chose to swap that were recomputed: the host blocks were full
+    swap_fallbacks: list[Request] = field(default_factory=list)
 
     def add(self, req: Request, n: int) -> None:
         assert n > 0, (req, n)
@@ -38,6 +45,16 @@ class SchedulerOutput:
             dec = sum(1 for r, n in zip(self.reqs, self.num_new_tokens)
                       if n == 1 and r.is_decoding)
         return self.total_tokens - dec, dec
+
+    @property
+    def blocks_to_swap_out(self) -> list[tuple[int, int]]:
+        """Every (device block, host block) pair of this batch's swap-outs."""
+        return [p for _, pairs in self.swapped_out for p in pairs]
+
+    @property
+    def blocks_to_swap_in(self) -> list[tuple[int, int]]:
+        """Every (host block, device block) pair of this batch's swap-ins."""
+        return [p for _, pairs in self.swapped_in for p in pairs]
 
     def __len__(self) -> int:
         return len(self.reqs)

@@ -74,8 +74,10 @@ class SarathiPriority(OrderedSarathi):
 
     def make_room(self, out: SchedulerOutput) -> None:
         """Preempt less urgent running requests, last-ranked first, until the waiting head
-        could start (seats and KV; the budget is not theirs to free)."""
-        if not self.waiting:
+        could start (seats and KV; the budget is not theirs to free). By recompute whatever
+        scheduler.preemption_mode says: a swapped victim would be swapped back in before the
+        head could start (no admission while a request is swapped)."""
+        if not self.waiting or self.swapped:
             return
         head, limit = self.waiting.peek(), self.cfg.token_budget
         if self.admission_blocker(head, limit) is None:
@@ -84,7 +86,7 @@ class SarathiPriority(OrderedSarathi):
         while cands and self.admission_blocker(head, limit) is not None:
             victim = self.waiting.victim(cands)
             cands.remove(victim)
-            self.preempt(victim, out)
+            self.preempt(victim, out, mode="recompute")
 
     def steady_decode(self):
         # as Sarathi, and the head must not be able to preempt: the blocks it could free and

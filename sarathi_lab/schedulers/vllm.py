@@ -1,5 +1,7 @@
 """vLLM (SOSP'23), v0 scheduler: prefill-only batches of whole prompts take priority; decodes
-wait for them, which is what stalls generation."""
+wait for them, which is what stalls generation. With preemption by swap, no prompt is admitted
+while a request is swapped out; swapped requests come back as decodes beside the running ones,
+in a batch that preempted nothing (vLLM v0's `_schedule_default`)."""
 from sarathi_lab.schedulers.output import SchedulerOutput
 from sarathi_lab.schedulers.whole_prompt import WholePromptPolicy
 
@@ -9,9 +11,11 @@ class VLLM(WholePromptPolicy):
 
     def schedule(self, now):
         out = SchedulerOutput()
-        self.admit_waiting(out, self.token_cap, whole=True)
+        if not self.swapped:
+            self.admit_waiting(out, self.token_cap, whole=True)
         if not out:
             self.schedule_decodes(out, list(self.running))
+            self.swap_in_waiting(out, self.token_cap - out.total_tokens, whole=True)
         return out
 
     def steady_decode(self):

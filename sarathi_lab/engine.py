@@ -7,6 +7,7 @@ engine only moves the clock, hands arrivals over and records iterations.
 from __future__ import annotations
 
 import inspect
+import itertools
 import logging
 from operator import attrgetter
 
@@ -109,7 +110,9 @@ class Engine:
         n_rows = len(self.rows) + self._n_skipped
         if self._table is not None and len(self._table) == n_rows:
             return self._table
-        table = np.empty((n_rows, len(ITER_COLUMNS)))
+        # filled column by column (a row per column, transposed at the end): each skipped
+        # run's values are whole arrays, each stepped record a tuple
+        cols = np.empty((len(ITER_COLUMNS), n_rows))
         stepped = np.ones(n_rows, bool)
         if self._runs:
             first, now, durs, ends, extra, B, used, stored, waiting = zip(*self._runs)
@@ -122,20 +125,20 @@ class Engine:
             start = np.empty_like(ends_all)
             start[1:] = ends_all[:-1]
             start[offsets] = now                      # a run starts where the clock stood
-            step_no = within + 1
             B = np.repeat(np.array(B, float), ks)
-            run = table[pos]
-            run[:, 0], run[:, 1], run[:, 2] = start, np.concatenate(durs), 0
-            run[:, 3] = run[:, 4] = B
-            run[:, 5] = np.repeat(np.array(used, float), ks) + np.concatenate(extra)
-            run[:, 6] = np.repeat(np.array(stored, float), ks) + B * step_no
-            run[:, 7] = 0
-            run[:, 8] = np.repeat(np.array(waiting, float), ks)
-            table[pos] = run
+            cols[0, pos] = start
+            cols[1, pos] = np.concatenate(durs)
+            cols[2, pos] = cols[7, pos] = 0
+            cols[3, pos] = cols[4, pos] = B
+            cols[5, pos] = np.repeat(np.array(used, float), ks) + np.concatenate(extra)
+            cols[6, pos] = np.repeat(np.array(stored, float), ks) + B * (within + 1)
+            cols[8, pos] = np.repeat(np.array(waiting, float), ks)
         if self.rows:
-            table[stepped] = np.array(self.rows, dtype=float)
-        self._table = table
-        return table
+            rows = np.fromiter(itertools.chain.from_iterable(self.rows), float,
+                               len(self.rows) * len(ITER_COLUMNS))
+            cols[:, stepped] = rows.reshape(-1, len(ITER_COLUMNS)).T
+        self._table = cols.T
+        return self._table
 
     @property
     def num_iterations(self) -> int:
@@ -299,19 +302,25 @@ class Engine:
         B = len(running)
         ctx = np.fromiter(map(_COMPUTED, running), np.int64, B)
         durs = ex.decode_run(ctx, k)
-        # left to right from `now`, as k single steps would add them (same rounding)
-        ends = durs.copy()
-        ends[0] += self.now
-        ends = np.add.accumulate(ends)
-        # iteration j starts at ends[j-1]; arrivals at or before a start are admitted first
-        k = min(k, int(np.searchsorted(ends, next_arrival, side="left")) + 1)
+        # the clocks at which the iterations end, left to right from `now` as k single steps
+        # add them (the same rounding); iteration j starts at the end of j - 1, and arrivals
+        # at or before a start are admitted first: the run stops at the first end at or after
+        # the next arrival
+        times, t = [], self.now
+        for d in durs.tolist():
+            t += d
+            times.append(t)
+            if t >= next_arrival:
+                break
+        k = len(times)
         extra = kv.decode_growth(running, ctx, k)   # blocks beyond today's after each step
         k = min(k, int(np.searchsorted(extra, kv.num_free_blocks, side="right")))
         if k < (1 if fold else 2):
             return False
         ended = [r for r, n in zip(running, left) if n == k] if fold and k == k_end else ()
-        durs, ends, extra = durs[:k], ends[:k], extra[:k]
-        times = ends.tolist()
+        del times[k:]
+        durs, extra = durs[:k], extra[:k]
+        ends = np.array(times)
         used_before, stored_before = kv.num_used_blocks, kv.num_stored_tokens
         waiting = len(policy.waiting)   # nothing arrives or is admitted inside the run
         try:

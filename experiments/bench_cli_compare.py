@@ -126,15 +126,41 @@ def _phases_child(argv: list[str]) -> None:
     main()
 
 
-def main():
-    if len(sys.argv) > 1 and sys.argv[1] == "--phases-child":
-        return _phases_child(sys.argv[2:])
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def install_args(ap: argparse.ArgumentParser) -> None:
+    """The options every two-install bench takes (this one and bench_identical.py)."""
     ap.add_argument("--base", type=Path, required=True, help="baseline virtual environment")
     ap.add_argument("--new", type=Path, default=Path(sys.prefix), help="(default: this one)")
     ap.add_argument("--requests", type=int, default=10_000)
     ap.add_argument("--qps", type=float, default=1.0)
     ap.add_argument("--policies", default="sarathi,vllm,orca,request_level")
+
+
+def report(res: dict, installs: dict, policies: list[str], cols: list[str], repeats: int):
+    print(f"\nmedians over {repeats} repeats, seconds (peak RSS MiB); ratio new/base")
+    print(f"{'policy':<14}{'':<6}" + "".join(f"{c:>10}" for c in cols) + f"{'RSS MiB':>10}")
+    for policy in policies:
+        med = {k: {c: statistics.median(v) for c, v in res[policy, k].items() if v}
+               for k in installs}
+        for k in installs:
+            print(f"{policy:<14}{k:<6}" + "".join(f"{med[k][c]:>10.2f}" for c in cols)
+                  + f"{med[k]['rss']:>10.0f}")
+        print(f"{'':<14}{'ratio':<6}" + "".join(
+            f"{med['new'][c] / med['base'][c]:>10.2f}" if med['base'][c] > 0.005 else f"{'':>10}"
+            for c in cols) + f"{med['new']['rss'] / med['base']['rss']:>10.2f}")
+    print("wall: whole command (plain run); the phases come from a second, wrapped run; "
+          "min/max of wall:")
+    for policy in policies:
+        print(f"  {policy}: " + ", ".join(
+            f"{k} {min(res[policy, k]['wall']):.2f}-{max(res[policy, k]['wall']):.2f}"
+            for k in installs))
+    sys.stdout.flush()
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--phases-child":
+        return _phases_child(sys.argv[2:])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    install_args(ap)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-phases", action="store_true", help="whole-command times only")
     args = ap.parse_args()
@@ -145,6 +171,7 @@ def main():
           f"{os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r}; {args.repeats} repeats")
     res = {(p, k): {"wall": [], "rss": [], **{ph: [] for ph in PHASES}}
            for p in args.policies.split(",") for k in installs}
+    cols = ["wall"] + ([] if args.no_phases else list(PHASES))
     for i in range(args.repeats):
         for policy in args.policies.split(","):
             order = list(installs) if i % 2 == 0 else list(installs)[::-1]
@@ -160,24 +187,9 @@ def main():
                     for ph, v in phase_run(cmd, env, cwd).items():
                         r[ph].append(v)
         print(f"repeat {i + 1}/{args.repeats} done", file=sys.stderr, flush=True)
-    cols = ["wall"] + ([] if args.no_phases else list(PHASES))
-    print(f"\nmedians over {args.repeats} repeats, seconds (peak RSS MiB); ratio new/base")
-    print(f"{'policy':<14}{'':<6}" + "".join(f"{c:>10}" for c in cols) + f"{'RSS MiB':>10}")
-    for policy in args.policies.split(","):
-        med = {k: {c: statistics.median(v) for c, v in res[policy, k].items() if v}
-               for k in installs}
-        for k in installs:
-            print(f"{policy:<14}{k:<6}" + "".join(f"{med[k][c]:>10.2f}" for c in cols)
-                  + f"{med[k]['rss']:>10.0f}")
-        print(f"{'':<14}{'ratio':<6}" + "".join(
-            f"{med['new'][c] / med['base'][c]:>10.2f}" if med['base'][c] > 0.005 else f"{'':>10}"
-            for c in cols) + f"{med['new']['rss'] / med['base']['rss']:>10.2f}")
-    print("\nwall: whole command (plain run); the phases come from a second, wrapped run; "
-          "min/max of wall:")
-    for policy in args.policies.split(","):
-        print(f"  {policy}: " + ", ".join(
-            f"{k} {min(res[policy, k]['wall']):.2f}-{max(res[policy, k]['wall']):.2f}"
-            for k in installs))
+        if i + 1 < args.repeats:   # so far (a run cut short still leaves its figures)
+            report(res, installs, args.policies.split(","), cols, i + 1)
+    report(res, installs, args.policies.split(","), cols, args.repeats)
 
 
 if __name__ == "__main__":

@@ -20,11 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import tempfile
 from pathlib import Path
 
-from bench_cli_compare import command, timed_run
+from bench_cli_compare import command, install_args, timed_run
 
 NOT_FIGURES = ("wall_time_s", "config", "settings")
 
@@ -70,14 +71,10 @@ def table_differences(a: Path, b: Path) -> list[str]:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--base", type=Path, required=True, help="baseline virtual environment")
-    ap.add_argument("--new", type=Path, default=Path(sys.prefix), help="(default: this one)")
-    ap.add_argument("--requests", type=int, default=10_000)
-    ap.add_argument("--qps", type=float, default=1.0)
-    ap.add_argument("--policies", default="sarathi,vllm,orca,request_level")
+    install_args(ap)
     args = ap.parse_args()
     installs = {"base": args.base.absolute(), "new": args.new.absolute()}
-    env = {"WANDB_MODE": "disabled", **{k: v for k, v in __import__("os").environ.items()}}
+    env = {**os.environ, "WANDB_MODE": "disabled"}
     cwd = tempfile.mkdtemp()
     failed = False
     for policy in args.policies.split(","):

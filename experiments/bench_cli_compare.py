@@ -40,8 +40,8 @@ def command(install: Path, policy: str, requests: int, qps: float, run_dir: str)
             "progress=false", f"hydra.run.dir={run_dir}"]
 
 
-def timed_run(cmd: list[str], env: dict, cwd: str) -> tuple[float, float]:
-    """(wall s, peak RSS MiB) of one command; it must succeed."""
+def timed_run(cmd: list[str], env: dict, cwd: str) -> tuple[float, float, float]:
+    """(wall s, peak RSS MiB, CPU s: user + system) of one command; it must succeed."""
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE)
@@ -51,7 +51,7 @@ def timed_run(cmd: list[str], env: dict, cwd: str) -> tuple[float, float]:
     p.returncode = os.waitstatus_to_exitcode(status)
     if p.returncode:
         raise SystemExit(f"failed ({p.returncode}): {' '.join(cmd)}\n{err.decode()[-2000:]}")
-    return wall, usage.ru_maxrss / 1024
+    return wall, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
 
 
 def phase_run(cmd: list[str], env: dict, cwd: str) -> dict[str, float]:
@@ -147,7 +147,8 @@ def report(res: dict, installs: dict, policies: list[str], cols: list[str], repe
         print(f"{'':<14}{'ratio':<6}" + "".join(
             f"{med['new'][c] / med['base'][c]:>10.2f}" if med['base'][c] > 0.005 else f"{'':>10}"
             for c in cols) + f"{med['new']['rss'] / med['base']['rss']:>10.2f}")
-    print("wall: whole command (plain run); the phases come from a second, wrapped run; "
+    print("wall: whole command (plain run); cpu: its user + system CPU time (steadier than "
+          "wall on a loaded machine); the phases come from a second, wrapped run; "
           "min/max of wall:")
     for policy in policies:
         print(f"  {policy}: " + ", ".join(
@@ -169,19 +170,20 @@ def main():
     cwd = tempfile.mkdtemp()   # not a checkout: `sarathi_lab` comes from each install
     print(f"base {installs['base']}, new {installs['new']}; PYTHONDONTWRITEBYTECODE="
           f"{os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r}; {args.repeats} repeats")
-    res = {(p, k): {"wall": [], "rss": [], **{ph: [] for ph in PHASES}}
+    res = {(p, k): {"wall": [], "rss": [], "cpu": [], **{ph: [] for ph in PHASES}}
            for p in args.policies.split(",") for k in installs}
-    cols = ["wall"] + ([] if args.no_phases else list(PHASES))
+    cols = ["wall", "cpu"] + ([] if args.no_phases else list(PHASES))
     for i in range(args.repeats):
         for policy in args.policies.split(","):
             order = list(installs) if i % 2 == 0 else list(installs)[::-1]
             for kind in order:
                 cmd = command(installs[kind], policy, args.requests, args.qps,
                               tempfile.mkdtemp(dir=cwd))
-                wall, rss = timed_run(cmd, env, cwd)
+                wall, rss, cpu = timed_run(cmd, env, cwd)
                 r = res[policy, kind]
                 r["wall"].append(wall)
                 r["rss"].append(rss)
+                r["cpu"].append(cpu)
                 if not args.no_phases:
                     cmd[-1] = f"hydra.run.dir={tempfile.mkdtemp(dir=cwd)}"
                     for ph, v in phase_run(cmd, env, cwd).items():

@@ -105,7 +105,7 @@ def main():
           f"ours {args.new.absolute()}; {args.repeats} repeats")
     policies = args.policies.split(",")
     for policy in policies:   # trains (or loads) Vidur's predictor: its cache is in `work`
-        wall, rss = timed_run(vidur_command(args.vidur_python, policy, trace, work / "warm"),
+        wall, rss, _ = timed_run(vidur_command(args.vidur_python, policy, trace, work / "warm"),
                               vidur_env, str(work))
         print(f"Vidur {policy} first run (predictor trained or loaded): {wall:.1f} s, "
               f"{rss:.0f} MiB", flush=True)
@@ -120,7 +120,7 @@ def main():
                 else:
                     cmd, env = command(args.new.absolute(), policy, args.requests, args.qps,
                                        str(out)), ours_env
-                wall, rss = timed_run(cmd, env, str(work))
+                wall, rss, _ = timed_run(cmd, env, str(work))
                 res[policy, kind]["wall"].append(wall)
                 res[policy, kind]["rss"].append(rss)
                 if i == 0:

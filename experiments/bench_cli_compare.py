@@ -40,8 +40,8 @@ def command(install: Path, policy: str, requests: int, qps: float, run_dir: str)
             "progress=false", f"hydra.run.dir={run_dir}"]
 
 
-def timed_run(cmd: list[str], env: dict, cwd: str) -> tuple[float, float]:
-    """(wall s, peak RSS MiB) of one command; it must succeed."""
+def timed_run(cmd: list[str], env: dict, cwd: str) -> tuple[float, float, float]:
+    """(wall s, peak RSS MiB, CPU s: user + system) of one command; it must succeed."""
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE)
@@ -51,7 +51,7 @@ def timed_run(cmd: list[str], env: dict, cwd: str) -> tuple[float, float]:
     p.returncode = os.waitstatus_to_exitcode(status)
     if p.returncode:
         raise SystemExit(f"failed ({p.returncode}): {' '.join(cmd)}\n{err.decode()[-2000:]}")
-    return wall, usage.ru_maxrss / 1024
+    return wall, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
 
 
 def phase_run(cmd: list[str], env: dict, cwd: str) -> dict[str, float]:
@@ -126,44 +126,19 @@ def _phases_child(argv: list[str]) -> None:
     main()
 
 
-def main():
-    if len(sys.argv) > 1 and sys.argv[1] == "--phases-child":
-        return _phases_child(sys.argv[2:])
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def install_args(ap: argparse.ArgumentParser) -> None:
+    """The options every two-install bench takes (this one and bench_identical.py)."""
     ap.add_argument("--base", type=Path, required=True, help="baseline virtual environment")
     ap.add_argument("--new", type=Path, default=Path(sys.prefix), help="(default: this one)")
     ap.add_argument("--requests", type=int, default=10_000)
     ap.add_argument("--qps", type=float, default=1.0)
     ap.add_argument("--policies", default="sarathi,vllm,orca,request_level")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--no-phases", action="store_true", help="whole-command times only")
-    args = ap.parse_args()
-    installs = {"base": args.base.absolute(), "new": args.new.absolute()}
-    env = {**os.environ, "WANDB_MODE": "disabled"}
-    cwd = tempfile.mkdtemp()   # not a checkout: `sarathi_lab` comes from each install
-    print(f"base {installs['base']}, new {installs['new']}; PYTHONDONTWRITEBYTECODE="
-          f"{os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r}; {args.repeats} repeats")
-    res = {(p, k): {"wall": [], "rss": [], **{ph: [] for ph in PHASES}}
-           for p in args.policies.split(",") for k in installs}
-    for i in range(args.repeats):
-        for policy in args.policies.split(","):
-            order = list(installs) if i % 2 == 0 else list(installs)[::-1]
-            for kind in order:
-                cmd = command(installs[kind], policy, args.requests, args.qps,
-                              tempfile.mkdtemp(dir=cwd))
-                wall, rss = timed_run(cmd, env, cwd)
-                r = res[policy, kind]
-                r["wall"].append(wall)
-                r["rss"].append(rss)
-                if not args.no_phases:
-                    cmd[-1] = f"hydra.run.dir={tempfile.mkdtemp(dir=cwd)}"
-                    for ph, v in phase_run(cmd, env, cwd).items():
-                        r[ph].append(v)
-        print(f"repeat {i + 1}/{args.repeats} done", file=sys.stderr, flush=True)
-    cols = ["wall"] + ([] if args.no_phases else list(PHASES))
-    print(f"\nmedians over {args.repeats} repeats, seconds (peak RSS MiB); ratio new/base")
+
+
+def report(res: dict, installs: dict, policies: list[str], cols: list[str], repeats: int):
+    print(f"\nmedians over {repeats} repeats, seconds (peak RSS MiB); ratio new/base")
     print(f"{'policy':<14}{'':<6}" + "".join(f"{c:>10}" for c in cols) + f"{'RSS MiB':>10}")
-    for policy in args.policies.split(","):
+    for policy in policies:
         med = {k: {c: statistics.median(v) for c, v in res[policy, k].items() if v}
                for k in installs}
         for k in installs:
@@ -172,12 +147,51 @@ def main():
         print(f"{'':<14}{'ratio':<6}" + "".join(
             f"{med['new'][c] / med['base'][c]:>10.2f}" if med['base'][c] > 0.005 else f"{'':>10}"
             for c in cols) + f"{med['new']['rss'] / med['base']['rss']:>10.2f}")
-    print("\nwall: whole command (plain run); the phases come from a second, wrapped run; "
+    print("wall: whole command (plain run); cpu: its user + system CPU time (steadier than "
+          "wall on a loaded machine); the phases come from a second, wrapped run; "
           "min/max of wall:")
-    for policy in args.policies.split(","):
+    for policy in policies:
         print(f"  {policy}: " + ", ".join(
             f"{k} {min(res[policy, k]['wall']):.2f}-{max(res[policy, k]['wall']):.2f}"
             for k in installs))
+    sys.stdout.flush()
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--phases-child":
+        return _phases_child(sys.argv[2:])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    install_args(ap)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--no-phases", action="store_true", help="whole-command times only")
+    args = ap.parse_args()
+    installs = {"base": args.base.absolute(), "new": args.new.absolute()}
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    cwd = tempfile.mkdtemp()   # not a checkout: `sarathi_lab` comes from each install
+    print(f"base {installs['base']}, new {installs['new']}; PYTHONDONTWRITEBYTECODE="
+          f"{os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r}; {args.repeats} repeats")
+    res = {(p, k): {"wall": [], "rss": [], "cpu": [], **{ph: [] for ph in PHASES}}
+           for p in args.policies.split(",") for k in installs}
+    cols = ["wall", "cpu"] + ([] if args.no_phases else list(PHASES))
+    for i in range(args.repeats):
+        for policy in args.policies.split(","):
+            order = list(installs) if i % 2 == 0 else list(installs)[::-1]
+            for kind in order:
+                cmd = command(installs[kind], policy, args.requests, args.qps,
+                              tempfile.mkdtemp(dir=cwd))
+                wall, rss, cpu = timed_run(cmd, env, cwd)
+                r = res[policy, kind]
+                r["wall"].append(wall)
+                r["rss"].append(rss)
+                r["cpu"].append(cpu)
+                if not args.no_phases:
+                    cmd[-1] = f"hydra.run.dir={tempfile.mkdtemp(dir=cwd)}"
+                    for ph, v in phase_run(cmd, env, cwd).items():
+                        r[ph].append(v)
+        print(f"repeat {i + 1}/{args.repeats} done", file=sys.stderr, flush=True)
+        if i + 1 < args.repeats:   # so far (a run cut short still leaves its figures)
+            report(res, installs, args.policies.split(","), cols, i + 1)
+    report(res, installs, args.policies.split(","), cols, args.repeats)
 
 
 if __name__ == "__main__":

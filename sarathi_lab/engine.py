@@ -6,6 +6,8 @@ engine only moves the clock, hands arrivals over and records iterations.
 """
 from __future__ import annotations
 
+import inspect
+import itertools
 import logging
 from operator import attrgetter
 
@@ -13,11 +15,12 @@ import numpy as np
 
 from sarathi_lab.executors.base import Executor
 from sarathi_lab.guard import BatchGuard
-from sarathi_lab.request import Request
+from sarathi_lab.request import Request, Status
 from sarathi_lab.schedulers.base import Policy
 
 log = logging.getLogger(__name__)
 _COMPUTED = attrgetter("num_computed_tokens")
+_INF = float("inf")
 _NO_SWAPS = (0, 0, 0, 0, 0.0, 0)
 
 ITER_COLUMNS = ("start", "duration", "prefill_tokens", "decode_tokens", "num_requests",
@@ -36,6 +39,13 @@ def _all_decoding(reqs: list[Request]) -> bool:
         if not n or r.num_computed_tokens != r.num_prompt_tokens + n - 1:
             return False
     return True
+
+
+def _takes_ended(method) -> bool:
+    """Whether an `advance_decodes` accepts `ended` (one written before it existed does not,
+    and is never asked to end requests)."""
+    params = inspect.signature(method).parameters
+    return "ended" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 def _owner(cls: type, method: str) -> type:
@@ -84,6 +94,10 @@ class Engine:
         # the executor's default stop rule is applied in the guard's pass over the batch
         self._stops = executor.stop_lengths() if type(executor).finished is Executor.finished \
             else None
+        # `run` ends requests inside a skipped run (its last iteration) where the engine applies
+        # the stop rule itself and the policy's advance_decodes takes `ended`
+        self._fold = self.fast_forward and self._stops is not None \
+            and _takes_ended(policy.advance_decodes)
         # iteration records, fields as ITER_COLUMNS: a tuple per stepped iteration, and per
         # skipped run its arrays and scalars, turned into rows only when asked (`iterations`)
         self.rows: list[tuple] = []
@@ -103,7 +117,9 @@ class Engine:
         n_rows = len(self.rows) + self._n_skipped
         if self._table is not None and len(self._table) == n_rows:
             return self._table
-        table = np.empty((n_rows, len(ITER_COLUMNS)))
+        # filled column by column (a row per column, transposed at the end): each skipped
+        # run's values are whole arrays, each stepped record a tuple
+        cols = np.empty((len(ITER_COLUMNS), n_rows))
         stepped = np.ones(n_rows, bool)
         if self._runs:
             first, now, durs, ends, extra, B, used, stored, waiting, host = zip(*self._runs)
@@ -116,22 +132,22 @@ class Engine:
             start = np.empty_like(ends_all)
             start[1:] = ends_all[:-1]
             start[offsets] = now                      # a run starts where the clock stood
-            step_no = within + 1
             B = np.repeat(np.array(B, float), ks)
-            run = table[pos]
-            run[:, 0], run[:, 1], run[:, 2] = start, np.concatenate(durs), 0
-            run[:, 3] = run[:, 4] = B
-            run[:, 5] = np.repeat(np.array(used, float), ks) + np.concatenate(extra)
-            run[:, 6] = np.repeat(np.array(stored, float), ks) + B * step_no
-            run[:, 7] = 0
-            run[:, 8] = np.repeat(np.array(waiting, float), ks)
-            run[:, 9:15] = 0                          # no decode run swaps
-            run[:, 15] = np.repeat(np.array(host, float), ks)
-            table[pos] = run
+            cols[0, pos] = start
+            cols[1, pos] = np.concatenate(durs)
+            cols[2, pos] = cols[7, pos] = 0
+            cols[3, pos] = cols[4, pos] = B
+            cols[5, pos] = np.repeat(np.array(used, float), ks) + np.concatenate(extra)
+            cols[6, pos] = np.repeat(np.array(stored, float), ks) + B * (within + 1)
+            cols[8, pos] = np.repeat(np.array(waiting, float), ks)
+            cols[9:15, pos] = 0                       # no decode run swaps
+            cols[15, pos] = np.repeat(np.array(host, float), ks)
         if self.rows:
-            table[stepped] = np.array(self.rows, dtype=float)
-        self._table = table
-        return table
+            rows = np.fromiter(itertools.chain.from_iterable(self.rows), float,
+                               len(self.rows) * len(ITER_COLUMNS))
+            cols[:, stepped] = rows.reshape(-1, len(ITER_COLUMNS)).T
+        self._table = cols.T
+        return self._table
 
     def swap_space(self) -> dict | None:
         """The host swap space, for the summary (`metrics.summarize`): its blocks and the
@@ -228,6 +244,10 @@ class Engine:
         reqs = sorted(requests, key=lambda r: r.arrival_time)
         policy = self.policy
         i, n_total = 0, len(reqs)
+        # every running request decodes and the last batch preempted nothing: the state in which
+        # the policy is asked whether the next batches are steady decodes (after a batch, a
+        # skipped run, or an arrival that only joined the queue)
+        decoding = False
         while True:
             while i < n_total and reqs[i].arrival_time <= self.now:   # admit
                 self.add_request(reqs[i])
@@ -237,8 +257,13 @@ class Engine:
                     break
                 self.now = max(self.now, reqs[i].arrival_time)   # idle: jump to next arrival
                 continue
+            if decoding and self.fast_forward and self._steady() \
+                    and self._skip_decodes(reqs[i].arrival_time if i < n_total else _INF,
+                                           self._fold):
+                continue
             out, done, n_pre, n_dec = self.step()
             if not out:
+                decoding = False
                 if out.rejected or not policy.has_work():
                     continue
                 if i < n_total and not policy.running:
@@ -251,9 +276,9 @@ class Engine:
                     f"{len(policy.running)} running requests "
                     f"and {kv.num_free_blocks}/{kv.num_blocks} KV blocks free; it would never "
                     "make progress")
-            if self.fast_forward:
-                self.skip_ahead(out, done, n_pre, n_dec,
-                                reqs[i].arrival_time if i < n_total else float("inf"))
+            decoding = not out.preempted and (
+                n_pre == 0 and n_dec == len(out) == len(policy.running) + len(done)
+                or _all_decoding(policy.running))
         self.guard.finished()
         return reqs
 
@@ -275,58 +300,96 @@ class Engine:
         """After `step()` returned (out, done, n_pre, n_dec), with fast-forward on: if every
         running request is now decoding (after a decode batch, a finish or the last chunk of a
         prompt), the last batch preempted nothing and the policy says the next batch is one
-        decode of each of them, run the decode iterations before `next_arrival` at once. For
-        `run` and for drivers of their own that call `step` (closed-loop clients, fleets)."""
+        decode of each of them, run the decode iterations before `next_arrival` at once, up to
+        (not including) the first that ends a request. For drivers of their own that call
+        `step` (closed-loop clients, fleets): every request still ends in a `step`."""
         policy = self.policy
         if policy.running and not out.preempted \
                 and (n_pre == 0 and n_dec == len(out) == len(policy.running) + len(done)
-                     or _all_decoding(policy.running)) and policy.steady_decode() \
-                and not (policy.swapped and policy.swap_in_possible()):
-            # a swap-in that could happen now is the next batch's: the run would skip it
-            self._skip_decodes(next_arrival)
+                     or _all_decoding(policy.running)) and self._steady():
+            self._skip_decodes(next_arrival, False)
 
-    def _skip_decodes(self, next_arrival: float) -> None:
+    def _steady(self) -> bool:
+        """Whether the policy says its next batches are one decode of every running request;
+        a swap-in that could happen now is the next batch's, which a run would skip."""
+        policy = self.policy
+        return bool(policy.running) and policy.steady_decode() \
+            and not (policy.swapped and policy.swap_in_possible())
+
+    def _skip_decodes(self, next_arrival: float, fold: bool) -> bool:
         """Run k identical decode-only iterations at once: same requests, contexts +1 each step,
-        stopping before any request finishes, an arrival is due, or KV would run out. Produces
-        exactly what k single steps would, through the policy's `advance_decodes`."""
+        stopping before an arrival is due or KV would run out, and at the first iteration that
+        ends a request: with `fold`, that iteration is the run's last (its requests end in
+        it), else the run stops before it (and needs k >= 2). Produces exactly what k single
+        steps would, through the policy's `advance_decodes`. True if it ran any."""
         policy, kv, ex = self.policy, self.kv, self.executor
         running = policy.running
-        # no request may finish inside the run: the last of it is taken by the normal loop
         stops = self._stops
         if stops is not None:   # the default stop rule, read directly: asked after most steps
-            k = min([stops[r.request_id] - r.num_output_tokens for r in running]) - 1
+            left = [stops[r.request_id] - r.num_output_tokens for r in running]
+            k_end = min(left)
         else:
-            k = int(ex.tokens_left(running).min()) - 1
-        if k < 2:
-            return
+            k_end = int(ex.tokens_left(running).min())
+        # iteration k_end ends the requests with the fewest tokens left
+        k = k_end if fold else k_end - 1
+        if k < (1 if fold else 2):
+            return False
         B = len(running)
         ctx = np.fromiter(map(_COMPUTED, running), np.int64, B)
         durs = ex.decode_run(ctx, k)
-        # left to right from `now`, as k single steps would add them (same rounding)
-        ends = durs.copy()
-        ends[0] += self.now
-        ends = np.add.accumulate(ends)
-        # iteration j starts at ends[j-1]; arrivals at or before a start are admitted first
-        k = min(k, int(np.searchsorted(ends, next_arrival, side="left")) + 1)
-        if k < 2:
-            return
+        # the clocks at which the iterations end, left to right from `now` as k single steps
+        # add them (the same rounding); iteration j starts at the end of j - 1, and arrivals
+        # at or before a start are admitted first: the run stops at the first end at or after
+        # the next arrival
+        times, t = [], self.now
+        for d in durs.tolist():
+            t += d
+            times.append(t)
+            if t >= next_arrival:
+                break
+        k = len(times)
         extra = kv.decode_growth(running, ctx, k)   # blocks beyond today's after each step
         k = min(k, int(np.searchsorted(extra, kv.num_free_blocks, side="right")))
-        if k < 2:
-            return
-        durs, ends, extra = durs[:k], ends[:k], extra[:k]
-        times = ends.tolist()
+        if k < (1 if fold else 2):
+            return False
+        ended = [r for r, n in zip(running, left) if n == k] if fold and k == k_end else ()
+        del times[k:]
+        durs, extra = durs[:k], extra[:k]
+        ends = np.array(times)
         used_before, stored_before = kv.num_used_blocks, kv.num_stored_tokens
+        waiting = len(policy.waiting)   # nothing arrives or is admitted inside the run
         try:
-            policy.advance_decodes(times)
+            done = policy.advance_decodes(times, ended) if fold else policy.advance_decodes(times)
         except Exception as e:
             raise self._blame(policy, "advance_decodes", e) from e
-        assert kv.num_used_blocks == used_before + extra[-1] \
-            and kv.num_stored_tokens == stored_before + B * k, \
-            "advance_decodes did not do what k decode steps would"
-        # nothing arrives or is admitted inside the run: the waiting queue stays as it is
-        self._runs.append((len(self.rows) + self._n_skipped, self.now, durs, ends, extra, B,
-                           used_before, stored_before, len(policy.waiting),
-                           kv.num_used_host_blocks))
-        self._n_skipped += k
+        n_steady = k - 1 if ended else k   # iterations recorded as a run; a finish: a row
+        if ended:
+            holders = kv.block_counts()
+            assert list(done or ()) == ended and all(
+                r.status is Status.FINISHED and r.request_id not in holders for r in ended) \
+                and kv.num_stored_tokens == stored_before + B * k \
+                - sum(r.num_computed_tokens for r in ended) \
+                and kv.num_used_blocks <= used_before + extra[-1], \
+                "advance_decodes did not do what k decode steps would"
+        else:
+            assert kv.num_used_blocks == used_before + extra[-1] \
+                and kv.num_stored_tokens == stored_before + B * k, \
+                "advance_decodes did not do what k decode steps would"
+        if n_steady:
+            self._runs.append((len(self.rows) + self._n_skipped, self.now, durs[:n_steady],
+                               ends[:n_steady], extra[:n_steady], B, used_before,
+                               stored_before, waiting, kv.num_used_host_blocks))
+            self._n_skipped += n_steady
+        if ended:   # the last iteration, recorded as `step` would (KV after the finishes)
+            start = times[-2] if k > 1 else self.now
+            self.rows.append((start, float(durs[-1]), 0, B, B, kv.pool.num_used,
+                              kv.num_stored_tokens, 0, waiting, *_NO_SWAPS,
+                              kv.num_used_host_blocks))
+            for r in ended:
+                r.finish_reason = ex.finish_reason(r)
+            self.num_done += len(ended)
+            self.guard.progressed(B, len(ended), self._where)
+            if self.progress is not None:
+                self.progress(self.num_done, self.num_tokens)
         self.now = times[-1]
+        return True

@@ -66,7 +66,7 @@ class BatchGuard:
             i = next(i for i, k in enumerate(ns) if k < 1)
             self._fail("at least one token per entry", f"request {reqs[i].request_id!r} is given "
                        f"{ns[i]} tokens", where)
-        if n > 1 and len(set(map(id, reqs))) < n:
+        if n > 1 and len(set(reqs)) < n:   # requests hash and compare by identity
             seen = set()
             dup = next(r for r in reqs if id(r) in seen or seen.add(id(r)))
             self._fail("each request once per batch", f"request {dup.request_id!r} appears "

@@ -122,11 +122,13 @@ def token_times_flat(req_df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return flat, np.repeat(np.arange(len(lens)), lens)
 
 
-def tbt_gaps(req_df: pd.DataFrame, with_times: bool = False) -> tuple[np.ndarray, ...]:
+def tbt_gaps(req_df: pd.DataFrame, with_times: bool = False,
+             flat_owner=None) -> tuple[np.ndarray, ...]:
     """All TBT gaps pooled, and the request row each belongs to (non-decreasing); with_times
     adds when each gap ends (the time of its later token). `token_times` entries may be lists
-    or arrays (as requests_table and a parquet file give them)."""
-    flat, owner = token_times_flat(req_df)
+    or arrays (as requests_table and a parquet file give them). `flat_owner`:
+    token_times_flat(req_df), if already computed."""
+    flat, owner = flat_owner if flat_owner is not None else token_times_flat(req_df)
     gaps = np.diff(flat)
     same = owner[1:] == owner[:-1]
     if with_times:
@@ -223,18 +225,19 @@ def _labels(req_df: pd.DataFrame, col: str) -> np.ndarray:
 SERVICE_WEIGHTS = {"prompt": 1.0, "output": 2.0}
 
 
-def service_tokens(req_df: pd.DataFrame, weights=None,
-                   until: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+def service_tokens(req_df: pd.DataFrame, weights=None, until: float | None = None,
+                   flat_owner=None) -> tuple[np.ndarray, np.ndarray]:
     """Per request (service received, service asked for) in weighted tokens. Received: the
     prompt once its first token came out, plus every output token (with `until`, only those
     out by then); recompute after a preemption is the server's loss, not service. Asked: the
-    prompt plus the workload's output length."""
+    prompt plus the workload's output length. `flat_owner`: token_times_flat(req_df), if
+    already computed."""
     w = weights or SERVICE_WEIGHTS
     prompt = req_df["num_prompt_tokens"].to_numpy(float)
     out = req_df["num_output_tokens"].to_numpy(float)
     started = out > 0
     if until is not None:
-        flat, owner = token_times_flat(req_df)
+        flat, owner = flat_owner if flat_owner is not None else token_times_flat(req_df)
         out = np.bincount(owner[flat <= until], minlength=len(req_df)).astype(float)
         started = out > 0
     target = req_df["target_output_tokens"].to_numpy(float)
@@ -252,11 +255,12 @@ def jain(x) -> float | None:
 
 
 def group_metrics(req_df: pd.DataFrame, col: str, gaps_owner, span: float,
-                  met: np.ndarray | None = None) -> dict:
+                  met: np.ndarray | None = None, whole: dict | None = None) -> dict:
     """{value of `col` (slo_class, tenant): its requests' counts, TTFT, TBT (its requests' gaps,
     pooled) and E2E, and with an SLO its attainment (over all its requests, rejected ones
     included) and goodput (requests meeting the SLO / the run's makespan, so that the groups'
-    goodputs add up to the run's)}."""
+    goodputs add up to the run's)}. `whole`: the run's own "ttft", "tbt" and "e2e" figures,
+    if already computed: a group that holds every request has exactly those."""
     gaps, owner = gaps_owner
     names, code = _group_codes(req_df, col)
     status = req_df["status"].to_numpy()
@@ -266,11 +270,16 @@ def group_metrics(req_df: pd.DataFrame, col: str, gaps_owner, span: float,
     out = {}
     for i, name in enumerate(names):
         rows = rows_of[i]
+        if whole is not None and len(rows) == len(status):
+            # every request, in order: the same values as the run's figures came from
+            figures = {k: dict(whole[k]) for k in ("ttft", "tbt", "e2e")}
+        else:
+            figures = {"ttft": _stats(ttft[rows]), "tbt": _stats(gaps[gaps_of[i]]),
+                       "e2e": _stats(e2e[rows])}
         g = {"num_requests": len(rows),
              "num_finished": int((status[rows] == "finished").sum()),
              "num_rejected": int((status[rows] == "rejected").sum()),
-             "ttft": _stats(ttft[rows]), "tbt": _stats(gaps[gaps_of[i]]),
-             "e2e": _stats(e2e[rows])}
+             **figures}
         if met is not None:
             g["attainment"] = float(met[rows].mean())
             g["goodput_rps"] = float(met[rows].sum()) / span if span > 0 else 0.0
@@ -286,20 +295,23 @@ def _group_codes(req_df: pd.DataFrame, col: str) -> tuple[list[str], np.ndarray]
 
 def _split(code: np.ndarray, n: int) -> list[np.ndarray]:
     """The positions holding each code 0..n-1, in order."""
+    if n == 1:   # what the stable sort below gives, without sorting millions of gaps
+        return [np.arange(len(code))]
     order = np.argsort(code, kind="stable")
     return np.split(order, np.searchsorted(code[order], np.arange(1, n)))
 
 
-def tenant_service(req_df: pd.DataFrame, tenants: dict, weights=None) -> dict:
+def tenant_service(req_df: pd.DataFrame, tenants: dict, weights=None,
+                   flat_owner=None) -> dict:
     """Adds each tenant's service received and asked for (weighted tokens), its share of all
     service, and the service it had received by the last arrival to `tenants` (group_metrics
     by tenant); returns the fairness figures: Jain's index over the tenants' service (`jain`),
     over the share of its demand each was served (`jain_of_demand_served`) and over the
     service by the last arrival (`jain_by_last_arrival`: while requests still come, before the
-    run drains whatever is left)."""
+    run drains whatever is left). `flat_owner`: token_times_flat(req_df), if already computed."""
     got, asked = service_tokens(req_df, weights)
     last = float(req_df["arrival_time"].max()) if len(req_df) else 0.0
-    early, _ = service_tokens(req_df, weights, until=last)
+    early, _ = service_tokens(req_df, weights, until=last, flat_owner=flat_owner)
     names, code = _group_codes(req_df, "tenant")
     assert names == list(tenants), "tenants must be group_metrics(req_df, 'tenant', ...)"
     sums = [np.bincount(code, weights=x, minlength=len(names)) for x in (got, asked, early)]
@@ -446,7 +458,8 @@ def summarize(req_df: pd.DataFrame, it_df: pd.DataFrame, *, slo: dict | None = N
     gives the `swap` section."""
     slo = dict(slo or {})
     fin = req_df[req_df["status"] == "finished"]
-    gaps_owner = tbt_gaps(req_df)
+    flat_owner = token_times_flat(req_df)
+    gaps_owner = tbt_gaps(req_df, flat_owner=flat_owner)
     gaps = gaps_owner[0]
     span = float(np.nanmax(req_df["finish_time"]) - req_df["arrival_time"].min()) \
         if len(fin) else 0.0
@@ -493,9 +506,9 @@ def summarize(req_df: pd.DataFrame, it_df: pd.DataFrame, *, slo: dict | None = N
     if swap_space:
         out["swap"] = swap_stats(req_df, it_df, **swap_space)
     met = slo_met(req_df, slo, gaps_owner) if slo else None
-    out["classes"] = group_metrics(req_df, "slo_class", gaps_owner, span, met)
-    out["tenants"] = group_metrics(req_df, "tenant", gaps_owner, span, met)
-    out["fairness"] = tenant_service(req_df, out["tenants"])
+    out["classes"] = group_metrics(req_df, "slo_class", gaps_owner, span, met, whole=out)
+    out["tenants"] = group_metrics(req_df, "tenant", gaps_owner, span, met, whole=out)
+    out["fairness"] = tenant_service(req_df, out["tenants"], flat_owner=flat_owner)
     if price_per_gpu_hour is not None:
         out["cost"] = run_cost(req_df, span, price_per_gpu_hour, num_gpus)
     if slo:

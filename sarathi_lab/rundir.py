@@ -53,6 +53,52 @@ def atomic_write(path, write: Callable[[Path], object]) -> None:
         raise
 
 
+def _float_arrays(col) -> bool:
+    """Whether every entry of an object column is a 1-d float64 array (the per-token times)."""
+    import numpy as np
+    return len(col) > 0 and all(type(v) is np.ndarray and v.dtype == np.float64 and v.ndim == 1
+                                for v in col)
+
+
+def to_arrow(df):
+    """`df` as `pyarrow.Table.from_pandas(df, preserve_index=False)` makes it (the same columns,
+    types and pandas metadata), but a column whose entries are all float arrays (the per-token
+    times: millions of values in thousands of arrays) becomes one list array over their
+    concatenation instead of being converted array by array."""
+    import numpy as np
+    import pyarrow as pa
+    names = list(df.columns)
+    lists = [c for c in names if df[c].dtype == object and _float_arrays(df[c].to_numpy())] \
+        if all(type(c) is str for c in names) and len(set(names)) == len(names) else []
+    if not lists:
+        return pa.Table.from_pandas(df, preserve_index=False)
+    rest = pa.Table.from_pandas(df.drop(columns=lists), preserve_index=False)
+    meta = json.loads(rest.schema.metadata[b"pandas"])
+    entry = {c["name"]: c for c in meta["columns"]}
+    arrays, fields, entries = [], [], []
+    for name in names:
+        if name in lists:
+            values = df[name].to_numpy()
+            lens = np.fromiter(map(len, values), np.int64, len(values))
+            if lens.sum() >= 2**31:   # beyond a list array's 32-bit offsets: pyarrow's own way
+                return pa.Table.from_pandas(df, preserve_index=False)
+            offsets = np.zeros(len(values) + 1, np.int32)
+            np.cumsum(lens, out=offsets[1:])
+            column = pa.ListArray.from_arrays(pa.array(offsets),
+                                              pa.array(np.concatenate(values), pa.float64()))
+            entries.append({"name": name, "field_name": name, "pandas_type": "list[float64]",
+                            "numpy_type": "object", "metadata": None})
+            fields.append(pa.field(name, column.type))
+        else:
+            column = rest.column(name)
+            entries.append(entry[name])
+            fields.append(rest.schema.field(name))
+        arrays.append(column)
+    meta["columns"] = entries
+    return pa.Table.from_arrays(arrays, schema=pa.schema(
+        fields, metadata={**rest.schema.metadata, b"pandas": json.dumps(meta).encode()}))
+
+
 def write_parquet(path, df) -> None:
     """A table as parquet, atomically. Dictionary encoding only for columns that are not
     floating point: times and durations are nearly all distinct, and trying a dictionary on
@@ -61,7 +107,7 @@ def write_parquet(path, df) -> None:
 
     def floating(t) -> bool:
         return pa.types.is_floating(t) or (pa.types.is_list(t) and floating(t.value_type))
-    table = pa.Table.from_pandas(df, preserve_index=False)
+    table = to_arrow(df)
     dictionary = [f.name for f in table.schema if not floating(f.type)]
 
     def write(p):

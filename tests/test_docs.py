@@ -116,6 +116,7 @@ def test_fair_policy_example_counts_the_same_with_and_without_fast_forward(plugi
     fast, eng, reqs = _fair_run(plugins, monkeypatch, True)
     slow, _, _ = _fair_run(plugins, monkeypatch, False)
     assert eng.fast_forward    # update and advance_decodes overridden together: still on
+    assert eng._fold           # and its advance_decodes ends requests inside skipped runs
     it = iterations_table(eng.iterations())
     assert it["preemptions"].sum() > 0     # the KV is small enough for its victim rule to act
     assert fast.served == slow.served

@@ -137,16 +137,43 @@ def _ff_pair(name, reqs_of, **kw):
     return runs, calls
 
 
-def test_fast_forward_starts_right_after_the_prefill_and_after_a_finish():
-    # one prefill then 9 decodes: iteration 1 prefills, then a skip of 8 (the last decode,
-    # which finishes the request, is stepped); b's finish leaves a alone and steady again
+def test_fast_forward_starts_right_after_the_prefill_and_ends_requests_in_its_runs():
+    # one prefill then 9 decodes: iteration 1 prefills, then a run of 9 whose last iteration
+    # finishes b (recorded as a row of its own, as stepping records it); a, alone and steady,
+    # runs on to its own finish in a second run of 30
     runs, calls = _ff_pair("vllm", lambda: [req(0, 4, 40), req(1, 4, 10)], max_model_len=64)
     (eng, reqs), (ref_eng, ref) = runs[True], runs[False]
     assert [r.token_times for r in reqs] == [r.token_times for r in ref]
+    assert [(r.finish_time, r.finish_reason, r.status) for r in reqs] == \
+        [(r.finish_time, r.finish_reason, r.status) for r in ref]
     assert (eng.iterations() == ref_eng.iterations()).all()
-    # stepped: the prefill, b's last decode, a's last decode; skipped: 8 + 29 decodes
+    # stepped: the prefill only; skipped: 8 + 29 decodes, and the two finishing iterations
     assert eng.num_iterations == ref_eng.num_iterations == calls[False] == 40
-    assert calls[True] == 3
+    assert calls[True] == 1
+    assert eng._n_skipped == 8 + 29 and len(eng.rows) == 3
+    assert eng.kv.num_used_blocks == 0 and eng.num_done == 2
+
+
+def test_a_policy_whose_advance_decodes_takes_no_ended_steps_every_finish():
+    # an advance_decodes written before `ended` existed is never asked to end requests
+    class Old(type(make_policy("vllm"))):
+        def advance_decodes(self, times):
+            self.advanced = getattr(self, "advanced", 0) + len(times)
+            return super().advance_decodes(times)
+    runs = {}
+    for ff in (True, False):
+        base = make_policy("vllm", max_model_len=64)
+        p = Old(base.cfg, base.kv)
+        reqs = [req(0, 4, 40), req(1, 4, 10)]
+        eng = Engine(p, LinearCost(base=0.01, per_token=1e-4), fast_forward=ff)
+        eng.run(reqs)
+        runs[ff] = (eng, reqs, p)
+    (eng, reqs, p), (ref_eng, ref, _) = runs[True], runs[False]
+    assert eng.fast_forward and not eng._fold
+    assert (eng.iterations() == ref_eng.iterations()).all()
+    assert [r.token_times for r in reqs] == [r.token_times for r in ref]
+    # the prefill, b's last decode and a's last decode are stepped; 8 + 29 decodes skipped
+    assert len(eng.rows) == 3 and p.advanced == 8 + 29
 
 
 

@@ -693,3 +693,27 @@ def test_prefix_caching_with_reserved_kv_is_refused():
                           "enable_prefix_caching": True})
     with pytest.raises(ValueError, match="enable_prefix_caching"):
         build(cfg)
+
+
+def test_a_group_holding_every_request_has_the_runs_figures_and_others_their_own():
+    # four_requests: one class and one tenant ("default"); its figures are the run's, as a
+    # separate copy (summary.json holds them twice)
+    s = summarize(four_requests(), ITERS)
+    for groups in (s["classes"], s["tenants"]):
+        g = groups["default"]
+        assert g["ttft"] == s["ttft"] and g["tbt"] == s["tbt"] and g["e2e"] == s["e2e"]
+        assert g["ttft"] is not s["ttft"]
+        # gaps 0.5, 0.5, 1, 1, 6: P90 at 3.6 of 4 -> 1 + 0.6 x 5, P99 at 3.96 -> 1 + 0.96 x 5
+        assert g["tbt"] == {"mean": approx(9 / 5), "p50": 1.0, "p90": approx(4.0),
+                            "p99": approx(5.8), "max": 6.0}
+    # two tenants: r0 and r2 in A (gaps 1, 1), r1 and r3 in B (gaps 0.5, 0.5, 6)
+    reqs = [finished(0, 0.0, 0.5, [1.0, 2.0, 3.0]), finished(1, 1.0, 1.0, [2.0, 2.5, 3.0, 9.0]),
+            finished(2, 2.0, 4.0, [6.0]), rejected(3, 3.0)]
+    for r in reqs:
+        r.tenant = "A" if r.request_id % 2 == 0 else "B"
+    t = summarize(table(reqs), ITERS)["tenants"]
+    assert t["A"]["tbt"]["max"] == 1.0 and t["A"]["tbt"]["mean"] == 1.0
+    assert t["B"]["tbt"]["max"] == 6.0 and t["B"]["tbt"]["mean"] == approx(7 / 3)
+    assert t["A"]["ttft"]["mean"] == approx((1 + 4) / 2) and t["B"]["ttft"]["mean"] == 1.0
+    assert t["B"]["e2e"]["max"] == 8.0 and t["A"]["num_rejected"] == 0 \
+        and t["B"]["num_rejected"] == 1

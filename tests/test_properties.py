@@ -137,7 +137,9 @@ def test_policy_invariants(data):
     # fast-forward skips steady decode runs; it must produce exactly the same run
     _, reqs_ff, it_ff, _ = run(cfg, spec, fast_forward=True)
     for a, b in zip(reqs, reqs_ff):
-        assert (a.status, a.num_output_tokens, a.num_preemptions, a.first_scheduled_time) == \
-            (b.status, b.num_output_tokens, b.num_preemptions, b.first_scheduled_time)
+        assert (a.status, a.num_output_tokens, a.num_preemptions, a.first_scheduled_time,
+                a.finish_time, a.finish_reason) == \
+            (b.status, b.num_output_tokens, b.num_preemptions, b.first_scheduled_time,
+             b.finish_time, b.finish_reason)
         assert a.token_times == b.token_times
     np.testing.assert_array_equal(it.to_numpy(), it_ff.to_numpy())

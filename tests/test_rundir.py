@@ -120,3 +120,30 @@ def test_write_parquet_reads_back_as_pandas_wrote_it_with_dictionaries_only_off_
                   if any("DICTIONARY" in e for e in meta.column(i).encodings)}
     assert dictionary == {"status", "num_output_tokens"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["new.parquet", "pandas.parquet"]
+
+
+def test_to_arrow_builds_float_array_columns_in_one_piece_as_pyarrow_would(tmp_path, monkeypatch):
+    import numpy as np
+    import pyarrow as pa
+
+    from conftest import req
+    from sarathi_lab.metrics import requests_table
+    reqs = [req(0, 4, 3), req(1, 5, 2), req(2, 6, 1)]
+    reqs[0].token_times, reqs[1].token_times = [1.0, 2.0, 3.5], [0.25]
+    reqs[1].prompt_token_ids = [1, 2, 3, 4, 5]   # a list column of ints: pyarrow's own way
+    df = requests_table(reqs)
+    assert rundir._float_arrays(df["token_times"].to_numpy())
+    assert not rundir._float_arrays(df["prompt_token_ids"].to_numpy())
+    ref = pa.Table.from_pandas(df, preserve_index=False)
+    seen = []
+    monkeypatch.setattr(rundir, "_float_arrays",
+                        lambda col, _f=rundir._float_arrays: seen.append(_f(col)) or seen[-1])
+    got = rundir.to_arrow(df)
+    # token_times in one piece; the other object columns (ids, strings) as pyarrow does them
+    assert seen.count(True) == 1
+    assert got.schema.equals(ref.schema, check_metadata=True) and got.equals(ref)
+    assert got["token_times"].to_pylist() == [[1.0, 2.0, 3.5], [0.25], []]
+    # a column holding anything else goes through pyarrow alone
+    other = pd.DataFrame({"t": [np.array([1.0]), np.array([1], np.int64)]})
+    assert rundir.to_arrow(other).equals(pa.Table.from_pandas(other, preserve_index=False))
+    assert seen[-1] is False

@@ -463,9 +463,13 @@ class Policy(abc.ABC):
             for r, pairs in moves:
                 r.swap_time_s += seconds * len(pairs) / total
 
-    def advance_decodes(self, times: list[float]) -> None:
+    def advance_decodes(self, times: list[float], ended: list[Request] = ()) -> list[Request]:
         """What len(times) `update()` calls would do for as many decode-only batches of every
-        running request, none of which finishes: the fast-forward's one entry point."""
+        running request: the fast-forward's one entry point. `ended` (running requests, in
+        `running` order): those the executor ends in the last of these batches, as `update`
+        ends them; none ends before. Returns them, finished (as `update` returns its batch's).
+        An override that takes no `ended` is never given one (the engine then steps every
+        batch that ends a request)."""
         k = len(times)
         running = self.running
         if self.admission is not None:
@@ -478,3 +482,12 @@ class Policy(abc.ABC):
             r.num_computed_tokens += k
             r.num_output_tokens += k
             r.token_times.extend(times)
+        if not ended:
+            return []
+        end = times[-1]
+        for r in ended:
+            r.status = Status.FINISHED
+            r.finish_time = end
+            self.kv.free(r)
+        self.running = [r for r in running if r.status is Status.RUNNING]
+        return list(ended)

@@ -167,11 +167,11 @@ class VTC(Sarathi):
                 served[r.tenant] = served.get(r.tenant, 0) + r.num_output_tokens - b
         return done
 
-    def advance_decodes(self, times):
-        super().advance_decodes(times)
+    def advance_decodes(self, times, ended=()):
         served, k = self.waiting.output_tokens, len(times)
-        for r in self.running:
+        for r in self.running:   # those that end in the last step included
             served[r.tenant] = served.get(r.tenant, 0) + k
+        return super().advance_decodes(times, ended)
 
     def steady_decode(self):
         # counters grow during a decode run, so the turn may pass to any backlogged tenant:

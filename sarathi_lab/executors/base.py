@@ -53,6 +53,9 @@ class Executor(abc.ABC):
     uses_hardware: ClassVar[bool] = False
     #: True when `decode_run` is implemented (lets the engine skip through steady decode runs)
     supports_fast_forward: ClassVar[bool] = False
+    #: True when the executor runs pipeline stages (an ``executor.pipeline_parallel`` setting,
+    #: `join_pipeline`; sarathi_lab/pipeline.py drives it); False: that setting is an error
+    supports_pipeline: ClassVar[bool] = False
 
     @classmethod
     def parse_config(cls, values: dict, where: str = "executor"):

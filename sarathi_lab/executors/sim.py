@@ -2,6 +2,13 @@
 
 Settings (``configs/executor/sim.yaml``): `SimConfig` below, plus the chosen cost model's own
 (`RooflineConfig` for ``roofline``), set flat under ``executor``.
+
+With ``pipeline_parallel`` P > 1 the executor is one of P virtual engines' (sarathi_lab/pipeline.py
+makes them and joins them to one stage clock): a batch is a micro-batch whose CPU side, layers
+(split among the stages by their layers), LM head (last stage) and activation transfers are
+placed on the pipeline's stages; its duration runs from its scheduling to its leaving the last
+stage. KV capacity: what every stage's GPUs hold beside their layers' weights, shared out among
+the virtual engines (vLLM v0).
 """
 from __future__ import annotations
 
@@ -16,12 +23,15 @@ from sarathi_lab.settings import ConfigError, parse, setting
 @dataclass
 class SimConfig(ExecutorConfig):
     cost_model: str = setting("roofline", help="a registered cost model or a dotted path")
-    tensor_parallel: int = setting(1, ge=1, le=64, help="GPUs per model replica")
+    tensor_parallel: int = setting(1, ge=1, le=64, help="GPUs per model replica (per stage)")
     gpu_memory_utilization: float = setting(0.9, gt=0, le=1,
                                             help="share of GPU memory the engine may use")
     workspace_bytes: int = setting(2**30, ge=0, help="memory held back: CUDA context, workspaces")
     activation_tokens: int = setting(8192, ge=0,
                                      help="activations of the largest step, held back from KV")
+    pipeline_parallel: int = setting(1, ge=1, le=64, help="pipeline stages per replica, each "
+                                     "a tensor_parallel group (GPUs: their product); > 1 runs "
+                                     "vLLM v0's virtual engines, one per stage")
     # the chosen cost model's typed settings, filled by SimExecutor.parse_config
     cost_model_settings: object = field(default=None, metadata={"internal": True})
 
@@ -30,7 +40,8 @@ class SimExecutor(Executor):
     config_class = SimConfig
     simulated = True
     uses_hardware = True
-    supports_fast_forward = True
+    supports_fast_forward = True   # with pipeline_parallel 1 (the pipeline steps every batch)
+    supports_pipeline = True
 
     @classmethod
     def reads_model_key(cls, key: str) -> bool:
@@ -75,17 +86,82 @@ class SimExecutor(Executor):
         self.cost_model = cm_cls(model, hardware, cfg.tensor_parallel, cm_cfg)
         # bound once: execute() runs hundreds of thousands of times per simulation
         self._step_time = self.cost_model.step_time
+        self._stages = None if cfg.pipeline_parallel == 1 else \
+            self._price_stages(model, hardware)
+        self._pipe = None   # the stage clock, once joined (sarathi_lab/pipeline.py)
+
+    def _price_stages(self, model, hardware) -> dict:
+        """What pricing a micro-batch on the stages takes: each stage's share of the layers,
+        and per stage boundary the transfer's (latency, seconds per token)."""
+        from sarathi_lab.costmodels.base import split_step
+        from sarathi_lab.costmodels.roofline import RooflineCostModel, stage_layers
+        cm, tp, P = self.cost_model, self.cfg.tensor_parallel, self.cfg.pipeline_parallel
+        # memory and links are byte counts of the model's shape over the hardware's links:
+        # the roofline's, whatever the cost model (as the profiled one sizes memory)
+        self._layout = layout = cm if isinstance(cm, RooflineCostModel) else \
+            RooflineCostModel(model, hardware, tp)
+        L = layout.model.num_layers
+        try:
+            self.layers_per_stage = layers = stage_layers(L, P)
+        except ValueError as e:
+            raise ConfigError(f"executor.{e}") from None
+        gpn = layout.hw.gpus_per_node
+        if gpn % tp:
+            raise ConfigError(
+                f"executor.tensor_parallel={tp} with pipeline_parallel={P}: a stage's GPUs must "
+                f"share a node of hardware.gpus_per_node={gpn} (tensor_parallel must divide it)")
+        # stage s holds GPUs [s tp, (s+1) tp): the boundary after it leaves the node when
+        # (s+1) tp is a multiple of the node's GPUs
+        links = [layout.send_recv_terms(across_nodes=(s + 1) * tp % gpn == 0)
+                 for s in range(P - 1)]
+        return {"share": [n / L for n in layers], "links": links,
+                "gather": layout.gather_terms(), "parts": split_step(cm)}
+
+    def join_pipeline(self, pipeline, engine_index: int, clock) -> None:
+        """Called once by the pipeline driver: its stage clock (`place`), this virtual engine's
+        index, and `clock()`, the virtual engine's time (when its next batch is scheduled)."""
+        assert self._stages is not None, "join_pipeline with pipeline_parallel=1"
+        self._pipe, self._engine_index, self._clock = pipeline, engine_index, clock
 
     def execute(self, out) -> StepResult:
-        return StepResult(self._step_time(out.reqs, out.num_new_tokens))
+        if self._stages is None:
+            return StepResult(self._step_time(out.reqs, out.num_new_tokens))
+        return self._execute_stages(out)
+
+    def _execute_stages(self, out) -> StepResult:
+        """A micro-batch through the stages: its duration runs from now (its scheduling) to
+        its leaving the last stage."""
+        if self._pipe is None:
+            raise RuntimeError(f"executor.pipeline_parallel={self.cfg.pipeline_parallel}: the "
+                               "executor runs inside a pipeline (sarathi_lab.pipeline."
+                               "PipelineReplica), not on an engine of its own")
+        st = self._stages
+        cpu, layers, head = st["parts"](out.reqs, out.num_new_tokens)
+        T = out.total_tokens
+        compute = [layers * f for f in st["share"]]
+        compute[-1] += head
+        g_lat, g_tok = st["gather"]
+        if g_tok:   # the receiving stages all-gather their TP slices
+            for s in range(1, len(compute)):
+                compute[s] += g_lat + T * g_tok
+        send = [lat + T * per_token for lat, per_token in st["links"]]
+        now = self._clock()
+        end = self._pipe.place(self._engine_index, now, cpu, compute, send)
+        return StepResult(end - now)
 
     def decode_run(self, contexts: np.ndarray, k: int) -> np.ndarray:
         return self.cost_model.decode_run(contexts, k)
 
     def num_kv_blocks(self, block_size: int) -> int:
+        """The KV blocks of this executor's policy: with pipeline stages, its virtual engine's
+        share (1 / pipeline_parallel, as vLLM v0 divides them) of what every stage holds."""
         c = self.cfg
-        return self.cost_model.num_kv_blocks(block_size, c.gpu_memory_utilization,
-                                             c.workspace_bytes, c.activation_tokens)
+        if self._stages is None:
+            return self.cost_model.num_kv_blocks(block_size, c.gpu_memory_utilization,
+                                                 c.workspace_bytes, c.activation_tokens)
+        return self._layout.pipeline_kv_blocks(
+            self.layers_per_stage, block_size, c.gpu_memory_utilization, c.workspace_bytes,
+            c.activation_tokens) // c.pipeline_parallel
 
     def check_kv_memory(self, num_blocks: int, block_size: int) -> None:
         fit = self.num_kv_blocks(block_size)
@@ -93,7 +169,9 @@ class SimExecutor(Executor):
             raise ConfigError(
                 f"scheduler.num_kv_blocks={num_blocks}: more than the {fit} blocks of "
                 f"{block_size} tokens that fit the simulated GPU's memory beside the weights "
-                "(see executor.gpu_memory_utilization, or the hardware preset)")
+                + (f"(per virtual engine: {self.cfg.pipeline_parallel} share the stages' "
+                   "blocks) " if self._stages is not None else "")
+                + "(see executor.gpu_memory_utilization, or the hardware preset)")
 
     def max_model_len(self) -> int:
         return self.cost_model.max_model_len

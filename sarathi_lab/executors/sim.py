@@ -86,7 +86,7 @@ class SimExecutor(Executor):
         self.cost_model = cm_cls(model, hardware, cfg.tensor_parallel, cm_cfg)
         # bound once: execute() runs hundreds of thousands of times per simulation
         self._step_time = self.cost_model.step_time
-        self._stages = None if cfg.pipeline_parallel == 1 else \
+        self.stage_pricing = None if cfg.pipeline_parallel == 1 else \
             self._price_stages(model, hardware)
         self._pipe = None   # the stage clock, once joined (sarathi_lab/pipeline.py)
 
@@ -120,11 +120,11 @@ class SimExecutor(Executor):
     def join_pipeline(self, pipeline, engine_index: int, clock) -> None:
         """Called once by the pipeline driver: its stage clock (`place`), this virtual engine's
         index, and `clock()`, the virtual engine's time (when its next batch is scheduled)."""
-        assert self._stages is not None, "join_pipeline with pipeline_parallel=1"
+        assert self.stage_pricing is not None, "join_pipeline with pipeline_parallel=1"
         self._pipe, self._engine_index, self._clock = pipeline, engine_index, clock
 
     def execute(self, out) -> StepResult:
-        if self._stages is None:
+        if self.stage_pricing is None:
             return StepResult(self._step_time(out.reqs, out.num_new_tokens))
         return self._execute_stages(out)
 
@@ -135,7 +135,7 @@ class SimExecutor(Executor):
             raise RuntimeError(f"executor.pipeline_parallel={self.cfg.pipeline_parallel}: the "
                                "executor runs inside a pipeline (sarathi_lab.pipeline."
                                "PipelineReplica), not on an engine of its own")
-        st = self._stages
+        st = self.stage_pricing
         cpu, layers, head = st["parts"](out.reqs, out.num_new_tokens)
         T = out.total_tokens
         compute = [layers * f for f in st["share"]]
@@ -156,7 +156,7 @@ class SimExecutor(Executor):
         """The KV blocks of this executor's policy: with pipeline stages, its virtual engine's
         share (1 / pipeline_parallel, as vLLM v0 divides them) of what every stage holds."""
         c = self.cfg
-        if self._stages is None:
+        if self.stage_pricing is None:
             return self.cost_model.num_kv_blocks(block_size, c.gpu_memory_utilization,
                                                  c.workspace_bytes, c.activation_tokens)
         return self._layout.pipeline_kv_blocks(
@@ -170,7 +170,7 @@ class SimExecutor(Executor):
                 f"scheduler.num_kv_blocks={num_blocks}: more than the {fit} blocks of "
                 f"{block_size} tokens that fit the simulated GPU's memory beside the weights "
                 + (f"(per virtual engine: {self.cfg.pipeline_parallel} share the stages' "
-                   "blocks) " if self._stages is not None else "")
+                   "blocks) " if self.stage_pricing is not None else "")
                 + "(see executor.gpu_memory_utilization, or the hardware preset)")
 
     def max_model_len(self) -> int:

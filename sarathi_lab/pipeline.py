@@ -146,8 +146,6 @@ class PipelineReplica:
     def tables(self, requests):
         """(requests table with `virtual_engine`, iterations table in the order the
         micro-batches were scheduled, with PIPELINE_COLUMNS and `bubble_stage<s>`)."""
-        import pandas as pd
-
         from sarathi_lab.metrics import iterations_table, requests_table
         lens = {}
         for e in self.engines:
@@ -171,7 +169,7 @@ class PipelineReplica:
         it_df["bubble"] = waited.sum(axis=1)
         for s in range(P):
             it_df[f"bubble_stage{s}"] = waited[:, s]
-        return req_df, pd.DataFrame(it_df)
+        return req_df, it_df
 
     def summarize(self, req_df, it_df, slo: dict | None = None,
                   price_per_gpu_hour: float | None = None, num_gpus: int = 1) -> dict:

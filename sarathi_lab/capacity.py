@@ -198,12 +198,14 @@ def search(c: dict, out_dir) -> dict:
 
 def _cost_at_capacity(c: dict, trace, qps: float) -> dict:
     """Dollars per 1M output tokens and per request when serving at `qps` (the hardware
-    preset's price_per_gpu_hour, the tensor-parallel group's GPUs); {} without a price."""
+    preset's price_per_gpu_hour, a replica's GPUs: tensor x pipeline stages); {} without a
+    price."""
     from sarathi_lab.metrics import cost_at_rate
     price = (c.get("hardware") or {}).get("price_per_gpu_hour")
     if price is None or not qps:
         return {}
-    gpus = (c.get("executor") or {}).get("tensor_parallel", 1)
+    ex = c.get("executor") or {}
+    gpus = ex.get("tensor_parallel", 1) * ex.get("pipeline_parallel", 1)
     mean_out = float(np.maximum(trace["num_output_tokens"].to_numpy(), 1).mean())
     return cost_at_rate(qps, mean_out, price, gpus)
 

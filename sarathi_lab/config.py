@@ -277,7 +277,11 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
         executor_cls = registry.executor_class(e_name)
     except ValueError as e:
         raise ConfigError(f"executor.name: {e}") from None
+    if "pipeline_parallel" in e_node and not executor_cls.supports_pipeline:
+        raise ConfigError(f"executor.pipeline_parallel: executor {e_name!r} does not run "
+                          "pipeline stages (the simulator does: executor=sim)")
     executor_cfg = executor_cls.parse_config(e_node, "executor")
+    pp = getattr(executor_cfg, "pipeline_parallel", 1)
 
     hardware = c.get("hardware") or None
     if hardware is not None and executor_cls.uses_hardware:
@@ -311,6 +315,10 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
         if k.startswith("model.") and not executor_cls.reads_model_key(k.split(".")[1]):
             unread(k, f"executor {e_name!r} does not read it (it reads the model's shape)")
     cluster, router_cls, router_cfg = _cluster(c, user, unread, notes if drop_unread else None)
+    if pp > 1 and cluster.num_replicas > 1:
+        raise ConfigError(f"executor.pipeline_parallel={pp} with cluster.num_replicas="
+                          f"{cluster.num_replicas}: a fleet of pipeline-parallel replicas is not "
+                          "supported yet (one or the other)")
     from sarathi_lab.traces import parse_trace_config
     trace = _node(c, "trace")
     if trace:   # a caller that passes its own requests may give no trace
@@ -320,6 +328,10 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
                 raise ConfigError(f"trace.clients={tc.clients}: closed-loop users set their own "
                                   "pace, so there is no arrival rate for mode=capacity to search "
                                   "(use trace.clients=null)")
+            if pp > 1:
+                raise ConfigError(f"trace.clients={tc.clients}: closed-loop users are not "
+                                  f"served by pipeline stages (executor.pipeline_parallel={pp}) "
+                                  "yet; use open-loop arrivals (trace.clients=null)")
             if cluster.num_replicas > 1:
                 raise ConfigError(f"trace.clients={tc.clients}: closed-loop users are not routed "
                                   f"across a fleet (cluster.num_replicas={cluster.num_replicas});"

@@ -453,7 +453,8 @@ def summarize(req_df: pd.DataFrame, it_df: pd.DataFrame, *, slo: dict | None = N
               num_gpus: int = 1, swap_space: dict | None = None) -> dict:
     """The run's figures (summary.json). `prefix_cache`: the KV manager's
     `prefix_cache_stats()`, given when prefix caching is on. `price_per_gpu_hour` (the
-    hardware preset's) and `num_gpus` (the tensor-parallel group) give the `cost` section.
+    hardware preset's) and `num_gpus` (a replica's tensor x pipeline stages, times the
+    replicas) give the `cost` section; `num_gpus` also divides `slo.goodput_rps_per_gpu`.
     `swap_space` ({"host_blocks_total", "kv_block_bytes"}), given with preemption by swap,
     gives the `swap` section."""
     slo = dict(slo or {})
@@ -473,6 +474,7 @@ def summarize(req_df: pd.DataFrame, it_df: pd.DataFrame, *, slo: dict | None = N
         "throughput_rps": len(fin) / span if span > 0 else 0.0,
         "throughput_tok_s": float(fin["num_output_tokens"].sum()) / span if span > 0 else 0.0,
         "preemptions": int(req_df["num_preemptions"].sum()),
+        "num_gpus": int(num_gpus),
         "offered_load": offered_load(req_df),
         "rejections": rejections(req_df),
     }
@@ -519,6 +521,7 @@ def summarize(req_df: pd.DataFrame, it_df: pd.DataFrame, *, slo: dict | None = N
             **slo,
             "attainment": attainment,
             "goodput_rps": float(met.sum()) / span if span > 0 else 0.0,
+            "goodput_rps_per_gpu": float(met.sum()) / span / num_gpus if span > 0 else 0.0,
             # Sarathi-Serve's capacity criterion for this run (undefined without slo.p99_tbt)
             "meets_tbt_slo": bool(tbt) and all(tbt),
             # DistServe's: share of requests meeting every per-request SLO that is set

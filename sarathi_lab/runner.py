@@ -149,12 +149,21 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
         trace = executor.prepare_trace(build_trace(c["trace"]), c["trace"])
         requests = to_requests(trace)
     bar, progress = _progress_bar(len(requests), r.run.progress, executor.simulated)
-    engine = Engine(policy, executor, fast_forward=r.run.fast_forward, progress=progress,
-                    overlong=r.run.overlong)
-    price = dict(price_per_gpu_hour=(r.hardware or {}).get("price_per_gpu_hour"),
-                 num_gpus=getattr(r.executor_cfg, "tensor_parallel", 1))
+    # pipeline stages: one virtual engine per stage, each micro-batch placed (no fast-forward)
+    pp = getattr(r.executor_cfg, "pipeline_parallel", 1)
+    engine = Engine(policy, executor, fast_forward=r.run.fast_forward and pp == 1,
+                    progress=progress, overlong=r.run.overlong)
+    gpus = getattr(r.executor_cfg, "tensor_parallel", 1) * pp   # of one replica
+    price = dict(price_per_gpu_hour=(r.hardware or {}).get("price_per_gpu_hour"), num_gpus=gpus)
     n = r.cluster.num_replicas
-    if n > 1:   # a fleet: the same replica n times, behind the router
+    if pp > 1:
+        from sarathi_lab.pipeline import PipelineReplica
+        replica = PipelineReplica([engine] + [Engine(*build(c, r), fast_forward=False,
+                                                     overlong=r.run.overlong)
+                                              for _ in range(pp - 1)], progress=progress)
+        replica.run(requests)
+        load, users = {"mode": "open"}, None
+    elif n > 1:   # a fleet: the same replica n times, behind the router
         from sarathi_lab.cluster import Cluster
         fleet = Cluster([engine] + [Engine(*build(c, r), fast_forward=r.run.fast_forward,
                                            overlong=r.run.overlong) for _ in range(n - 1)],
@@ -166,7 +175,10 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
     if bar is not None:
         bar.close()
     wall = time.perf_counter() - t0
-    if n > 1:
+    if pp > 1:
+        req_df, it_df = replica.tables(requests)
+        summary = replica.summarize(req_df, it_df, slo=c.get("slo"), **price)
+    elif n > 1:
         req_df, it_df = fleet.tables(requests)
         summary = fleet.summarize(req_df, it_df, slo=c.get("slo"), **price)
     else:

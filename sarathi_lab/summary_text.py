@@ -153,6 +153,14 @@ def _cost_line(s: dict) -> str:
             f"(${c['usd']:.3g} for the run)")
 
 
+def _pipeline_line(p: dict) -> str:
+    stages = ", ".join(f"stage {i} {_share(f)}" for i, f in enumerate(p["bubble_fraction"]))
+    return (f"pipeline: {p['stages']} stages ({'+'.join(map(str, p['layers']))} layers), "
+            f"{p['virtual_engines']} virtual engines (requests "
+            f"{', '.join(map(str, p['requests_per_engine']))}); bubbles "
+            f"{_share(p['bubble_fraction_total'])} of stage time ({stages})")
+
+
 def _load_line(s: dict) -> str | None:
     load = s.get("load") or {}
     if load.get("mode") != "closed":
@@ -183,6 +191,8 @@ def format_summary(s: dict) -> str:
         per = ", ".join(str(p["num_requests"]) for p in s["replicas"])
         lines.append(f"fleet of {s['num_replicas']} replicas, router {s['router']}: requests "
                      f"per replica {per}")
+    if "pipeline" in s:
+        lines.append(_pipeline_line(s["pipeline"]))
     n, n_rej = s["num_requests"], s["num_rejected"]
     if n and n_rej == n:
         bar = "!" * 78

@@ -3,6 +3,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sarathi_lab.costmodels.base import CostModel, CostModelConfig
 from sarathi_lab.costmodels.roofline import RooflineConfig, RooflineCostModel
 from sarathi_lab.executors.base import Executor, ExecutorConfig, StepResult
 from sarathi_lab.settings import setting
@@ -53,3 +54,30 @@ class FixedStep(Executor):
 
     def decode_run(self, contexts, k):
         return np.full(k, self.step_s)
+
+
+@dataclass
+class FixedCostConfig(CostModelConfig):
+    step_s: float = setting(0.01, gt=0, help="seconds per iteration, whatever the batch")
+
+
+class FixedCost(CostModel):
+    """Every iteration takes `step_s` whatever it holds (uniform micro-batches); memory is the
+    roofline's. Written for iteration_time only: the generic step_time and step_parts."""
+    config_class = FixedCostConfig
+
+    def __init__(self, model, hardware, tensor_parallel=1, cfg=None):
+        self.step_s = (cfg or FixedCostConfig()).step_s
+        self.memory = RooflineCostModel(model, hardware, tensor_parallel)
+
+    def iteration_time(self, prefills, decode_contexts, num_sampled=None):
+        return self.step_s
+
+    def num_kv_blocks(self, block_size, gpu_memory_utilization, workspace_bytes,
+                      activation_tokens):
+        return self.memory.num_kv_blocks(block_size, gpu_memory_utilization, workspace_bytes,
+                                         activation_tokens)
+
+    @property
+    def max_model_len(self):
+        return self.memory.max_model_len

@@ -158,6 +158,19 @@ class ProfiledCostModel(CostModel):
             t += self._decode(decode_contexts)
         return max(t, 0.0)
 
+    def iteration_parts(self, prefills, decode_contexts, num_sampled: int | None = None):
+        """(the measured per-iteration overhead, everything else but the LM head, the LM
+        head): iteration_time's three parts for pipeline stages."""
+        T = sum(c for c, _ in prefills) + len(decode_contexts)
+        if T <= 0:
+            return self.overhead, 0.0, 0.0
+        B = len(prefills) + len(decode_contexts)
+        S = B if num_sampled is None else num_sampled
+        over = self.overhead if self.overhead_curve is None else self._overhead(B)
+        head = self._lm_head(S)
+        whole = self.iteration_time(prefills, decode_contexts, num_sampled)
+        return over, max(whole - over - head, 0.0), head
+
     def num_kv_blocks(self, block_size: int, gpu_memory_utilization: float = 0.9,
                       workspace_bytes: float = 2**30, activation_tokens: int = 8192) -> int:
         return self.roofline.num_kv_blocks(block_size, gpu_memory_utilization, workspace_bytes,

@@ -49,6 +49,12 @@ swap moves. Attention's FLOPs stay at the 16-bit peak (fp8 KV is converted in th
 vLLM's paged attention does; the conversion's cost is taken as hidden under the KV reads).
 Norms, embeddings, the LM head and all-reduces stay in model.dtype.
 
+Pipeline stages (executor.pipeline_parallel, sarathi_lab/pipeline.py): `iteration_parts` splits an
+iteration into its CPU side, its L layers (a stage of l layers takes l / L: every layer term above
+is linear in L) and its LM head; `send_recv_terms` prices handing the activations to the next
+stage, `gather_terms` the receiving TP group's all-gather, and `pipeline_kv_blocks` the KV cache
+that every stage's GPUs hold beside their layers' weights.
+
 Not modelled (small, or properties of the serving stack rather than the GPU): the embedding lookup
 and its all-reduce, the final norm, the gather of TP-sharded logits, sampling kernels, tile and
 wave quantisation (the soft roofline averages it), kernel floors that vary with the batch (the
@@ -62,7 +68,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from sarathi_lab.config import plain
-from sarathi_lab.costmodels.base import CostModel, CostModelConfig
+from sarathi_lab.costmodels.base import CostModel, CostModelConfig, batch_shape
 from sarathi_lab.models.dtypes import dtype_bytes, dtype_name
 from sarathi_lab.models.shape import ModelShape
 from sarathi_lab.settings import ConfigError, parse, setting
@@ -121,6 +127,15 @@ class HardwareSpec:
     layer_overhead_s: float = setting(5.1e-5, ge=0, help="GPU kernel floors per layer")
     price_per_gpu_hour: float | None = setting(None, gt=0, help="USD, for the run's cost "
                                                "figures; null: none")
+    # pipeline stages (executor.pipeline_parallel): the activations a stage hands to the next go
+    # by an NCCL send/recv, latency + bytes / (bandwidth * eff), over NVLink (link_bandwidth)
+    # within a node and over the node's NICs (net_bandwidth) across nodes; fitted to Vidur's
+    # send_recv profiles by experiments/pipeline/calibrate_send_recv.py
+    gpus_per_node: int = setting(8, ge=1, le=1024, help="GPUs sharing one NVLink domain (DGX: 8)")
+    p2p_eff: float = setting(0.96, gt=0, le=1, help="share of link_bandwidth, send/recv")
+    p2p_latency_s: float = setting(1.3e-5, ge=0, help="per send/recv within a node")
+    net_p2p_eff: float = setting(0.31, gt=0, le=1, help="share of net_bandwidth, send/recv")
+    net_p2p_latency_s: float = setting(2.9e-5, ge=0, help="per send/recv across nodes")
 
     @classmethod
     def from_config(cls, cfg, overrides=None) -> "HardwareSpec":
@@ -209,6 +224,20 @@ def window_pairs(c: int, k: int, w: int) -> int:
     if k >= w:
         return c * w
     return (w * (w + 1) - k * (k + 1)) // 2 + (k + c - w) * w
+
+
+def stage_layers(num_layers: int, stages: int) -> list[int]:
+    """The layers of each pipeline stage, as vLLM partitions them (get_pp_indices in
+    vllm/distributed/utils.py): num_layers // stages each, and the remainder one more each on
+    the stages before the last, from the last but one backwards (the last stage also holds the
+    final norm and the LM head; with stages > 2 and a small remainder, the middle ones)."""
+    if not 1 <= stages <= num_layers:
+        raise ValueError(f"pipeline_parallel={stages}: must be between 1 and the model's "
+                         f"{num_layers} layers")
+    parts = [num_layers // stages] * stages
+    for i in range(2, num_layers % stages + 2):
+        parts[-i] += 1
+    return parts
 
 
 class RooflineCostModel(CostModel):
@@ -423,6 +452,93 @@ class RooflineCostModel(CostModel):
             below = np.searchsorted(srt, w - steps, side="left")
             dec = prefix[below] + steps * below + w * (B - below)
         return fixed + (0.0 + dec * self.decode_per_kv_token)
+
+    # ---- pipeline stages (executor.pipeline_parallel) -----------------------------------------
+    def iteration_parts(self, prefills, decode_contexts, num_sampled: int | None = None):
+        """iteration_time in three parts (they add up to it): the CPU side, the L layers (a stage
+        of l layers takes l / L of it: every layer term is linear in L, the soft roofline
+        included) and the LM head (the last stage's)."""
+        B = len(prefills) + len(decode_contexts)
+        T = sum(c for c, _ in prefills) + len(decode_contexts)
+        if T <= 0:
+            return self.overhead, 0.0, 0.0
+        S = B if num_sampled is None else num_sampled
+        self._fixed(T, S, B)   # fills the memos of the terms of T and of S read below
+        layers = self._by_tokens[T] + self.attention_time(prefills, decode_contexts)
+        return self.overhead + B * self.req_overhead, layers, self._by_rows[S]
+
+    def step_parts(self, reqs, num_new_tokens):
+        # the generic one, declared here: it is consistent with this class's step_time (a
+        # subclass that re-prices step_time alone gets the generic split, see base.split_step)
+        return self.iteration_parts(*batch_shape(reqs, num_new_tokens))
+
+    def send_recv_terms(self, across_nodes: bool = False) -> tuple[float, float]:
+        """(latency, seconds per token) of one stage handing its activations to the next. vLLM
+        sends two tensors per token (hidden states and residual, its IntermediateTensors), each
+        TP rank its 1/tp slice to its peer of the next stage, all pairs at once (send-allgather):
+        2 h b / tp bytes per token over NVLink within a node, over a NIC across nodes."""
+        hw, m = self.hw, self.model
+        if across_nodes:
+            bw, eff, lat = hw.net_bandwidth, hw.net_p2p_eff, hw.net_p2p_latency_s
+        else:
+            bw, eff, lat = hw.link_bandwidth, hw.p2p_eff, hw.p2p_latency_s
+        return lat, 2 * m.hidden_size * m.dtype_bytes / self.tp / (bw * eff)
+
+    def send_recv_time(self, num_tokens: int, across_nodes: bool = False) -> float:
+        lat, per_token = self.send_recv_terms(across_nodes)
+        return lat + num_tokens * per_token if num_tokens > 0 else 0.0
+
+    def gather_terms(self) -> tuple[float, float]:
+        """(latency, seconds per token) of the receiving stage's all-gather of those slices
+        within its TP group (tp > 1; none at tp 1): a ring all-gather, (tp-1)/tp of the 2 h b
+        bytes per token, at the fitted ring all-reduce's latency and bus bandwidth (an
+        ASSUMPTION: NCCL's all-gather moves half the bytes of an all-reduce at the same speed)."""
+        if self.tp == 1:
+            return 0.0, 0.0
+        hw, m = self.hw, self.model
+        return hw.link_latency_s, ((self.tp - 1) / self.tp * 2 * m.hidden_size * m.dtype_bytes
+                                   / (hw.link_bandwidth * hw.link_eff))
+
+    def pipeline_kv_blocks(self, layers: list[int], block_size: int,
+                           gpu_memory_utilization: float = 0.9, workspace_bytes: float = 2**30,
+                           activation_tokens: int = 8192) -> int:
+        """KV blocks of `block_size` tokens that fit every stage of a pipeline whose stages hold
+        `layers` layers each: a GPU of a stage holds its layers' weights (/tp), the embedding
+        on the first stage and the final norm and LM head on the last (a tied embedding is
+        loaded on both, as vLLM does), the same workspace and activations as without stages,
+        and a block holds the KV of its stage's layers only. The fewest over the stages (vLLM
+        takes the smallest cache any worker can hold)."""
+        m, hw = self.model, self.hw
+        L, P, h = m.num_layers, len(layers), m.hidden_size
+        assert P > 1 and sum(layers) == L, (layers, L)
+        per_layer = self.linear_params + 2 * h
+        vocab = m.vocab_size * h / self.tp
+        # bytes per weight element: the whole model's weights over its elements (its dtypes)
+        per_param = self.weight_bytes / (L * per_layer + h
+                                         + vocab * (1 if m.tie_word_embeddings else 2))
+        usable = hw.memory_bytes * gpu_memory_utilization
+        reserve = workspace_bytes + self.activation_bytes(activation_tokens)
+        gib = 2**30
+        fewest = None
+        for s, n in enumerate(layers):
+            first, last = s == 0, s == P - 1
+            weights = per_param * (n * per_layer + (h if last else 0) + vocab * (first + last))
+            if weights + reserve >= usable:
+                raise ValueError(
+                    f"{m.name} does not fit on {hw.name} at tensor_parallel={self.tp} "
+                    f"pipeline_parallel={P}: stage {s} ({n} layers) takes {weights / gib:.1f} "
+                    f"GiB of weights per GPU plus {reserve / gib:.1f} GiB of activations/"
+                    f"workspace, but gpu_memory_utilization={gpu_memory_utilization} of "
+                    f"{hw.memory_bytes / gib:.1f} GiB leaves {usable / gib:.1f} GiB (try more "
+                    "pipeline stages or a larger tensor_parallel)")
+            blocks = int((usable - weights - reserve)
+                         // (block_size * self.kv_bytes_per_token * n / L))
+            fewest = blocks if fewest is None else min(fewest, blocks)
+        if fewest < 1:
+            raise ValueError(f"{m.name} on {hw.name} at tensor_parallel={self.tp} "
+                             f"pipeline_parallel={P}: no room for one KV block of {block_size} "
+                             "tokens")
+        return fewest
 
     # ---- memory ------------------------------------------------------------------------------
     def activation_bytes(self, num_tokens: int) -> float:

@@ -58,6 +58,9 @@ class Executor(abc.ABC):
     #: swap-ins (`SchedulerOutput.blocks_to_swap_out` / `blocks_to_swap_in`) before it runs,
     #: and reports their time in `StepResult.swap_s`; scheduler.preemption_mode=swap needs it
     supports_swap: ClassVar[bool] = False
+    #: True when the executor runs pipeline stages (an ``executor.pipeline_parallel`` setting,
+    #: `join_pipeline`; sarathi_lab/pipeline.py drives it); False: that setting is an error
+    supports_pipeline: ClassVar[bool] = False
 
     @classmethod
     def parse_config(cls, values: dict, where: str = "executor"):

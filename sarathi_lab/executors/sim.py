@@ -12,6 +12,13 @@ in a DGX A100 two GPUs share one PCIe switch's uplink). One transfer per directi
 batched copy would be: vLLM v0 issues a copy per block and layer, whose per-copy overheads
 make small blocks slower to swap (the vLLM paper, Fig. 19): not modelled, so the swap time
 here is a lower bound at small block sizes.
+
+With ``pipeline_parallel`` P > 1 the executor is one of P virtual engines' (sarathi_lab/pipeline.py
+makes them and joins them to one stage clock): a batch is a micro-batch whose CPU side, layers
+(split among the stages by their layers), LM head (last stage) and activation transfers are
+placed on the pipeline's stages; its duration runs from its scheduling to its leaving the last
+stage. KV capacity: what every stage's GPUs hold beside their layers' weights, shared out among
+the virtual engines (vLLM v0).
 """
 from __future__ import annotations
 
@@ -26,12 +33,15 @@ from sarathi_lab.settings import ConfigError, parse, setting
 @dataclass
 class SimConfig(ExecutorConfig):
     cost_model: str = setting("roofline", help="a registered cost model or a dotted path")
-    tensor_parallel: int = setting(1, ge=1, le=64, help="GPUs per model replica")
+    tensor_parallel: int = setting(1, ge=1, le=64, help="GPUs per model replica (per stage)")
     gpu_memory_utilization: float = setting(0.9, gt=0, le=1,
                                             help="share of GPU memory the engine may use")
     workspace_bytes: int = setting(2**30, ge=0, help="memory held back: CUDA context, workspaces")
     activation_tokens: int = setting(8192, ge=0,
                                      help="activations of the largest step, held back from KV")
+    pipeline_parallel: int = setting(1, ge=1, le=64, help="pipeline stages per replica, each "
+                                     "a tensor_parallel group (GPUs: their product); > 1 runs "
+                                     "vLLM v0's virtual engines, one per stage")
     # the chosen cost model's typed settings, filled by SimExecutor.parse_config
     cost_model_settings: object = field(default=None, metadata={"internal": True})
 
@@ -40,8 +50,9 @@ class SimExecutor(Executor):
     config_class = SimConfig
     simulated = True
     uses_hardware = True
-    supports_fast_forward = True
-    supports_swap = True
+    supports_fast_forward = True   # with pipeline_parallel 1 (the pipeline steps every batch)
+    supports_swap = True           # with pipeline_parallel 1
+    supports_pipeline = True
 
     @classmethod
     def reads_model_key(cls, key: str) -> bool:
@@ -91,18 +102,13 @@ class SimExecutor(Executor):
         self.pcie_latency_s = hw.pcie_latency_s
         self.pcie_bytes_per_s = hw.pcie_bandwidth * hw.pcie_eff
         self._block_bytes = None   # of the bound KV cache's blocks, set by bind
+        self.stage_pricing = None if cfg.pipeline_parallel == 1 else \
+            self._price_stages(model, hardware)
+        self._pipe = None   # the stage clock, once joined (sarathi_lab/pipeline.py)
 
     def bind(self, kv) -> None:
         super().bind(kv)
         self._block_bytes = self.kv_block_bytes(kv.block_size)
-
-    def execute(self, out) -> StepResult:
-        t = self._step_time(out.reqs, out.num_new_tokens)
-        if out.swapped_out or out.swapped_in:
-            s = self.swap_time(sum(len(p) for _, p in out.swapped_out)) \
-                + self.swap_time(sum(len(p) for _, p in out.swapped_in))
-            return StepResult(t + s, swap_s=s)
-        return StepResult(t)
 
     def swap_time(self, num_blocks: int) -> float:
         """Seconds to copy `num_blocks` KV blocks one way between a GPU and host memory."""
@@ -114,18 +120,92 @@ class SimExecutor(Executor):
         return self.cost_model.kv_block_bytes(block_size)
 
     def check_swap_memory(self, num_host_blocks: int, block_size: int) -> None:
+        if self.cfg.pipeline_parallel > 1:
+            raise ConfigError(f"scheduler.preemption_mode=swap with executor.pipeline_parallel="
+                              f"{self.cfg.pipeline_parallel}: swapping is simulated for one "
+                              "stage only; use preemption_mode=recompute with pipeline stages")
         if self.kv_block_bytes(block_size) is None:
             raise ConfigError(f"scheduler.preemption_mode=swap: cost model "
                               f"{self.cfg.cost_model!r} does not give the bytes of a KV block "
                               "(kv_block_bytes), so the swap traffic cannot be priced")
 
+    def _price_stages(self, model, hardware) -> dict:
+        """What pricing a micro-batch on the stages takes: each stage's share of the layers,
+        and per stage boundary the transfer's (latency, seconds per token)."""
+        from sarathi_lab.costmodels.base import split_step
+        from sarathi_lab.costmodels.roofline import RooflineCostModel, stage_layers
+        cm, tp, P = self.cost_model, self.cfg.tensor_parallel, self.cfg.pipeline_parallel
+        # memory and links are byte counts of the model's shape over the hardware's links:
+        # the roofline's, whatever the cost model (as the profiled one sizes memory)
+        self._layout = layout = cm if isinstance(cm, RooflineCostModel) else \
+            RooflineCostModel(model, hardware, tp)
+        L = layout.model.num_layers
+        try:
+            self.layers_per_stage = layers = stage_layers(L, P)
+        except ValueError as e:
+            raise ConfigError(f"executor.{e}") from None
+        gpn = layout.hw.gpus_per_node
+        if gpn % tp:
+            raise ConfigError(
+                f"executor.tensor_parallel={tp} with pipeline_parallel={P}: a stage's GPUs must "
+                f"share a node of hardware.gpus_per_node={gpn} (tensor_parallel must divide it)")
+        # stage s holds GPUs [s tp, (s+1) tp): the boundary after it leaves the node when
+        # (s+1) tp is a multiple of the node's GPUs
+        links = [layout.send_recv_terms(across_nodes=(s + 1) * tp % gpn == 0)
+                 for s in range(P - 1)]
+        return {"share": [n / L for n in layers], "links": links,
+                "gather": layout.gather_terms(), "parts": split_step(cm)}
+
+    def join_pipeline(self, pipeline, engine_index: int, clock) -> None:
+        """Called once by the pipeline driver: its stage clock (`place`), this virtual engine's
+        index, and `clock()`, the virtual engine's time (when its next batch is scheduled)."""
+        assert self.stage_pricing is not None, "join_pipeline with pipeline_parallel=1"
+        self._pipe, self._engine_index, self._clock = pipeline, engine_index, clock
+
+    def execute(self, out) -> StepResult:
+        if self.stage_pricing is not None:
+            return self._execute_stages(out)
+        t = self._step_time(out.reqs, out.num_new_tokens)
+        if out.swapped_out or out.swapped_in:
+            s = self.swap_time(sum(len(p) for _, p in out.swapped_out)) \
+                + self.swap_time(sum(len(p) for _, p in out.swapped_in))
+            return StepResult(t + s, swap_s=s)
+        return StepResult(t)
+
+    def _execute_stages(self, out) -> StepResult:
+        """A micro-batch through the stages: its duration runs from now (its scheduling) to
+        its leaving the last stage."""
+        if self._pipe is None:
+            raise RuntimeError(f"executor.pipeline_parallel={self.cfg.pipeline_parallel}: the "
+                               "executor runs inside a pipeline (sarathi_lab.pipeline."
+                               "PipelineReplica), not on an engine of its own")
+        st = self.stage_pricing
+        cpu, layers, head = st["parts"](out.reqs, out.num_new_tokens)
+        T = out.total_tokens
+        compute = [layers * f for f in st["share"]]
+        compute[-1] += head
+        g_lat, g_tok = st["gather"]
+        if g_tok:   # the receiving stages all-gather their TP slices
+            for s in range(1, len(compute)):
+                compute[s] += g_lat + T * g_tok
+        send = [lat + T * per_token for lat, per_token in st["links"]]
+        now = self._clock()
+        end = self._pipe.place(self._engine_index, now, cpu, compute, send)
+        return StepResult(end - now)
+
     def decode_run(self, contexts: np.ndarray, k: int) -> np.ndarray:
         return self.cost_model.decode_run(contexts, k)
 
     def num_kv_blocks(self, block_size: int) -> int:
+        """The KV blocks of this executor's policy: with pipeline stages, its virtual engine's
+        share (1 / pipeline_parallel, as vLLM v0 divides them) of what every stage holds."""
         c = self.cfg
-        return self.cost_model.num_kv_blocks(block_size, c.gpu_memory_utilization,
-                                             c.workspace_bytes, c.activation_tokens)
+        if self.stage_pricing is None:
+            return self.cost_model.num_kv_blocks(block_size, c.gpu_memory_utilization,
+                                                 c.workspace_bytes, c.activation_tokens)
+        return self._layout.pipeline_kv_blocks(
+            self.layers_per_stage, block_size, c.gpu_memory_utilization, c.workspace_bytes,
+            c.activation_tokens) // c.pipeline_parallel
 
     def check_kv_memory(self, num_blocks: int, block_size: int) -> None:
         fit = self.num_kv_blocks(block_size)
@@ -133,7 +213,9 @@ class SimExecutor(Executor):
             raise ConfigError(
                 f"scheduler.num_kv_blocks={num_blocks}: more than the {fit} blocks of "
                 f"{block_size} tokens that fit the simulated GPU's memory beside the weights "
-                "(see executor.gpu_memory_utilization, or the hardware preset)")
+                + (f"(per virtual engine: {self.cfg.pipeline_parallel} share the stages' "
+                   "blocks) " if self.stage_pricing is not None else "")
+                + "(see executor.gpu_memory_utilization, or the hardware preset)")
 
     def max_model_len(self) -> int:
         return self.cost_model.max_model_len

@@ -93,6 +93,7 @@ def identity(cfg: dict) -> dict:
         "model": (cfg.get("model") or {}).get("name"),
         "hardware": (cfg.get("hardware") or {}).get("name"),
         "tensor_parallel": (cfg.get("executor") or {}).get("tensor_parallel"),
+        "pipeline_parallel": (cfg.get("executor") or {}).get("pipeline_parallel"),
         "trace": tr.get("name"), "qps": None if tr.get("clients") else tr.get("qps"),
         "clients": tr.get("clients"),
         "slo": (cfg.get("slo") or {}).get("name"),

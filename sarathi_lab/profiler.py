@@ -2,8 +2,7 @@
 the profiled cost model reads (``executor.cost_model=profiled executor.profile=PATH``).
 
     sarathi-lab-profile model=tiny-llama --out profile.parquet [--grid cpu|gpu|tiny]
-        [--repeats 5] [--warmup 2] [--threads N] [--clock wall|cpu]
-        [other executor/model overrides ...]
+        [--repeats 5] [--warmup 2] [--threads N] [other executor/model overrides ...]
 
 Every measured point is one real iteration through `TorchExecutor.execute` (input preparation,
 the forward pass, sampling) on a synthetic batch whose requests sit at the wanted contexts in a
@@ -26,7 +25,8 @@ timed by wrapping them, and the executor's own phase timers split the rest:
 The grid is measured in rounds (every point once per round, after a warm-up pass) so that a burst
 of load on a shared machine spreads over all points instead of spoiling one; each row holds the
 median of the rounds and their 10th/90th percentiles. The file's metadata records the model,
-dtype, device, torch threads, the clock (`--clock`) and library versions.
+dtype, device, torch threads, the clock (`executor.clock`: wall, or on a
+CPU with one thread the thread's CPU time, steady on a busy machine) and library versions.
 """
 from __future__ import annotations
 
@@ -168,31 +168,16 @@ class _Spans:
         return total
 
 
-CLOCKS = ("wall", "cpu")
-
-
 class Harness:
-    """A torch executor instrumented to split an iteration into the profile's operators.
+    """A torch executor instrumented to split an iteration into the profile's operators. The
+    parts are read on the executor's own clock (`executor.clock`), as its steps are."""
 
-    clock="wall" times what a request waits; "cpu" (a CPU device, one torch thread) times the
-    thread's own CPU time, which the other jobs of a shared machine do not inflate by preempting
-    it: the same figure as the wall clock on a quiet machine, and a steady one on a busy one."""
-
-    def __init__(self, executor, seed: int = 0, clock: str = "wall"):
+    def __init__(self, executor, seed: int = 0):
         import torch
         from torch import nn
         self.ex = executor
         self.cuda = executor.device.type == "cuda"
-        if clock not in CLOCKS:
-            raise ValueError(f"clock={clock!r}: one of {', '.join(CLOCKS)}")
-        if clock == "cpu" and (self.cuda or torch.get_num_threads() != 1):
-            raise ValueError(f"clock=cpu times one thread on a CPU: this executor runs on "
-                             f"{executor.device.type} with {torch.get_num_threads()} torch "
-                             f"threads (use --threads 1, or clock=wall)")
-        self.clock = clock
-        if clock == "cpu":
-            executor.clock = time.thread_time
-        self.attn, self.head = (_Spans(self.cuda, executor.clock) for _ in range(2))
+        self.attn, self.head = (_Spans(self.cuda, executor.now) for _ in range(2))
         model = executor.model
         model.kernels = tuple(self.attn.wrap(k) for k in model.kernels)
         head, spans = model.lm_head, self.head
@@ -350,7 +335,7 @@ def device_name(device) -> str:
 
 
 def metadata(executor, model_cfg: dict, grid_name: str, repeats: int, warmup: int,
-             statistic: str = "median", clock: str = "wall") -> dict:
+             statistic: str = "median") -> dict:
     import torch
     a = executor.args
     return {
@@ -362,7 +347,7 @@ def metadata(executor, model_cfg: dict, grid_name: str, repeats: int, warmup: in
         "head_dim": str(a.head_dim), "vocab_size": str(a.vocab_size),
         "max_model_len": str(a.max_model_len),
         "attention_backend": executor.backend, "grid": grid_name, "repeats": str(repeats),
-        "warmup": str(warmup), "statistic": statistic, "clock": clock,
+        "warmup": str(warmup), "statistic": statistic, "clock": executor.cfg.clock,
         "processor": platform.processor() or platform.machine(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "versions": json.dumps(versions()),
@@ -439,7 +424,7 @@ def build_executor(overrides: list[str]):
 
 def profile(overrides: list[str], out, grid: str = "cpu", repeats: int = 5, warmup: int = 1,
             threads: int | None = None, progress: bool = True,
-            statistic: str = "median", clock: str = "wall") -> Path:
+            statistic: str = "median") -> Path:
     """Measure the executor of `overrides` over a named grid and write the profile to `out`."""
     import torch
     if grid not in GRIDS:
@@ -451,9 +436,9 @@ def profile(overrides: list[str], out, grid: str = "cpu", repeats: int = 5, warm
             raise ValueError(f"--threads {threads}: must be >= 1")
         torch.set_num_threads(threads)
     executor, model = build_executor(overrides)
-    harness = Harness(executor, clock=clock)
+    harness = Harness(executor)
     rows = measure(harness, GRIDS[grid], repeats, warmup, progress, statistic)
-    return write(rows, metadata(executor, model, grid, repeats, warmup, statistic, clock), out)
+    return write(rows, metadata(executor, model, grid, repeats, warmup, statistic), out)
 
 
 def main(argv=None) -> None:
@@ -470,9 +455,6 @@ def main(argv=None) -> None:
                    help="torch threads (default: torch's own); recorded in the profile")
     p.add_argument("--statistic", default="median", choices=STATISTICS,
                    help="of the rounds: median (a typical iteration) or min (noise removed)")
-    p.add_argument("--clock", default="wall", choices=CLOCKS,
-                   help="wall: what a request waits; cpu: the thread's CPU time (one thread on "
-                        "a CPU; steady on a busy machine)")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
     from sarathi_lab.costmodels.profiles import ProfileError
@@ -480,7 +462,7 @@ def main(argv=None) -> None:
     try:
         t0 = time.perf_counter()
         path = profile(a.overrides, a.out, a.grid, a.repeats, a.warmup, a.threads,
-                       not a.no_progress, a.statistic, a.clock)
+                       not a.no_progress, a.statistic)
         meta = profile_meta(path)
         res = check(path, model_of(meta), host_hardware(meta["device"]))
     except (ConfigError, ProfileError, ValueError, FileNotFoundError) as e:

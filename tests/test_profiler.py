@@ -43,10 +43,10 @@ def one_thread():
 def profile_tiny(directory):
     """(profile path, harness): the tiny grid and the held-out shapes measured on the tiny
     model, by a freshly built executor."""
-    ex, model = P.build_executor(TINY)
-    h = P.Harness(ex, clock="cpu")
+    ex, model = P.build_executor([*TINY, "executor.clock=cpu"])
+    h = P.Harness(ex)
     rows = P.measure(h, GRID, repeats=5, warmup=1, statistic="min")
-    return P.write(rows, P.metadata(ex, model, "tiny", 5, 1, "min", "cpu"),
+    return P.write(rows, P.metadata(ex, model, "tiny", 5, 1, "min"),
                    directory / "tiny.parquet"), h
 
 
@@ -113,19 +113,6 @@ def test_harness_splits_an_iteration_into_its_parts(measured, one_thread):
     assert p["linear"] == pytest.approx(p["forward"] - p["attention"] - p["head"])
 
 
-def test_cpu_clock_leaves_out_time_the_thread_does_not_run(measured):
-    """What clock="cpu" is for: time another job takes the core from a step is not the step's."""
-    import time
-    _, h = measured
-    assert h.ex.clock is time.thread_time
-    spans = P._Spans(False, h.ex.clock)
-    spans.wrap(time.sleep)(0.2)
-    assert spans.take() < 0.05
-    wall = P._Spans(False)
-    wall.wrap(time.sleep)(0.2)
-    assert wall.take() >= 0.2
-
-
 @pytest.mark.parametrize("which", ["linear", "chunk", "context", "batch", "decode_context"])
 def test_more_tokens_never_predict_less(measured, which):
     cm = cost_model(measured[0])
@@ -159,8 +146,8 @@ def test_profile_for_another_model_dtype_or_shape_fails_clearly(measured):
 
 def test_cli_writes_the_parquet_with_its_metadata(tmp_path):
     out = tmp_path / "p.parquet"
-    r = subprocess.run([sys.executable, "-m", "sarathi_lab.profiler", *TINY, "--grid", "tiny",
-                        "--repeats", "1", "--warmup", "0", "--threads", "1", "--clock", "cpu",
+    r = subprocess.run([sys.executable, "-m", "sarathi_lab.profiler", *TINY, "executor.clock=cpu",
+                        "--grid", "tiny", "--repeats", "1", "--warmup", "0", "--threads", "1",
                         "--out", str(out)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -187,11 +174,30 @@ def test_cli_writes_the_parquet_with_its_metadata(tmp_path):
                         str(tmp_path / "p.csv"), "--grid", "tiny", "--repeats", "1"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "--out" in r.stderr and "Traceback" not in r.stderr
-    r = subprocess.run([sys.executable, "-m", "sarathi_lab.profiler", *TINY, "--out", str(out),
-                        "--grid", "tiny", "--threads", "2", "--clock", "cpu"],
+    r = subprocess.run([sys.executable, "-m", "sarathi_lab.profiler", *TINY, "executor.clock=cpu",
+                        "--out", str(out), "--grid", "tiny", "--threads", "2"],
                        capture_output=True, text=True, timeout=300)
-    assert r.returncode != 0 and "clock=cpu" in r.stderr and "2 torch threads" in r.stderr
+    assert r.returncode != 0 and "executor.clock=cpu" in r.stderr and "2 threads" in r.stderr
     assert "Traceback" not in r.stderr
     r = subprocess.run([sys.executable, "-m", "sarathi_lab.profiler", "executor.dtyp=float32",
                         "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "executor.dtyp" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_cpu_clock_profile_times_its_parts_on_that_clock(tmp_path, one_thread, monkeypatch):
+    """`executor.clock=cpu`: the parts (attention, LM head) are read on the executor's clock,
+    not the wall's, and the metadata says which clock. thread_time made to move 1 s a read:
+    every part is a whole number of seconds."""
+    import time
+    ex, model = P.build_executor([*TINY, "executor.clock=cpu"])
+    t = iter(range(10 ** 9))
+    monkeypatch.setattr(ex, "now", lambda: float(next(t)))
+    h = P.Harness(ex)
+    h.bind(256)
+    parts = h.run([(32, 0), (1, 16)])
+    assert all(float(v).is_integer() for v in parts.values()), parts
+    # two attention kernel calls per layer at most, each 1 s: a whole, positive count
+    assert parts["attention"] >= 1 and parts["head"] == 1
+    assert P.metadata(ex, model, "tiny", 1, 0)["clock"] == "cpu"
+    monkeypatch.setattr(time, "perf_counter", lambda: pytest.fail("the wall clock was read"))
+    h.run([(1, 16)])

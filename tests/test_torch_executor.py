@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -308,3 +309,96 @@ def test_stop_at_eos_needs_a_model_that_declares_one():
                                           "eos_token_id"):
         TorchExecutor.from_config({"device": "cpu", "stop_at_eos": True}, preset)
     assert not TorchExecutor.from_config({"device": "cpu"}, preset).stop_at_eos
+
+
+# --- the clock ---------------------------------------------------------------------------------
+
+PRESET = dict(name="t", num_layers=1, hidden_size=32, intermediate_size=64, num_heads=4,
+              num_kv_heads=2, head_dim=8, vocab_size=100, max_model_len=64)
+
+
+def clocked_run(path, specs, clock, monkeypatch, sleep_s=0.0):
+    """Four requests under `executor.clock=CLOCK`, sampling made to sleep `sleep_s` a step:
+    their outputs and the engine's iteration durations."""
+    import time
+    cfg = {"executor": {"name": "torch", "device": "cpu", "dtype": "float32",
+                        "kv_cache_gib": 0.01, "clock": clock},
+           "model": {"name": "hf-tiny", "path": str(path)}, "scheduler": {"name": "sarathi"}}
+    policy, ex = runner.build(cfg)
+    sample = ex.sample
+
+    def slow_sample(logits, reqs):
+        time.sleep(sleep_s)   # off the core: wall time passes, this thread's CPU time does not
+        return sample(logits, reqs)
+    monkeypatch.setattr(ex, "sample", slow_sample)
+    reqs = [Request(i, 0.0, len(ids), n, prompt_token_ids=list(ids))
+            for i, (ids, n) in enumerate(specs[:4])]
+    engine = Engine(policy, ex)
+    engine.run(reqs)
+    return [r.output_token_ids for r in reqs], np.asarray(engine.iters["duration"]), ex
+
+
+def test_the_cpu_clock_leaves_out_time_off_the_core(oracle, monkeypatch):
+    """A step that sleeps 50 ms lasts at least that on the wall clock and far less on the CPU
+    clock (a tiny model's step is a few ms of CPU); the tokens are the same either way."""
+    path, specs, ref = oracle
+    out_w, wall, _ = clocked_run(path, specs, "wall", monkeypatch, 0.05)
+    out_c, cpu, ex = clocked_run(path, specs, "cpu", monkeypatch, 0.05)
+    assert out_w == out_c == ref[:4]
+    assert len(wall) == len(cpu) > 0 and (wall >= 0.05).all()
+    assert np.median(cpu) < 0.025, cpu
+    assert ex.timers["sample"] < 0.5 * 0.05 * ex.timers["steps"]
+
+
+def test_a_cpu_clock_step_is_the_sum_of_its_phases(oracle, monkeypatch):
+    """time.thread_time made to move 1 s per read: a step reads it four times (start, prepared,
+    forward done, sampled), so every iteration lasts 3 s and each phase 1 s a step."""
+    import time
+    path, specs, ref = oracle
+    t = iter(range(10 ** 9))
+    monkeypatch.setattr(time, "thread_time", lambda: float(next(t)))
+    out, durs, ex = clocked_run(path, specs, "cpu", monkeypatch)
+    assert out == ref[:4]
+    n = ex.timers["steps"]
+    assert n == len(durs) > 0 and set(durs.tolist()) == {3.0}
+    assert ex.timers["prepare"] == ex.timers["forward"] == ex.timers["sample"] == n
+
+
+def test_cpu_clock_needs_one_thread_and_a_valid_name():
+    import time
+    from sarathi_lab.executors.torch_exec import TorchExecutor
+    from sarathi_lab.settings import ConfigError
+    n = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with pytest.raises(ConfigError, match="executor.clock=cpu counts the calling thread's "
+                                              "CPU time, and torch runs 2 threads"):
+            TorchExecutor.from_config({"device": "cpu", "clock": "cpu"}, PRESET)
+    finally:
+        torch.set_num_threads(n)
+    assert TorchExecutor.from_config({"device": "cpu", "clock": "cpu"}, PRESET).now \
+        is time.thread_time
+    assert TorchExecutor.from_config({"device": "cpu"}, PRESET).now is time.perf_counter
+    with pytest.raises(ConfigError, match="executor.clock"):
+        TorchExecutor.from_config({"device": "cpu", "clock": "gpu"}, PRESET)
+
+
+def test_cpu_clock_from_the_cli(tmp_path):
+    """`executor.clock=cpu num_threads=1` runs; with two torch threads it is refused, naming the
+    setting to change; under the simulator no component reads it, which is an error too."""
+    script = os.path.join(os.path.dirname(sys.executable), "sarathi-lab")
+    base = [script, "model=tiny-llama", "~hardware", "trace=synthetic", "trace.num_requests=4",
+            "executor.clock=cpu", "progress=false"]
+    torch_ex = ["executor=torch", "executor.kv_cache_gib=0.01"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+
+    def run(*args, d):
+        return subprocess.run([*base, *args, f"hydra.run.dir={tmp_path / d}"],
+                              capture_output=True, text=True, timeout=180, cwd=tmp_path, env=env)
+    bad = run(*torch_ex, "num_threads=2", d="two")
+    assert bad.returncode != 0 and "set num_threads=1" in bad.stderr, bad.stderr[-2000:]
+    ok = run(*torch_ex, "num_threads=1", d="one")
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert (pd.read_parquet(tmp_path / "one" / "requests.parquet")["status"] == "finished").all()
+    sim = run("executor=sim", d="sim")
+    assert sim.returncode != 0 and "executor.clock" in sim.stderr, sim.stderr[-2000:]

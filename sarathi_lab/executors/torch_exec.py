@@ -69,6 +69,12 @@ class TorchConfig(ExecutorConfig):
                    "else config.json); the trace's output length stays the upper bound. null: "
                    "on for prompts the trace carries, off for the random prompts of a "
                    "length-only trace (its output lengths are the workload)")
+    clock: str = setting(
+        "wall", choices=("wall", "cpu"),
+        help="what a step's duration measures. wall: time.perf_counter; cpu: this thread's CPU "
+             "time (time.thread_time), which other jobs on a shared machine do not stretch by "
+             "taking the core (they still slow it through shared caches and memory). cpu needs "
+             "executor.device=cpu and one torch thread (num_threads=1)")
 
 
 def eos_token_ids(model_cfg: dict) -> tuple[int, ...]:
@@ -156,6 +162,17 @@ class TorchExecutor(Executor):
         # own prompts
         self.stop_at_eos = bool(self.eos_ids) and cfg.stop_at_eos is not False
 
+        if cfg.clock == "cpu":
+            if on_gpu:
+                raise ConfigError("executor.clock=cpu: a GPU's kernels run outside this "
+                                  "thread's CPU time; use executor.clock=wall on a GPU")
+            if torch.get_num_threads() != 1:
+                raise ConfigError(
+                    f"executor.clock=cpu counts the calling thread's CPU time, and torch runs "
+                    f"{torch.get_num_threads()} threads, whose other threads' work it would "
+                    "miss: set num_threads=1")
+        # the clock of StepResult.duration and of the phase timers
+        self.now = time.thread_time if cfg.clock == "cpu" else time.perf_counter
         self.model = load_model(self.model_cfg, self.device, self.dtype)
         self.args = self.model.args
         if any(i >= self.args.vocab_size for i in self.eos_ids):
@@ -165,9 +182,6 @@ class TorchExecutor(Executor):
         self.kv = None
         # seconds spent per phase, summed over steps (read by benchmarks)
         self.timers = {"swap": 0.0, "prepare": 0.0, "forward": 0.0, "sample": 0.0, "steps": 0}
-        # what steps are timed with: the wall clock, which is what a served request waits; the
-        # profiler may swap in the thread's CPU time (see profiler.Harness)
-        self.clock = time.perf_counter
 
     # -- sizing ---------------------------------------------------------------------------------
     def block_bytes(self, block_size: int) -> int:
@@ -325,18 +339,18 @@ class TorchExecutor(Executor):
 
     def execute(self, out) -> StepResult:
         sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
-        clock = self.clock
-        t0 = clock()
+        now = self.now
+        t0 = now()
         tp = t0
         if out.swapped_out or out.swapped_in:
             self.swap(out)
             sync()
-            tp = clock()
+            tp = now()
         input_ids, positions, meta, sample, rows = self.prepare(out)
-        t1 = clock()
+        t1 = now()
         logits = self.model(input_ids, positions, meta, rows)
         sync()
-        t2 = clock()
+        t2 = now()
         reqs = out.reqs
         sampled = [-1] * len(reqs)
         if sample:
@@ -357,7 +371,7 @@ class TorchExecutor(Executor):
             seq_kv.commit(meta.attn_kwargs["sequence_kv"])
             seq_kv.drop([reqs[i].request_id for i in finished])
             seq_kv.drop([r.request_id for r in out.preempted])
-        t3 = clock()
+        t3 = now()
         tm = self.timers
         tm["swap"] += tp - t0
         tm["prepare"] += t1 - tp

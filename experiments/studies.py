@@ -38,3 +38,30 @@ def compose(overrides: list[str]) -> dict:
     c = OmegaConf.to_container(cfg, resolve=True)
     c.pop("hydra", None)
     return c
+
+
+def run_info(started: float, command: list[str]) -> dict:
+    """Where and how a study ran, for its README: the commit (and whether the tree had changes),
+    the machine's load averages at the end, the wall time since `started` (time.time())."""
+    import time
+    repo = Path(__file__).resolve().parents[1]
+
+    def git(*args):
+        r = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
+        return r.stdout.strip() if r.returncode == 0 else None
+    return {"commit": git("rev-parse", "--short", "HEAD"),
+            "uncommitted_changes": bool(git("status", "--porcelain", "--untracked-files=no")),
+            "load_average": [round(x, 2) for x in os.getloadavg()],
+            "cpus": os.cpu_count(), "wall_time_s": round(time.time() - started, 1),
+            "command": " ".join(command)}
+
+
+def seed_spread(df, keys: list[str], values: list[str]):
+    """Mean and spread over seeds: per group of `keys`, for each column in `values`, its mean,
+    standard deviation (ddof 1; NaN for one seed), min, max and the number of seeds. A stand-in
+    for sarathi-lab-report's seed aggregation (mean, 95% interval, min-max per configuration),
+    which can replace it once it lands."""
+    g = df.groupby(keys, sort=False, dropna=False)[values]
+    out = g.agg(["mean", "std", "min", "max", "count"])
+    out.columns = [f"{v}_{stat if stat != 'count' else 'seeds'}" for v, stat in out.columns]
+    return out.reset_index()

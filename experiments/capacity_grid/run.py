@@ -162,7 +162,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--root", default=str(REPO / "outputs"), help="results_root of the sweeps")
     ap.add_argument("--out", default=str(REPO / "results" / "capacity_grid"))
-    ap.add_argument("--requests", type=int, default=1000, help="requests per probe")
+    ap.add_argument("--requests", type=int, default=500, help="requests per probe")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--traces", nargs="+", default=list(TRACES), choices=list(TRACES))

@@ -1,5 +1,7 @@
 """The paging study's figures computed by hand (KV token share, batch size), and the study at toy
 scale: reservation against paging at the same KV memory, and prefix caching on a shared prompt."""
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -55,3 +57,62 @@ def test_reservation_holds_half_the_requests_of_paging_in_the_same_memory(ff):
     assert orca["kv"]["internal_waste_mean"] == approx(1 - 8 / 32)
     assert vllm["kv"]["internal_waste_mean"] == approx(0.0)
     assert orca["throughput_rps"] == approx(4 / 0.04) and vllm["throughput_rps"] == approx(4 / 0.02)
+
+
+def test_max_tokens_rules_of_the_reservation_arms():
+    rule = load_study("paging").max_tokens
+    out = np.array([1, 3, 4, 5, 0])
+    assert rule(out, None) == [None] * 5
+    assert rule(out, "oracle") == [1, 3, 4, 5, 1]       # an output of 0 runs as 1 token
+    assert rule(out, "pow2") == [1, 4, 4, 8, 1]
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("paging")
+    study = load_study("paging")
+    res, cells, pre, effect = study.run_study(tmp, tmp / "out", [0, 1], 30, 20.0, 20, 1.0, 1024, 1)
+    return study, tmp, res, cells, pre, effect
+
+
+def test_reservation_arms_at_the_same_kv_memory(toy):
+    study, tmp, res, cells, _, _ = toy
+    assert len(res) == len(study.ARMS) * 2 and (res["num_finished"] == 30).all()
+    assert res["kv_blocks_total"].nunique() == 1        # one cache size for every arm
+    fill = cells.set_index("arm")["kv_slot_fill_mean"]
+    # reserving less of what is never used fills more of what is held
+    assert fill["orca"] < fill["orca_pow2"] < fill["orca_oracle"] < 1
+    assert fill["vllm"] > 0.95 and fill["sarathi"] > 0.95   # only the last block's tail is empty
+    for _, r in res.iterrows():
+        s = json.loads((tmp / "paging" / "reservation" / f"{r['arm']}_seed{r['seed']}"
+                        / "summary.json").read_text())
+        assert r["kv_token_share"] == s["kv"]["token_share_mean"]
+        assert r["batch_requests_mean"] == s["batch"]["requests_mean"]
+        assert r["kv_slot_fill"] == approx(1 - s["kv"]["internal_waste_mean"])
+        assert s["config"]["scheduler"]["max_num_seqs"] == 256
+        assert s["config"]["trace"]["shuffle"] is True and s["config"]["seed"] == r["seed"]
+    for col in ("kv_token_share", "batch_requests_mean"):
+        got = cells.set_index("arm")[f"{col}_mean"]
+        want = res.groupby("arm")[col].mean()
+        pd.testing.assert_series_equal(got.sort_index(), want.sort_index(), check_names=False)
+    assert (tmp / "out" / "paging.png").stat().st_size > 1000
+
+
+def test_prefix_caching_on_a_shared_system_prompt(toy):
+    study, tmp, _, _, pre, effect = toy
+    from sarathi_lab.traces import build_trace
+    assert len(pre) == 2 * 2 * 2
+    for _, r in pre[pre["prefix_caching"]].iterrows():
+        c = study.config(r["policy"], r["seed"], 20, 1.0)
+        prompts = build_trace(c["trace"])["num_prompt_tokens"] + 1024
+        # 1024 shared tokens = 64 blocks of 16; every request after the first finds them all
+        assert r["cached_blocks"] == 64 * 19
+        assert r["hit_rate"] == approx(1024 * 19 / prompts.sum())
+        off = pre[(~pre["prefix_caching"]) & (pre["policy"] == r["policy"])
+                  & (pre["seed"] == r["seed"])].iloc[0]
+        assert off["prefill_tokens"] == prompts.sum()          # no preemption at 1 req/s
+        assert r["prefill_tokens"] == prompts.sum() - 1024 * 19
+    e = effect.set_index("policy")
+    # no preemption: the prompt work saved is exactly the share served from the cache
+    np.testing.assert_allclose(e["prefill_tokens_saved_mean"], e["hit_rate_mean"], rtol=1e-12)
+    assert (e["ttft_p50_ratio_mean"] < 1).all()

@@ -81,13 +81,15 @@ def plot(cells, out: Path) -> Path:
             ax.errorbar(x, y, xerr=[[x - r["tbt_p99_min"]], [r["tbt_p99_max"] - x]],
                         yerr=[[y - r["ttft_p50_min"]], [r["ttft_p50_max"] - y]],
                         fmt=marks.get(r["arm"], "o"), capsize=2, label=r["arm"])
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        ax.set_xlim(left=0)
+        ax.set_ylim(bottom=0)
         ax.set_xlabel("P99 TBT (s)")
         ax.set_ylabel("P50 TTFT (s)")
         ax.set_title(f"Yi-34B TP2, {trace} @ {qps:g} req/s", fontsize=9)
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=7, frameon=False)
+        ax.grid(True, alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right upper", fontsize=8, frameon=False)
+    fig.suptitle("P50 TTFT against P99 TBT: mean over seeds, bars = min-max", fontsize=9)
     path = out / "ablation.png"
     fig.savefig(path, dpi=130)
     return path

@@ -71,29 +71,41 @@ def test_max_tokens_rules_of_the_reservation_arms():
 def toy(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("paging")
     study = load_study("paging")
-    res, cells, pre, effect = study.run_study(tmp, tmp / "out", [0, 1], 30, 20.0, 20, 1.0, 1024, 1)
+    res, cells, pre, effect = study.run_study(tmp, tmp / "out", [0, 1], 30, 20.0, 20, 1.0, 1024, 1,
+                                              (1.0, 0.25))
     return study, tmp, res, cells, pre, effect
 
 
 def test_reservation_arms_at_the_same_kv_memory(toy):
     study, tmp, res, cells, _, _ = toy
-    assert len(res) == len(study.ARMS) * 2 and (res["num_finished"] == 30).all()
-    assert res["kv_blocks_total"].nunique() == 1        # one cache size for every arm
+    assert len(res) == len(study.ARMS) * 2 * 2 and (res["num_finished"] == 30).all()
+    full = study.full_cache_blocks()
+    blocks = res.groupby("kv_fraction")["kv_blocks_total"].unique()
+    assert blocks[1.0].tolist() == [full] and blocks[0.25].tolist() == [round(full / 4)]
+    cells = cells[cells["kv_fraction"] == 1.0]
     fill = cells.set_index("arm")["kv_slot_fill_mean"]
     # reserving less of what is never used fills more of what is held
     assert fill["orca"] < fill["orca_pow2"] < fill["orca_oracle"] < 1
     assert fill["vllm"] > 0.95 and fill["sarathi"] > 0.95   # only the last block's tail is empty
     for _, r in res.iterrows():
-        s = json.loads((tmp / "paging" / "reservation" / f"{r['arm']}_seed{r['seed']}"
-                        / "summary.json").read_text())
+        d = tmp / "paging" / "reservation" / f"{r['arm']}_kv{r['kv_fraction']:g}_seed{r['seed']}"
+        s = json.loads((d / "summary.json").read_text())
         assert r["kv_token_share"] == s["kv"]["token_share_mean"]
         assert r["batch_requests_mean"] == s["batch"]["requests_mean"]
         assert r["kv_slot_fill"] == approx(1 - s["kv"]["internal_waste_mean"])
         assert s["config"]["scheduler"]["max_num_seqs"] == 256
         assert s["config"]["trace"]["shuffle"] is True and s["config"]["seed"] == r["seed"]
+        # while requests wait, by hand from the iteration table
+        it = pd.read_parquet(d / "iterations.parquet")
+        w = it[it["num_waiting"] > 0]
+        assert r["saturated_share"] == approx(w["duration"].sum() / it["duration"].sum())
+        assert r["kv_token_share_saturated"] == approx(
+            w["kv_tokens_stored"].mean() / (r["kv_blocks_total"] * 16))
+        assert r["batch_requests_saturated"] == approx(w["num_requests"].mean())
+    full_res = res[res["kv_fraction"] == 1.0]
     for col in ("kv_token_share", "batch_requests_mean"):
         got = cells.set_index("arm")[f"{col}_mean"]
-        want = res.groupby("arm")[col].mean()
+        want = full_res.groupby("arm")[col].mean()
         pd.testing.assert_series_equal(got.sort_index(), want.sort_index(), check_names=False)
     assert (tmp / "out" / "paging.png").stat().st_size > 1000
 

@@ -5,8 +5,10 @@ system prompt (experiments/paging/README.md).
     python experiments/paging/run.py --root /tmp/x --out /tmp/x/out --requests 40 \
         --prefix-requests 30 --seeds 0
 
-Mistral-7B on one simulated A100-80GB; every run gets the same KV cache (what fits beside the
-weights) and `max_num_seqs` 256 (vLLM's default), so what limits a batch is memory.
+Mistral-7B on one simulated A100-80GB; every arm gets the same KV cache, what fits beside the
+weights (28,982 blocks of 16 tokens) and a quarter of it (`--kv-fractions`, standing for a model
+with 4x the KV per token), and `max_num_seqs` 256 (vLLM's default), so what limits a batch is
+memory (or, for Sarathi, its token budget).
 
 1. Reservation vs paging: a random sample of ShareGPT-4 (`trace.shuffle`, one per seed) arriving
    far faster than any policy serves it (`--qps`), so every policy runs as full as its KV cache
@@ -15,7 +17,10 @@ weights) and `max_num_seqs` 256 (vLLM's default), so what limits a batch is memo
    two of its output length and to the output length itself (the vLLM paper's Orca (Pow2) and
    Orca (Oracle)); vllm and sarathi page. Figures: the share of the KV cache holding tokens
    (`kv.token_share_mean`), of the allocated blocks holding tokens (1 - `kv.internal_waste_mean`),
-   the blocks in use, the batch size (`batch.requests_mean`), throughput, preemptions.
+   the blocks in use, the batch size (`batch.requests_mean`), throughput, preemptions; and over
+   the iterations during which requests wait (`saturated`, from iterations.parquet: the arrivals
+   stop after 1,000 requests and the run's tail drains), the token share, the batch size and
+   the decode tokens per second.
 2. Prefix caching: the same sample behind a shared system prompt of `--system-prompt` tokens
    (random ids, distinct past it), at `--prefix-qps`, vllm and sarathi with caching off and on:
    hit rate, prompt blocks served from the cache, blocks in use, prefill tokens computed, TTFT.
@@ -49,10 +54,18 @@ ARMS = {   # label: (policy, max_tokens rule)
     "sarathi": ("sarathi", None),
 }
 RESERVATION = ["kv_token_share", "kv_slot_fill", "kv_blocks_used_mean", "batch_requests_mean",
-               "batch_requests_max", "throughput_rps", "throughput_tok_s", "preemptions",
-               "ttft_p50", "tbt_p99"]
+               "batch_requests_max", "saturated_share", "kv_token_share_saturated",
+               "batch_requests_saturated", "decode_tok_s_saturated", "throughput_rps",
+               "throughput_tok_s", "preemptions", "ttft_p50", "tbt_p99"]
 PREFIX = ["hit_rate", "cached_blocks", "kv_blocks_used_mean", "prefill_tokens", "ttft_p50",
           "ttft_p99", "tbt_p99", "throughput_rps"]
+
+
+def full_cache_blocks() -> int:
+    """KV blocks of the A100 beside Mistral-7B's weights (the same for every policy)."""
+    from sarathi_lab.runner import build
+    policy, _ = build(config("vllm", 0, 2, 1.0))
+    return policy.kv.num_blocks
 
 
 def config(policy: str, seed: int, n: int, qps: float, extra=()) -> dict:
@@ -70,18 +83,38 @@ def max_tokens(output: np.ndarray, rule: str | None):
     return (out if rule == "oracle" else 2 ** np.ceil(np.log2(out)).astype(np.int64)).tolist()
 
 
-def reservation_run(root: str, arm: str, seed: int, n: int, qps: float) -> dict:
+def saturated(it, blocks: int, block_size: int) -> dict:
+    """The iterations during which requests wait (the cache, not the arrivals, limits the batch):
+    their share of the run's time, the KV token share and batch size over them, and the decode
+    tokens they computed per second."""
+    w = it[it["num_waiting"] > 0]
+    busy, total = float(w["duration"].sum()), float(it["duration"].sum())
+    if w.empty:
+        return {"saturated_share": 0.0, "kv_token_share_saturated": None,
+                "batch_requests_saturated": None, "decode_tok_s_saturated": None}
+    return {"saturated_share": busy / total if total > 0 else 0.0,
+            "kv_token_share_saturated": float(w["kv_tokens_stored"].mean()) / (blocks * block_size),
+            "batch_requests_saturated": float(w["num_requests"].mean()),
+            "decode_tok_s_saturated": float(w["decode_tokens"].sum()) / busy if busy else None}
+
+
+def reservation_run(root: str, arm: str, seed: int, n: int, qps: float, blocks: int,
+                    fraction: float) -> dict:
+    import pandas as pd
     from sarathi_lab.runner import run
     from sarathi_lab.traces import build_trace, to_requests
     policy, rule = ARMS[arm]
-    c = config(policy, seed, n, qps)
+    c = config(policy, seed, n, qps, [f"scheduler.num_kv_blocks={blocks}"])
     df = build_trace(c["trace"])
     reqs = to_requests(df)
     for r, m in zip(reqs, max_tokens(df["num_output_tokens"].to_numpy(), rule)):
         r.max_tokens = m
-    s = run(c, Path(root) / "paging" / "reservation" / f"{arm}_seed{seed}", requests=reqs)
+    d = Path(root) / "paging" / "reservation" / f"{arm}_kv{fraction:g}_seed{seed}"
+    s = run(c, d, requests=reqs)
     kv = s["kv"]
-    return {"arm": arm, "policy": policy, "max_tokens": rule or "none", "seed": seed,
+    it = pd.read_parquet(d / "iterations.parquet")
+    return {"arm": arm, "policy": policy, "max_tokens": rule or "none", "kv_fraction": fraction,
+            "seed": seed,
             "num_requests": s["num_requests"], "num_finished": s["num_finished"],
             "kv_blocks_total": kv["blocks_total"],
             "kv_token_share": kv["token_share_mean"],
@@ -91,7 +124,8 @@ def reservation_run(root: str, arm: str, seed: int, n: int, qps: float) -> dict:
             "batch_requests_max": s["batch"]["requests_max"],
             "throughput_rps": s["throughput_rps"], "throughput_tok_s": s["throughput_tok_s"],
             "preemptions": s["preemptions"], "ttft_p50": s["ttft"]["p50"],
-            "tbt_p99": s["tbt"]["p99"]}
+            "tbt_p99": s["tbt"]["p99"],
+            **saturated(it, kv["blocks_total"], c["scheduler"]["block_size"])}
 
 
 def prefix_run(root: str, policy: str, caching: bool, seed: int, n: int, qps: float,
@@ -138,34 +172,40 @@ def prefix_effect(prefix):
 
 
 def plot(res, out: Path) -> Path:
-    """Share of the KV cache holding tokens, and batch size, per arm (mean, bars = min-max)."""
+    """While requests wait: the share of the KV cache holding tokens and the batch size; and the
+    run's throughput; per arm (mean over seeds, bars = min-max), a row per cache size."""
     from matplotlib.figure import Figure
     from sarathi_lab.plots import series_colors
     colors = series_colors(res.assign(series=res["arm"]))
-    fig = Figure(figsize=(9, 3.4), layout="constrained")
-    axes = fig.subplots(1, 3)
-    x = np.arange(len(res))
-    for ax, (col, label) in zip(axes, [("kv_token_share", "share of KV cache holding tokens"),
-                                       ("batch_requests_mean", "requests per batch"),
-                                       ("throughput_tok_s", "output tokens/s")]):
-        mean = res[f"{col}_mean"].to_numpy(float)
-        err = np.vstack([mean - res[f"{col}_min"], res[f"{col}_max"] - mean])
-        ax.bar(x, mean, 0.7, yerr=err, capsize=2, color=[colors[a] for a in res["arm"]])
-        ax.set_xticks(x, res["arm"], rotation=40, ha="right", fontsize=8)
-        ax.set_title(label, fontsize=9)
-        ax.grid(True, axis="y", alpha=0.3)
-    fig.suptitle("Mistral-7B, one A100, the same KV cache; ShareGPT-4 at saturation "
-                 "(mean over seeds, bars = min-max)", fontsize=9)
+    fractions = list(dict.fromkeys(res["kv_fraction"]))
+    fig = Figure(figsize=(9, 3.2 * len(fractions)), layout="constrained")
+    axes = np.atleast_2d(fig.subplots(len(fractions), 3, squeeze=False))
+    for row, f in zip(axes, fractions):
+        d = res[res["kv_fraction"] == f]
+        x = np.arange(len(d))
+        for ax, (col, label) in zip(row, [
+                ("kv_token_share_saturated", "share of the KV cache holding tokens"),
+                ("batch_requests_saturated", "requests per batch"),
+                ("throughput_tok_s", "output tokens/s (whole run)")]):
+            mean = d[f"{col}_mean"].to_numpy(float)
+            err = np.vstack([mean - d[f"{col}_min"], d[f"{col}_max"] - mean])
+            ax.bar(x, mean, 0.7, yerr=err, capsize=2, color=[colors[a] for a in d["arm"]])
+            ax.set_xticks(x, d["arm"], rotation=40, ha="right", fontsize=8)
+            ax.set_title(f"{label}, KV cache x{f:g}", fontsize=9)
+            ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle("Mistral-7B, one A100, ShareGPT-4 at saturation; share and batch while requests "
+                 "wait (mean over seeds, bars = min-max)", fontsize=9)
     path = out / "paging.png"
     fig.savefig(path, dpi=130)
     return path
 
 
 def run_study(root: Path, out: Path, seeds, requests: int, qps: float, prefix_requests: int,
-              prefix_qps: float, system_prompt: int, jobs: int):
+              prefix_qps: float, system_prompt: int, jobs: int, fractions=(1.0,)):
     import pandas as pd
-    calls = [(reservation_run, (str(root), arm, s, requests, qps)) for arm in ARMS
-             for s in seeds]
+    full = full_cache_blocks()
+    calls = [(reservation_run, (str(root), arm, s, requests, qps, max(1, round(f * full)), f))
+             for f in fractions for arm in ARMS for s in seeds]
     calls += [(prefix_run, (str(root), p, on, s, prefix_requests, prefix_qps, system_prompt))
               for p in ("vllm", "sarathi") for on in (False, True) for s in seeds]
     if jobs == 1:   # in this process (a module loaded from its file cannot be sent to workers)
@@ -173,10 +213,10 @@ def run_study(root: Path, out: Path, seeds, requests: int, qps: float, prefix_re
     else:
         with ProcessPoolExecutor(jobs) as pool:
             rows = [f.result() for f in [pool.submit(fn, *args) for fn, args in calls]]
-    n = len(ARMS) * len(seeds)
+    n = len(ARMS) * len(seeds) * len(fractions)
     res, pre = pd.DataFrame(rows[:n]), pd.DataFrame(rows[n:])
     out.mkdir(parents=True, exist_ok=True)
-    res_cells = seed_spread(res, ["arm", "policy", "max_tokens"], RESERVATION)
+    res_cells = seed_spread(res, ["kv_fraction", "arm", "policy", "max_tokens"], RESERVATION)
     pre_cells = seed_spread(pre, ["policy", "prefix_caching"], PREFIX)
     effect = prefix_effect(pre)
     res.to_csv(out / "reservation_runs.csv", index=False)
@@ -198,15 +238,20 @@ def main(argv=None) -> None:
     ap.add_argument("--prefix-requests", type=int, default=500)
     ap.add_argument("--prefix-qps", type=float, default=1.0)
     ap.add_argument("--system-prompt", type=int, default=2048, help="shared prefix, tokens")
+    ap.add_argument("--kv-fractions", type=float, nargs="+", default=[1.0, 0.25],
+                    help="KV cache sizes, as shares of what the A100 holds beside the weights")
     ap.add_argument("--jobs", type=int, default=2, help="runs in parallel")
     a = ap.parse_args(argv)
     if min(a.seeds) < 0 or a.requests < 2 or a.prefix_requests < 2 or a.system_prompt < 1 \
-            or a.qps <= 0 or a.prefix_qps <= 0 or a.jobs < 1:
-        ap.error("seeds >= 0, requests >= 2, system prompt >= 1, rates > 0, jobs >= 1")
+            or a.qps <= 0 or a.prefix_qps <= 0 or a.jobs < 1 \
+            or not all(0 < f <= 1 for f in a.kv_fractions):
+        ap.error("seeds >= 0, requests >= 2, system prompt >= 1, rates > 0, jobs >= 1, "
+                 "KV fractions in (0, 1]")
     t0 = time.time()
     out = Path(a.out)
     _, res, _, effect = run_study(Path(a.root).resolve(), out, a.seeds, a.requests, a.qps,
-                                  a.prefix_requests, a.prefix_qps, a.system_prompt, a.jobs)
+                                  a.prefix_requests, a.prefix_qps, a.system_prompt, a.jobs,
+                                  a.kv_fractions)
     (out / "run_info.json").write_text(json.dumps(
         run_info(t0, ["python", "experiments/paging/run.py", *(argv or sys.argv[1:])]),
         indent=1) + "\n")

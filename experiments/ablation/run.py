@@ -28,13 +28,12 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
-from studies import run_info, seed_spread, sweep  # noqa: E402
+from studies import seed_spread, show, start_info, sweep, write_run_info  # noqa: E402
 
 ARMS = {
     "hybrid_only": ["scheduler=sarathi", "scheduler.token_budget=8192"],
@@ -125,17 +124,12 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     if min(a.seeds) < 0:
         ap.error("seeds must be >= 0")
-    t0 = time.time()
+    start = start_info()
     out = Path(a.out)
     _, cells = run_study(Path(a.root).resolve(), out, a.seeds, a.traces, a.overrides)
-    (out / "run_info.json").write_text(json.dumps(
-        run_info(t0, ["python", "experiments/ablation/run.py", *(argv or sys.argv[1:])]),
-        indent=1) + "\n")
-    import pandas as pd
-    cols = ["trace", "qps", "arm"] + [f"{m}_{s}" for m in ("ttft_p50", "tbt_p99")
-                               for s in ("mean", "min", "max")]
-    with pd.option_context("display.width", 200, "display.max_columns", 30):
-        print(cells[cols].to_string(index=False, float_format="%.3g"))
+    write_run_info(out, start, "experiments/ablation/run.py", argv or sys.argv[1:])
+    show(cells[["trace", "qps", "arm"] + [f"{m}_{s}" for m in ("ttft_p50", "tbt_p99")
+                                          for s in ("mean", "min", "max")]])
     print(f"-> {out}")
 
 

@@ -9,20 +9,13 @@ decode waits for at most one chunk, but never shares an iteration with one.
     PYTHONPATH=experiments/ablation sarathi-lab scheduler=custom \
         scheduler.name=simple_chunking:SimpleChunking scheduler.token_budget=512
 """
-from dataclasses import dataclass
-
-from sarathi_lab.schedulers import Policy, SchedulerConfig, SchedulerOutput
-from sarathi_lab.settings import setting
-
-
-@dataclass
-class SimpleChunkingConfig(SchedulerConfig):
-    token_budget: int = setting(512, ge=1, help="prompt tokens per prefill iteration (the chunk)")
+from sarathi_lab.schedulers import Policy, SchedulerOutput
+from sarathi_lab.schedulers.sarathi import SarathiConfig
 
 
 class SimpleChunking(Policy):
     name = "simple_chunking"
-    config_class = SimpleChunkingConfig
+    config_class = SarathiConfig   # the same knob: token_budget, here a prefill iteration's
 
     def __init__(self, cfg, kv, queue=None):
         super().__init__(cfg, kv, queue)

@@ -25,12 +25,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "experiments"))
-from studies import run_info, seed_spread, sweep  # noqa: E402
+from studies import seed_spread, show, start_info, sweep, write_run_info  # noqa: E402
 
 MODELS = {"mistral-7b": 1, "yi-34b": 2}   # model -> GPUs (tensor parallel)
 BUDGETS = {"strict": 512, "relaxed": 2048}   # SLO kind -> Sarathi's token budget
@@ -171,17 +170,12 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     if a.requests < 2 or a.jobs < 1 or min(a.seeds) < 0:
         ap.error("--requests must be >= 2, --jobs >= 1 and seeds >= 0")
-    t0 = time.time()
+    start = start_info()
     out = Path(a.out)
     runs, cells, ratios = run_study(Path(a.root).resolve(), out, a.requests, a.seeds, a.models,
                                     a.traces, a.jobs, a.overrides)
-    (out / "run_info.json").write_text(json.dumps(
-        run_info(t0, ["python", "experiments/capacity_grid/run.py", *(argv or sys.argv[1:])]),
-        indent=1) + "\n")
-    import pandas as pd
-    with pd.option_context("display.width", 200, "display.max_columns", 30):
-        print(cells.to_string(index=False, float_format="%.3g"))
-        print(ratios.to_string(index=False, float_format="%.3g"))
+    write_run_info(out, start, "experiments/capacity_grid/run.py", argv or sys.argv[1:])
+    show(cells, ratios)
     print(f"-> {out}")
 
 

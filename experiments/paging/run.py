@@ -32,9 +32,7 @@ Every run's directory is under ROOT/paging/; in --out: `reservation_runs.csv`,
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -42,7 +40,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "experiments"))
-from studies import compose, run_info, seed_spread  # noqa: E402
+from studies import compose, seed_spread, show, start_info, write_run_info  # noqa: E402
 
 VOCAB = 32000   # Mistral-7B's vocabulary: the ids only need to be distinct, not meaningful
 ARMS = {   # label: (policy, max_tokens rule)
@@ -247,18 +245,13 @@ def main(argv=None) -> None:
             or not all(0 < f <= 1 for f in a.kv_fractions):
         ap.error("seeds >= 0, requests >= 2, system prompt >= 1, rates > 0, jobs >= 1, "
                  "KV fractions in (0, 1]")
-    t0 = time.time()
+    start = start_info()
     out = Path(a.out)
     _, res, _, effect = run_study(Path(a.root).resolve(), out, a.seeds, a.requests, a.qps,
                                   a.prefix_requests, a.prefix_qps, a.system_prompt, a.jobs,
                                   a.kv_fractions)
-    (out / "run_info.json").write_text(json.dumps(
-        run_info(t0, ["python", "experiments/paging/run.py", *(argv or sys.argv[1:])]),
-        indent=1) + "\n")
-    import pandas as pd
-    with pd.option_context("display.width", 220, "display.max_columns", 40):
-        print(res.to_string(index=False, float_format="%.3g"))
-        print(effect.to_string(index=False, float_format="%.3g"))
+    write_run_info(out, start, "experiments/paging/run.py", argv or sys.argv[1:])
+    show(res, effect)
     print(f"-> {out}")
 
 

@@ -52,3 +52,50 @@ def compose(overrides: list[str]) -> dict:
     c = OmegaConf.to_container(cfg, resolve=True)
     c.pop("hydra", None)
     return c
+
+
+def _git(*args) -> str | None:
+    r = subprocess.run(["git", *args], cwd=Path(__file__).resolve().parents[1],
+                       capture_output=True, text=True)
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def start_info() -> dict:
+    """What a study runs on, taken when it starts: the commit, whether tracked files differ
+    from it, the time."""
+    import time
+    return {"commit": _git("rev-parse", "--short", "HEAD"),
+            "uncommitted_changes": bool(_git("status", "--porcelain", "--untracked-files=no")),
+            "started": time.time()}
+
+
+def write_run_info(out: Path, start: dict, script: str, argv) -> dict:
+    """OUT/run_info.json, for the study's README: `start_info()`'s commit, the load averages at
+    the end, the wall time and the command."""
+    import json
+    import time
+    info = {"commit": start["commit"], "uncommitted_changes": start["uncommitted_changes"],
+            "load_average": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(),
+            "wall_time_s": round(time.time() - start["started"], 1),
+            "command": " ".join(["python", script, *argv])}
+    (Path(out) / "run_info.json").write_text(json.dumps(info, indent=1) + "\n")
+    return info
+
+
+def show(*tables) -> None:
+    """Print a study's tables in full."""
+    import pandas as pd
+    with pd.option_context("display.width", 220, "display.max_columns", 60):
+        for t in tables:
+            print(t.to_string(index=False, float_format="%.3g"))
+
+
+def seed_spread(df, keys: list[str], values: list[str]):
+    """Mean and spread over seeds: per group of `keys`, for each column in `values`, its mean,
+    standard deviation (ddof 1; NaN for one seed), min, max and the number of seeds. A stand-in
+    for sarathi-lab-report's seed aggregation (mean, 95% interval, min-max per configuration),
+    which can replace it once it lands."""
+    g = df.groupby(keys, sort=False, dropna=False)[values]
+    out = g.agg(["mean", "std", "min", "max", "count"])
+    out.columns = [f"{v}_{stat if stat != 'count' else 'seeds'}" for v, stat in out.columns]
+    return out.reset_index()

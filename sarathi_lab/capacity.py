@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from sarathi_lab import rundir
+from sarathi_lab.settings import ConfigError
 
 CRITERIA = {
     "tbt": ("meets_tbt_slo", "Sarathi-Serve"),
@@ -64,6 +65,42 @@ def unit_arrivals(n: int, kind: str, seed: int, trace_times: np.ndarray | None) 
     return np.concatenate([[0.0], np.cumsum(gaps)])
 
 
+def never_served(prompt: np.ndarray, output: np.ndarray, max_model_len: int,
+                 overlong: str) -> np.ndarray:
+    """Which requests are rejected for their length at any rate (the engine's rules): a prompt
+    with no room for one token within max_model_len, and with overlong=reject also a prompt plus
+    output beyond it (an output of 0 runs as 1 token)."""
+    prompt = np.asarray(prompt, np.int64)
+    never = prompt + 1 > max_model_len
+    if overlong == "reject":
+        never |= prompt + np.maximum(np.asarray(output, np.int64), 1) > max_model_len
+    return never
+
+
+def check_context(c: dict, trace) -> None:
+    """Refuse a search over a trace holding requests longer than the context in force: they
+    would be rejected at every rate, and as Sarathi-Serve's criterion allows no rejection (and
+    DistServe's counts them as misses), the search would report a capacity of 0, or one that
+    leaves requests unserved. The error says what to do instead."""
+    from sarathi_lab.runner import build
+    policy, _ = build(c)
+    limit, mode = policy.max_model_len, c.get("overlong", "reject")
+    never = never_served(trace["num_prompt_tokens"].to_numpy(),
+                         trace["num_output_tokens"].to_numpy(), limit, mode)
+    if not never.any():
+        return
+    longest = int((trace["num_prompt_tokens"] + trace["num_output_tokens"]).max())
+    model = (c.get("model") or {}).get("name", "?")
+    raise ConfigError(
+        f"capacity: {int(never.sum())} of the {len(trace)} requests of trace "
+        f"{trace.attrs.get('name', '?')} do not fit max_model_len={limit} (model {model}; the "
+        f"longest holds {longest} tokens): they would be rejected at every rate, and a capacity "
+        "search allows no rejection. Raise the context (model.max_model_len=N, or "
+        "scheduler.max_model_len=N up to the model's), drop them from the trace "
+        f"(trace.max_total_tokens={limit}; capacity.json records how many), or serve them cut "
+        "short (overlong=cap)")
+
+
 def _probe_row(qps: float, s: dict, wall: float) -> dict:
     slo = s.get("slo") or {}
     return {
@@ -91,6 +128,7 @@ class Prober:
         tc["qps"] = 1.0      # arrivals are replaced below; 1 req/s keeps a trace's own pattern
         trace = build_trace(tc)
         self.trace = trace
+        check_context(c, trace)
         self.unit = unit_arrivals(len(trace), cap.get("arrivals", "poisson"),
                                   c.get("seed", 0), trace["arrival_time"].to_numpy())
         self.probes: list[dict] = []
@@ -183,6 +221,8 @@ def search(c: dict, out_dir) -> dict:
         "hardware": (c.get("hardware") or {}).get("name"),
         "trace": c["trace"].get("name"),
         "num_requests": len(prober.trace),
+        # requests the trace's length filters left out (trace.max_total_tokens, ...)
+        "trace_dropped": int(prober.trace.attrs.get("dropped", 0)),
         "arrivals": cap.get("arrivals", "poisson"),
         "slo": slo,
         "criteria": results,
@@ -225,9 +265,11 @@ def short_answer(result: dict) -> str:
 
 def format_result(result: dict) -> str:
     slo = result["slo"]
+    dropped = result.get("trace_dropped")
     lines = [f"capacity of {result['policy']} | {result['model']} on {result['hardware']} | "
-             f"trace {result['trace']} ({result['num_requests']} requests, {result['arrivals']} "
-             f"arrivals) | SLO {slo.get('name', '?')}"]
+             f"trace {result['trace']} ({result['num_requests']} requests"
+             + (f", {dropped} longer ones dropped" if dropped else "")
+             + f", {result['arrivals']} arrivals) | SLO {slo.get('name', '?')}"]
     for k, r in result["criteria"].items():
         hi = "-" if r["fails_at_qps"] is None else f"{r['fails_at_qps']:.4g}"
         lines.append(f"  {r['source']:<14} {_qps(r):>12}   (fails at {hi}; {r['probes']} probes)"

@@ -125,7 +125,9 @@ def _execute(c: dict, job: _Job, resolved) -> dict:
         c["progress"] = False    # bars of parallel jobs would overwrite each other
     if mode == "capacity":
         from sarathi_lab.capacity import format_result, search
-        result = search(c, job.dir)
+        from sarathi_lab.config import without_unread
+        # each probe resolves the config again: without the settings the multirun left out
+        result = search(without_unread(c, resolved.notes), job.dir)
         text = format_result(result)
     else:
         from sarathi_lab.runner import run

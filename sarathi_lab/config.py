@@ -28,6 +28,22 @@ def plain(cfg):
     return cfg
 
 
+def without_unread(c: dict, notes) -> dict:
+    """A copy of the plain config `c` less the settings that a multirun's `resolve` left out as
+    unread (`Resolved.notes`, each beginning with the setting's dotted key): for what resolves
+    the config again, as a capacity search does for each probe."""
+    import copy
+    out = copy.deepcopy(c)
+    for note in notes:
+        *path, last = note.split(": ", 1)[0].split(".")
+        node = out
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
+    return out
+
+
 @dataclass
 class RunConfig:
     """The run itself (top-level keys of configs/config.yaml)."""

@@ -488,6 +488,10 @@ def summarize(req_df: pd.DataFrame, it_df: pd.DataFrame, *, slo: dict | None = N
     thresh = stall_factor * base
     out["stalls"] = {"threshold_s": thresh, "count": int((gaps > thresh).sum()),
                      "worst_s": float(gaps.max()) if len(gaps) else 0.0}
+    # requests per batch: vLLM's (SOSP'23) "average number of batched requests"
+    batch = it_df["num_requests"].to_numpy(float)
+    out["batch"] = {"requests_mean": float(batch.mean()) if len(batch) else 0.0,
+                    "requests_max": int(batch.max()) if len(batch) else 0}
     if kv_blocks_total:
         used = it_df["kv_blocks_used"].to_numpy(float)
         slots = used * block_size
@@ -497,7 +501,11 @@ def summarize(req_df: pd.DataFrame, it_df: pd.DataFrame, *, slo: dict | None = N
                      "utilization_mean": float(used.mean() / kv_blocks_total) if len(used) else 0.0,
                      "utilization_max": float(used.max() / kv_blocks_total) if len(used) else 0.0,
                      "internal_waste_mean": float(np.nanmean(np.clip(waste, 0, 1)))
-                     if np.isfinite(waste).any() else 0.0}
+                     if np.isfinite(waste).any() else 0.0,
+                     # the share of the whole cache's slots holding a token
+                     "token_share_mean": float(it_df["kv_tokens_stored"].mean()
+                                               / (kv_blocks_total * block_size))
+                     if len(used) else 0.0}
     if prefix_cache is not None:
         hit, query = int(prefix_cache["hit_tokens"]), int(prefix_cache["query_tokens"])
         out["prefix_cache"] = {"hit_tokens": hit, "query_tokens": query,

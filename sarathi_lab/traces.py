@@ -79,7 +79,7 @@ ARRIVALS = ("poisson", "gamma", "onoff")
 COLUMNS = ["arrival_time", "num_prompt_tokens", "num_output_tokens"]
 
 # Independent random streams, so one knob does not reshuffle the others.
-_ARRIVAL_STREAM, _PROMPT_STREAM, _OUTPUT_STREAM, _IDS_STREAM = range(4)
+_ARRIVAL_STREAM, _PROMPT_STREAM, _OUTPUT_STREAM, _IDS_STREAM, _SHUFFLE_STREAM = range(5)
 
 # Rows per read when only the head of a (possibly huge, e.g. Azure 2024) trace is needed.
 _CHUNK_ROWS = 1 << 16
@@ -105,11 +105,14 @@ _GZIP_MAGIC = b"\x1f\x8b"
 
 def load_trace(path, *, num_requests=None, qps=None, arrival="poisson", cv=1.0, burst=None,
                max_total_tokens=None, max_prompt_tokens=None, seed=0,
-               tokenizer=None) -> pd.DataFrame:
+               tokenizer=None, shuffle=False) -> pd.DataFrame:
     """Load a shipped trace (by name) or a trace file.
 
     The length filters are applied first, then the first ``num_requests`` survivors are kept;
     ``df.attrs["dropped"]`` counts the rows the filters skipped among the rows read to get them.
+    ``shuffle`` puts the rows in a random order (seeded by ``seed``) first, so that the requests
+    kept are a random sample of the trace rather than its head (as Sarathi-Serve's and Vidur's
+    trace length generators do); only for a trace without arrival times.
     ``qps`` re-times a timestamped trace (inter-arrival gaps scaled to that mean rate, burstiness
     kept) and is required for a length-only trace, whose arrivals are then drawn from ``arrival``
     (``poisson``, ``gamma`` with coefficient of variation ``cv``, or ``onoff`` with ``burst`` =
@@ -125,13 +128,22 @@ def load_trace(path, *, num_requests=None, qps=None, arrival="poisson", cv=1.0, 
     src = resolve_trace(path)
     if _is_json(src):
         raw = _read_jsonl(src, tokenizer)
-    else:
-        raw = _read_csv(src, num_requests, max_total_tokens, max_prompt_tokens)
+    else:   # a random sample needs every row; the head only as many as it keeps
+        raw = _read_csv(src, None if shuffle else num_requests, max_total_tokens,
+                        max_prompt_tokens)
     timed = raw.attrs["format"] != "lengths"
     if not timed and qps is None:
         raise ValueError(
             f"trace {src} has token lengths but no arrival times; give qps (req/s) so that "
             "arrivals can be generated")
+    if shuffle:
+        if timed:
+            raise ValueError(f"trace.shuffle: trace {src} has its own arrival times, which a "
+                             "shuffle would part from their requests (it is for length-only "
+                             "traces)")
+        fmt = raw.attrs["format"]
+        raw = raw.iloc[_rng(seed, _SHUFFLE_STREAM).permutation(len(raw))].reset_index(drop=True)
+        raw.attrs["format"] = fmt
 
     df, dropped = _select(raw, src, num_requests, max_total_tokens, max_prompt_tokens)
     if timed and arrival != "poisson":
@@ -215,7 +227,9 @@ class TraceConfig(ClientSettings):
     off_s: float | None = setting(None, gt=0, help="onoff: seconds of silence between bursts")
     max_total_tokens: int | None = setting(None, ge=2, help="drop longer requests")
     max_prompt_tokens: int | None = setting(None, ge=1, help="drop longer prompts")
-    seed: int = setting(0, ge=0, help="arrivals, lengths and token ids")
+    shuffle: bool = setting(False, help="a random sample (trace.seed) instead of the first "
+                            "num_requests; length-only trace files")
+    seed: int = setting(0, ge=0, help="arrivals, lengths, token ids and shuffle")
     prompt_len: int | dict | None = setting(None, help="generated: a length spec")
     output_len: int | dict | None = setting(None, help="generated: a length spec")
     tokenizer: str | None = setting(None, help="a local tokenizer dir for text prompts")
@@ -227,6 +241,9 @@ class TraceConfig(ClientSettings):
                     raise ValueError(f"{key}: a generated trace (path: null) needs it")
             if self.tokenizer is not None:
                 raise ValueError("tokenizer: read only for a trace file (path)")
+            if self.shuffle:
+                raise ValueError("shuffle: read only for a trace file (path); a generated "
+                                 "trace is a random draw already")
         else:
             for key in ("prompt_len", "output_len"):
                 if getattr(self, key) is not None:
@@ -276,7 +293,8 @@ def build_trace(cfg) -> pd.DataFrame:
         df = synthetic_trace(tc.num_requests, prompt_len=tc.prompt_len,
                              output_len=tc.output_len, **common)
     else:
-        df = load_trace(tc.path, num_requests=tc.num_requests, tokenizer=tc.tokenizer, **common)
+        df = load_trace(tc.path, num_requests=tc.num_requests, tokenizer=tc.tokenizer,
+                        shuffle=tc.shuffle, **common)
     df.attrs["name"] = tc.name or str(tc.path or "synthetic")
     return df
 

@@ -368,7 +368,8 @@ def test_nothing_finished_gives_zeros_and_no_stats():
     assert s["ttft"] == {"mean": None, "p50": None, "p90": None, "p99": None, "max": None}
     assert s["stalls"] == {"threshold_s": 0.0, "count": 0, "worst_s": 0.0}   # no NaN
     assert s["kv"] == {"blocks_total": 4, "utilization_mean": 0.0, "utilization_max": 0.0,
-                       "internal_waste_mean": 0.0}
+                       "internal_waste_mean": 0.0, "token_share_mean": 0.0}
+    assert s["batch"] == {"requests_mean": 0.0, "requests_max": 0}
     assert s["slo"]["attainment"] == 0.0 and s["slo"]["goodput_rps"] == 0.0
     assert not s["slo"]["meets_attainment"]
 

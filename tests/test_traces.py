@@ -630,7 +630,7 @@ def test_bad_length_spec(spec):
 # ---------------------------------------------------------------- config group
 
 SCHEMA = {"name", "path", "num_requests", "qps", "arrival", "cv", "on_s", "off_s",
-          "max_total_tokens", "max_prompt_tokens", "seed", "clients", "think_time"}
+          "max_total_tokens", "max_prompt_tokens", "shuffle", "seed", "clients", "think_time"}
 
 
 # the options that are workload mixes (workloads.py; tests/test_workloads.py), not one trace

@@ -134,7 +134,13 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
     price = dict(price_per_gpu_hour=(r.hardware or {}).get("price_per_gpu_hour"),
                  num_gpus=getattr(r.executor_cfg, "tensor_parallel", 1))
     n = r.cluster.num_replicas
-    if n > 1:   # a fleet: the same replica n times, behind the router
+    pools = None
+    if r.disagg is not None:   # a prefill pool and a decode pool (disagg.py)
+        from sarathi_lab.disagg import build_pools
+        pools = build_pools(r, engine, progress)
+        pools.run(requests)
+        load, users = {"mode": "open"}, None
+    elif n > 1:   # a fleet: the same replica n times, behind the router
         from sarathi_lab.cluster import Cluster
         fleet = Cluster([engine] + [Engine(*build(c, r), fast_forward=r.run.fast_forward,
                                            overlong=r.run.overlong) for _ in range(n - 1)],
@@ -146,7 +152,11 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
     if bar is not None:
         bar.close()
     wall = time.perf_counter() - t0
-    if n > 1:
+    if pools is not None:
+        req_df, it_df = pools.tables(requests)
+        summary = pools.summarize(req_df, it_df, slo=c.get("slo"),
+                                  price_per_gpu_hour=price["price_per_gpu_hour"])
+    elif n > 1:
         req_df, it_df = fleet.tables(requests)
         summary = fleet.summarize(req_df, it_df, slo=c.get("slo"), **price)
     else:
@@ -162,7 +172,8 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
     summary["wall_time_s"] = wall
     summary["simulated"] = executor.simulated
     summary["config"] = c
-    summary["settings"] = used_settings(r, policy)
+    summary["settings"] = used_settings(r, policy) if pools is None else \
+        r.disagg.used_settings(policy, pools.decode[0].policy)
     if not write:
         return summary
     rundir.write_parquet(run_dir / rundir.REQUESTS, req_df)

@@ -204,7 +204,7 @@ def _pool_error(msg: str, pool: str, own: dict) -> str:
     first = key.split(".")[0]
     if first == "cluster":
         return msg.replace("cluster.", f"cluster.{pool}.")
-    if first in _POOL_NODES and key.split(".", 1)[-1] in own.get(first, {}):
+    if first in _POOL_NODES and own.get(first, {}).get(key.split(".", 1)[-1]) is not None:
         return f"cluster.{pool}.{msg}"
     return f"{msg} (in the {pool} pool)"
 

@@ -193,12 +193,13 @@ class Disaggregated:
 
     def _accept(self, d: int, t: float) -> bool:
         """Decode replica d takes the requests of its queue, in order, while seats and KV
-        (above its watermark) hold them; each one's transfer starts when both links are free.
+        (above its watermark) hold them, and none of its own waits (a preempted request, to be
+        recomputed there, goes first); each one's transfer starts when both links are free.
         True if it took any."""
         q, e = self._queue[d], self.decode[d]
         policy = e.policy
         took = False
-        while q:
+        while q and not policy.waiting:
             req, p = q[0]
             seats = len(policy.running) + self._in_flight[d] + len(self._landed[d])
             if seats >= policy.cfg.max_num_seqs or policy.admission_blocker(req, 1) is not None:
@@ -321,15 +322,16 @@ class Disaggregated:
         start = e.now
         out, done, n_pre, n_dec = e.step()
         if not out:
-            if self._empty(1, d, e, out):
+            if self._empty(1, d, e, out) and self._queue[d]:
                 self._accept(d, e.now)
             return
         if out.rejected:
             self._ended(1, d, start, out.rejected)
         if done:
             self._ended(1, d, e.now, done)
-        if done or out.rejected or out.preempted:   # blocks or seats freed
+        if self._queue[d]:   # at its iteration boundary, it takes what waits for it
             self._accept(d, e.now)
+        if self._landed[d]:
             self._seat(d)
         if e.fast_forward:
             e.skip_ahead(out, done, n_pre, n_dec, self._bound(d))

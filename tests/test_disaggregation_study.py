@@ -1,0 +1,26 @@
+"""experiments/disaggregation at toy scale: one command writes the table, the probes and the
+plot; goodput per GPU is the capacity over the 4 GPUs; a slower link never serves more."""
+import pandas as pd
+import pytest
+from study_scripts import load_study
+
+
+def test_disaggregation_study_at_toy_scale(tmp_path):
+    study = load_study("disaggregation")
+    study.main(["--workloads", "chat", "--ratios", "2:2", "--links", "nvlink", "1.25GB/s",
+                "--budgets", "512", "--requests", "40", "--precision", "0.15", "--jobs", "1",
+                "--out", str(tmp_path)])
+    df = pd.read_csv(tmp_path / "capacity.csv")
+    assert df["system"].tolist() == ["colocated-512", "2P2D", "2P2D"]
+    assert df["link"].fillna("").tolist() == ["", "nvlink", "1.25GB/s"]
+    assert (df["num_gpus"] == 4).all() and df["bracketed"].all()
+    assert df["goodput_per_gpu"].tolist() == pytest.approx((df["capacity_qps"] / 4).tolist(),
+                                                           rel=1e-3)
+    assert (df["attainment"] >= 0.9).all()   # at the capacity found, the SLO holds
+    dis = df[df["prefill"] > 0].set_index("link")
+    assert dis.loc["nvlink", "capacity_qps"] >= dis.loc["1.25GB/s", "capacity_qps"]
+    assert dis.loc["1.25GB/s", "transfer_p50_ms"] > 20 * dis.loc["nvlink", "transfer_p50_ms"]
+    assert df.loc[df["prefill"] == 0, "transfer_p50_ms"].isna().all()
+    probes = pd.read_csv(tmp_path / "probes.csv")
+    assert set(probes["system"]) == {"colocated-512", "2P2D"} and len(probes) >= 6
+    assert (tmp_path / "capacity.png").stat().st_size > 5000

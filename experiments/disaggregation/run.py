@@ -11,12 +11,20 @@ Every configuration has 4 GPUs: Llama-3-8B on simulated H100-SXMs, one GPU per r
   link of 5 or 1.25 GB/s (40 and 10 Gb/s Ethernet-class, efficiency and latency of the preset's
   NIC); all five for chat, the last three for summarization.
 
-Goodput per GPU is DistServe's: the highest Poisson arrival rate at which >= 90% of requests
-meet the SLO (capacity search, `mode=capacity`, attainment criterion), over the 4 GPUs.
-Traces and SLOs: ShareGPT (chat) under DistServe's chat SLO for 13B-class models (TTFT 0.25 s,
-TPOT 0.1 s), arXiv summarization under DistServe's summarization SLO (TTFT 15 s, TPOT 0.15 s).
-One command writes results/disaggregation/capacity.csv (a row per configuration), probes.csv
-(every probe of every search) and capacity.png, and prints the table:
+Part A, goodput per GPU as DistServe defines it: the highest Poisson arrival rate at which >= 90%
+of requests meet the SLO (a capacity search, `mode=capacity`, attainment criterion), over the 4
+GPUs. Chat: ShareGPT under DistServe's chat SLO for 13B-class models (TTFT 0.25 s, TPOT 0.1 s).
+Summarization: arXiv under distserve-summarization-13b (TTFT 1.5 s, TPOT 0.1 s: DistServe's
+66B summarization SLO scaled as DistServe scales its chat SLO from 66B to 13B; our derivation).
+
+Part B, where the TPOT target decides (DistServe's Figure 8 method): chat over InfiniBand, every
+system run at a grid of rates, the attainment of TTFT <= 0.25 s with TPOT <= 100, 40 (DistServe's
+tightest SLO scale, 0.4) and 20 ms counted from the same runs, the capacity where it crosses 90%
+(linear between grid points).
+
+One command writes results/disaggregation/capacity.csv (part A, a row per configuration),
+probes.csv (every probe of its searches), tpot_sweep.csv (part B: attainment per rate and TPOT
+target, and the crossings), capacity.png and tpot_sweep.png, and prints the tables:
 
     python experiments/disaggregation/run.py [--requests 400] [--precision 0.04] [--jobs 2]
 """
@@ -32,11 +40,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from studies import compose  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[2] / "results" / "disaggregation"
-BASE = ["model=llama-3-8b", "hardware=h100-sxm", "progress=false", "mode=capacity",
-        "capacity.criteria=[attainment]", "capacity.qps_low=1", "capacity.qps_high=16"]
+BASE = ["model=llama-3-8b", "hardware=h100-sxm", "progress=false"]
+CAPACITY = ["mode=capacity", "capacity.criteria=[attainment]", "capacity.qps_low=1",
+            "capacity.qps_high=16"]
 WORKLOADS = {   # label: trace and SLO
     "chat": ["trace=sharegpt", "slo=distserve-chat-13b"],
-    "summarization": ["trace=arxiv", "slo=distserve-summarization"],
+    "summarization": ["trace=arxiv", "slo=distserve-summarization-13b"],
 }
 GPUS = 4
 RATIOS = [(1, 3), (2, 2), (3, 1)]
@@ -51,36 +60,52 @@ LINKS = {   # label: cluster settings
 # ones for summarization (time: the whole study stays within ~15 minutes on 2 loaded cores)
 DEFAULT_LINKS = {"chat": list(LINKS), "summarization": ["infiniband", "5GB/s", "1.25GB/s"]}
 BUDGETS = [512, 2048]
+# part B: TPOT targets (s) under the chat SLO's TTFT, and the rates every system runs at
+TPOTS = [0.1, 0.04, 0.02]
+RATES = [2.0, 3.0, 4.5, 6.0, 8.0, 11.0, 15.0, 20.0, 27.0, 36.0]
 
 
-def configs(workloads, ratios, links, budgets) -> list[tuple[dict, list[str]]]:
-    """(row labels, overrides) of every configuration of the study."""
+def systems(workload: str, ratios, links, budgets) -> list[tuple[dict, list[str]]]:
+    """(row labels, overrides) of every system of a workload."""
     out = []
-    for w in workloads:
-        for b in budgets:
-            out.append(({"workload": w, "system": f"colocated-{b}", "prefill": 0, "decode": 0,
-                         "link": ""},
-                        [*WORKLOADS[w], f"cluster.num_replicas={GPUS}",
-                         "cluster.router=least_loaded", f"scheduler.token_budget={b}"]))
-        for p, d in ratios:
-            pools = ["cluster=disagg", f"cluster.prefill.num_replicas={p}",
-                     f"cluster.decode.num_replicas={d}", "cluster.prefill.scheduler.name=vllm"]
-            pools += ["cluster.prefill.router=least_loaded"] if p > 1 else []
-            pools += ["cluster.decode.router=least_loaded"] if d > 1 else []
-            for link in links or DEFAULT_LINKS[w]:
-                out.append(({"workload": w, "system": f"{p}P{d}D", "prefill": p, "decode": d,
-                             "link": link}, [*WORKLOADS[w], *pools, *LINKS[link]]))
+    for b in budgets:
+        out.append(({"workload": workload, "system": f"colocated-{b}", "prefill": 0,
+                     "decode": 0, "link": ""},
+                    [*WORKLOADS[workload], f"cluster.num_replicas={GPUS}",
+                     "cluster.router=least_loaded", f"scheduler.token_budget={b}"]))
+    for p, d in ratios:
+        pools = ["cluster=disagg", f"cluster.prefill.num_replicas={p}",
+                 f"cluster.decode.num_replicas={d}", "cluster.prefill.scheduler.name=vllm"]
+        pools += ["cluster.prefill.router=least_loaded"] if p > 1 else []
+        pools += ["cluster.decode.router=least_loaded"] if d > 1 else []
+        for link in links:
+            out.append(({"workload": workload, "system": f"{p}P{d}D", "prefill": p,
+                         "decode": d, "link": link}, [*WORKLOADS[workload], *pools, *LINKS[link]]))
     return out
 
 
-def one(labels: dict, overrides: list[str], requests: int,
-        precision: float) -> tuple[dict, list[dict]]:
-    """The capacity of one configuration and its figures at that rate; its probes."""
+def figures(s: dict) -> dict:
+    """A run's figures at its rate: where the time goes."""
+    row = {"attainment": s["slo"]["attainment"], "ttft_p90_s": s["ttft"]["p90"],
+           "tpot_p90_s": s["tpot"]["p90"], "tbt_p99_s": s["tbt"]["p99"]}
+    if "transfers" in s:
+        t = s["transfers"]
+        row.update(transfer_p50_ms=t["time_s"]["p50"] * 1e3,
+                   transfer_wait_p90_ms=t["wait_s"]["p90"] * 1e3,
+                   kv_gb_per_request=t["bytes"]["mean"] / 1e9,
+                   prefill_busy=s["pools"]["prefill"]["utilization"],
+                   decode_busy=s["pools"]["decode"]["utilization"])
+    return row
+
+
+def search_one(labels: dict, overrides: list[str], requests: int,
+               precision: float) -> tuple[dict, list[dict]]:
+    """Part A: the capacity of one system and its figures at that rate; its probes."""
     import tempfile
 
     from sarathi_lab.capacity import search
     from sarathi_lab.runner import run
-    c = compose([*BASE, *overrides, f"trace.num_requests={requests}",
+    c = compose([*BASE, *CAPACITY, *overrides, f"trace.num_requests={requests}",
                  f"capacity.precision={precision}"])
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -90,46 +115,88 @@ def one(labels: dict, overrides: list[str], requests: int,
     row = {**labels, "capacity_qps": res["capacity_qps"], "fails_at_qps": res["fails_at_qps"],
            "bracketed": res["bracketed"], "num_gpus": res["num_gpus"],
            "goodput_per_gpu": res["capacity_qps_per_gpu"]}
-    if res["capacity_qps"]:   # the run at capacity: where the time goes
+    if res["capacity_qps"]:
         c["mode"] = "run"
         c["trace"] = {**c["trace"], "qps": res["capacity_qps"]}
-        s = run(c, None, write=False)
-        row.update(attainment=s["slo"]["attainment"], ttft_p90_s=s["ttft"]["p90"],
-                   tpot_p90_s=s["tpot"]["p90"], tbt_p99_s=s["tbt"]["p99"])
-        if "transfers" in s:
-            t = s["transfers"]
-            row.update(transfer_p50_ms=t["time_s"]["p50"] * 1e3,
-                       transfer_wait_p90_ms=t["wait_s"]["p90"] * 1e3,
-                       kv_gb_per_request=t["bytes"]["mean"] / 1e9,
-                       prefill_busy=s["pools"]["prefill"]["utilization"],
-                       decode_busy=s["pools"]["decode"]["utilization"])
+        row.update(figures(run(c, None, write=False)))
     row["wall_s"] = time.perf_counter() - t0
     return row, probes
 
 
-def study(workloads, ratios, links, budgets, requests: int, precision: float, jobs: int):
-    """(one row per configuration, every probe of every search)."""
+def curve_one(labels: dict, overrides: list[str], requests: int, rate: float) -> list[dict]:
+    """Part B: one system at one rate; the attainment of each TPOT target."""
+    import tempfile
+
     import pandas as pd
-    todo = configs(workloads, ratios, links, budgets)
+
+    from sarathi_lab.metrics import slo_met
+    from sarathi_lab.runner import run
+    c = compose([*BASE, *overrides, f"trace.num_requests={requests}", f"trace.qps={rate}"])
+    with tempfile.TemporaryDirectory() as tmp:
+        s = run(c, tmp)
+        req_df = pd.read_parquet(Path(tmp) / "requests.parquet")
+    rows = []
+    for tpot in TPOTS:
+        slo = {**c["slo"], "tpot": tpot}
+        rows.append({**labels, "qps": rate, "tpot_slo_s": tpot, "ttft_slo_s": slo["ttft"],
+                     "attainment": float(slo_met(req_df, slo).mean()),
+                     "tpot_p90_s": s["tpot"]["p90"], "ttft_p90_s": s["ttft"]["p90"]})
+    return rows
+
+
+def crossing(rates, attainment, target: float = 0.9) -> tuple[float, bool]:
+    """The rate where attainment first falls below `target`, linear between grid points
+    (DistServe's find_intersection); (rate, bracketed)."""
+    for i, a in enumerate(attainment):
+        if a < target:
+            if i == 0:
+                return rates[0], False
+            r0, r1, a0, a1 = rates[i - 1], rates[i], attainment[i - 1], a
+            return r0 + (target - a0) * (r1 - r0) / (a1 - a0), True
+    return rates[-1], False
+
+
+def parallel(fn, tasks, jobs: int):
+    """fn(*task) for every task, in order; in `jobs` processes."""
+    if jobs <= 1:
+        return [fn(*t) for t in tasks]
+    with ProcessPoolExecutor(jobs) as pool:
+        futures = [pool.submit(fn, *t) for t in tasks]
+        return [f.result() for f in futures]
+
+
+def part_a(workloads, ratios, links, budgets, requests, precision, jobs):
+    import pandas as pd
+    todo = [(lb, ov, requests, precision) for w in workloads
+            for lb, ov in systems(w, ratios, links or DEFAULT_LINKS[w], budgets)]
     rows, probes = [], []
-    pool = ProcessPoolExecutor(jobs) if jobs > 1 else None
-    try:
-        results = [pool.submit(one, lb, ov, requests, precision) for lb, ov in todo] if pool \
-            else (one(lb, ov, requests, precision) for lb, ov in todo)
-        for f in results:
-            r, p = f.result() if pool else f
-            rows.append(r)
-            probes += p
-            print(f"{r['workload']:13} {r['system']:13} {r['link']:10} capacity "
-                  f"{r['capacity_qps']:6.2f} req/s = {r['goodput_per_gpu']:5.2f} per GPU "
-                  f"({r['wall_s']:.0f} s)", flush=True)
-    finally:
-        if pool:
-            pool.shutdown(cancel_futures=True)
+    for r, p in parallel(search_one, todo, jobs):
+        rows.append(r)
+        probes += p
+        print(f"{r['workload']:13} {r['system']:13} {r['link']:10} capacity "
+              f"{r['capacity_qps']:6.2f} req/s = {r['goodput_per_gpu']:5.2f} per GPU "
+              f"({r['wall_s']:.0f} s)", flush=True)
     return pd.DataFrame(rows), pd.DataFrame(probes)
 
 
-def plot(df, path: Path) -> None:
+def part_b(ratios, budgets, requests, rates, jobs):
+    import pandas as pd
+    todo = [(lb, ov, requests, q) for lb, ov in systems("chat", ratios, ["infiniband"], budgets)
+            for q in rates]
+    grid = pd.DataFrame([row for rows in parallel(curve_one, todo, jobs) for row in rows])
+    cross = []
+    for (system, tpot), g in grid.groupby(["system", "tpot_slo_s"], sort=False):
+        g = g.sort_values("qps")
+        q, ok = crossing(g["qps"].tolist(), g["attainment"].tolist())
+        cross.append({"system": system, "tpot_slo_s": tpot, "capacity_qps": q,
+                      "bracketed": ok, "goodput_per_gpu": q / GPUS})
+        print(f"chat, TPOT <= {tpot * 1e3:3.0f} ms  {system:13} capacity "
+              f"{'' if ok else 'outside the grid, '}{q:6.2f} req/s = {q / GPUS:5.2f} per GPU",
+              flush=True)
+    return grid, pd.DataFrame(cross)
+
+
+def plot_capacity(df, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -137,16 +204,38 @@ def plot(df, path: Path) -> None:
     fig, axes = plt.subplots(1, len(workloads), figsize=(5.5 * len(workloads), 4), squeeze=False)
     for ax, w in zip(axes[0], workloads):
         sub = df[df["workload"] == w]
-        dis = sub[sub["prefill"] > 0]
-        for link, g in dis.groupby("link", sort=False):
+        for link, g in sub[sub["prefill"] > 0].groupby("link", sort=False):
             g = g.sort_values("prefill")
-            ax.plot(g["system"], g["goodput_per_gpu"], marker="o", label=f"disagg, {link}")
+            ax.plot(g["system"], g["goodput_per_gpu"], marker="o", label=f"disaggregated, {link}")
         for (_, r), ls in zip(sub[sub["prefill"] == 0].iterrows(), ("--", ":")):
             ax.axhline(r["goodput_per_gpu"], color="k", linestyle=ls, label=r["system"])
-        ax.set_title(f"{w} ({GPUS} GPUs)")
+        ax.set_title(f"{w}, {GPUS} GPUs")
         ax.set_xlabel("prefill:decode replicas")
-        ax.set_ylabel("goodput per GPU (req/s at 90% attainment)")
+        ax.set_ylabel("goodput per GPU (req/s, 90% attainment)")
         ax.set_ylim(bottom=0)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_sweep(grid, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    tpots = list(dict.fromkeys(grid["tpot_slo_s"]))
+    fig, axes = plt.subplots(1, len(tpots), figsize=(4.5 * len(tpots), 3.6), squeeze=False)
+    for ax, tpot in zip(axes[0], tpots):
+        sub = grid[grid["tpot_slo_s"] == tpot]
+        for system, g in sub.groupby("system", sort=False):
+            g = g.sort_values("qps")
+            ax.plot(g["qps"] / GPUS, g["attainment"] * 100, marker=".", label=system,
+                    linestyle="--" if system.startswith("colocated") else "-")
+        ax.axhline(90, color="grey", linewidth=0.8)
+        ax.set_title(f"chat, TTFT <= 0.25 s, TPOT <= {tpot * 1e3:.0f} ms")
+        ax.set_xlabel("per-GPU rate (req/s)")
+        ax.set_ylabel("SLO attainment (%)")
+        ax.set_ylim(0, 105)
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -163,23 +252,31 @@ def main(argv=None):
                          "1.25GB/s for summarization)")
     ap.add_argument("--budgets", type=int, nargs="+", default=BUDGETS,
                     help="colocated Sarathi-Serve token budgets")
-    ap.add_argument("--requests", type=int, default=400, help="requests per probe")
+    ap.add_argument("--requests", type=int, default=400, help="requests per run")
     ap.add_argument("--precision", type=float, default=0.04,
-                    help="capacity search: stop when high - low <= precision x low")
-    ap.add_argument("--jobs", type=int, default=2, help="configurations searched in parallel")
+                    help="part A's search: stop when high - low <= precision x low")
+    ap.add_argument("--rates", type=float, nargs="+", default=RATES,
+                    help="part B: the rates (req/s, all GPUs) every system runs at")
+    ap.add_argument("--no-sweep", action="store_true", help="part A only")
+    ap.add_argument("--jobs", type=int, default=2, help="runs in parallel")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
     ratios = [tuple(int(x) for x in r.split(":")) for r in args.ratios]
     if any(p < 1 or d < 1 or p + d != GPUS for p, d in ratios):
         ap.error(f"--ratios: P:D with P, D >= 1 and P + D = {GPUS}")
     t0 = time.perf_counter()
-    df, probes = study(args.workloads, ratios, args.links, args.budgets, args.requests,
-                       args.precision, args.jobs)
     args.out.mkdir(parents=True, exist_ok=True)
+    df, probes = part_a(args.workloads, ratios, args.links, args.budgets, args.requests,
+                        args.precision, args.jobs)
     df.to_csv(args.out / "capacity.csv", index=False, float_format="%.4g")
     probes.to_csv(args.out / "probes.csv", index=False, float_format="%.4g")
-    plot(df, args.out / "capacity.png")
-    print(f"\n{args.out / 'capacity.csv'} ({time.perf_counter() - t0:.0f} s)")
+    plot_capacity(df, args.out / "capacity.png")
+    if not args.no_sweep:
+        grid, cross = part_b(ratios, args.budgets, args.requests, sorted(args.rates), args.jobs)
+        grid.to_csv(args.out / "tpot_sweep.csv", index=False, float_format="%.4g")
+        cross.to_csv(args.out / "tpot_capacity.csv", index=False, float_format="%.4g")
+        plot_sweep(grid, args.out / "tpot_sweep.png")
+    print(f"\n{args.out} ({time.perf_counter() - t0:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -9,10 +9,10 @@ from study_scripts import load_study
 def test_disaggregation_study_at_toy_scale(tmp_path):
     study = load_study("disaggregation")
     study.main(["--workloads", "chat", "--ratios", "2:2", "--links", "nvlink", "1.25GB/s",
-                "--budgets", "512", "--requests", "40", "--precision", "0.15",
+                "--colocated", "sarathi-512", "--requests", "40", "--precision", "0.15",
                 "--rates", "4", "16", "--jobs", "1", "--out", str(tmp_path)])
     df = pd.read_csv(tmp_path / "capacity.csv")
-    assert df["system"].tolist() == ["colocated-512", "2P2D", "2P2D"]
+    assert df["system"].tolist() == ["colocated-sarathi-512", "2P2D", "2P2D"]
     assert df["link"].fillna("").tolist() == ["", "nvlink", "1.25GB/s"]
     assert (df["num_gpus"] == 4).all() and df["bracketed"].all()
     assert df["goodput_per_gpu"].tolist() == pytest.approx((df["capacity_qps"] / 4).tolist(),
@@ -23,14 +23,14 @@ def test_disaggregation_study_at_toy_scale(tmp_path):
     assert dis.loc["1.25GB/s", "transfer_p50_ms"] > 20 * dis.loc["nvlink", "transfer_p50_ms"]
     assert df.loc[df["prefill"] == 0, "transfer_p50_ms"].isna().all()
     probes = pd.read_csv(tmp_path / "probes.csv")
-    assert set(probes["system"]) == {"colocated-512", "2P2D"} and len(probes) >= 6
+    assert set(probes["system"]) == {"colocated-sarathi-512", "2P2D"} and len(probes) >= 6
     grid = pd.read_csv(tmp_path / "tpot_sweep.csv")
     assert len(grid) == 2 * 2 * len(study.TPOTS)          # systems x rates x TPOT targets
     for _, g in grid.groupby(["system", "qps"]):
         att = g.sort_values("tpot_slo_s", ascending=False)["attainment"].tolist()
         assert att == sorted(att, reverse=True)           # tighter target, fewer pass
     cross = pd.read_csv(tmp_path / "tpot_capacity.csv").set_index(["system", "tpot_slo_s"])
-    for system in ("colocated-512", "2P2D"):
+    for system in ("colocated-sarathi-512", "2P2D"):
         assert cross.loc[(system, 0.1), "capacity_qps"] >= cross.loc[(system, 0.02),
                                                                       "capacity_qps"]
     assert study.crossing([2, 4, 8], [1.0, 0.95, 0.85]) == (pytest.approx(6.0), True)

@@ -4,12 +4,13 @@ summarization trace.
 
 Every configuration has 4 GPUs: Llama-3-8B on simulated H100-SXMs, one GPU per replica.
 
-- colocated: 4 Sarathi-Serve replicas behind a least-loaded router, token budget 512 and 2048;
+- colocated: 4 replicas behind a least-loaded router: Sarathi-Serve with a token budget of 512
+  and of 2048, and vLLM (whole prompts first, the baseline DistServe compared against);
 - disaggregated: 1P3D, 2P2D, 3P1D (prefill replicas running whole prompts, vLLM's prefill-first
   batching; decode replicas running Sarathi-Serve's decode-first batches), least-loaded routers
   in both pools, the KV moved over NVLink, InfiniBand (one NDR NIC per GPU), PCIe Gen5, or a
   link of 5 or 1.25 GB/s (40 and 10 Gb/s Ethernet-class, efficiency and latency of the preset's
-  NIC); all five for chat, the last three for summarization.
+  NIC); the last three at every ratio, NVLink and PCIe at 2P2D only (chat).
 
 Part A, goodput per GPU as DistServe defines it: the highest Poisson arrival rate at which >= 90%
 of requests meet the SLO (a capacity search, `mode=capacity`, attainment criterion), over the 4
@@ -26,7 +27,7 @@ One command writes results/disaggregation/capacity.csv (part A, a row per config
 probes.csv (every probe of its searches), tpot_sweep.csv (part B: attainment per rate and TPOT
 target, and the crossings), capacity.png and tpot_sweep.png, and prints the tables:
 
-    python experiments/disaggregation/run.py [--requests 400] [--precision 0.04] [--jobs 2]
+    python experiments/disaggregation/run.py [--requests 300] [--precision 0.04] [--jobs 2]
 """
 from __future__ import annotations
 
@@ -56,29 +57,40 @@ LINKS = {   # label: cluster settings
     "5GB/s": ["cluster.link=net", "cluster.link_bandwidth=5e9"],
     "1.25GB/s": ["cluster.link=net", "cluster.link_bandwidth=1.25e9"],
 }
-# the preset links matter little next to the slower ones: all of them for chat, the slower
-# ones for summarization (time: the whole study stays within ~15 minutes on 2 loaded cores)
-DEFAULT_LINKS = {"chat": list(LINKS), "summarization": ["infiniband", "5GB/s", "1.25GB/s"]}
-BUDGETS = [512, 2048]
+# the preset links matter little next to the slower ones: NVLink and PCIe at one ratio (chat),
+# the others everywhere (time: the whole study stays within ~15 minutes on 2 loaded cores)
+SLOW_LINKS = ["infiniband", "5GB/s", "1.25GB/s"]
+PRESET_LINKS_AT = {"chat": (2, 2)}
+COLOCATED = {   # label: the replicas' scheduler
+    "sarathi-512": ["scheduler.token_budget=512"],
+    "sarathi-2048": ["scheduler.token_budget=2048"],
+    "vllm": ["scheduler=vllm"],
+}
 # part B: TPOT targets (s) under the chat SLO's TTFT, and the rates every system runs at
 TPOTS = [0.1, 0.04, 0.02]
 RATES = [2.0, 3.0, 4.5, 6.0, 8.0, 11.0, 15.0, 20.0, 27.0, 36.0]
 
 
-def systems(workload: str, ratios, links, budgets) -> list[tuple[dict, list[str]]]:
-    """(row labels, overrides) of every system of a workload."""
+def default_links(workload: str, ratio: tuple[int, int]) -> list[str]:
+    if PRESET_LINKS_AT.get(workload) == ratio:
+        return ["nvlink", "infiniband", "pcie", "5GB/s", "1.25GB/s"]
+    return SLOW_LINKS
+
+
+def systems(workload: str, ratios, links, colocated) -> list[tuple[dict, list[str]]]:
+    """(row labels, overrides) of every system of a workload; `links` None: the defaults."""
     out = []
-    for b in budgets:
-        out.append(({"workload": workload, "system": f"colocated-{b}", "prefill": 0,
+    for name in colocated:
+        out.append(({"workload": workload, "system": f"colocated-{name}", "prefill": 0,
                      "decode": 0, "link": ""},
                     [*WORKLOADS[workload], f"cluster.num_replicas={GPUS}",
-                     "cluster.router=least_loaded", f"scheduler.token_budget={b}"]))
+                     "cluster.router=least_loaded", *COLOCATED[name]]))
     for p, d in ratios:
         pools = ["cluster=disagg", f"cluster.prefill.num_replicas={p}",
                  f"cluster.decode.num_replicas={d}", "cluster.prefill.scheduler.name=vllm"]
         pools += ["cluster.prefill.router=least_loaded"] if p > 1 else []
         pools += ["cluster.decode.router=least_loaded"] if d > 1 else []
-        for link in links:
+        for link in links or default_links(workload, (p, d)):
             out.append(({"workload": workload, "system": f"{p}P{d}D", "prefill": p,
                          "decode": d, "link": link}, [*WORKLOADS[workload], *pools, *LINKS[link]]))
     return out
@@ -124,16 +136,22 @@ def search_one(labels: dict, overrides: list[str], requests: int,
 
 
 def curve_one(labels: dict, overrides: list[str], requests: int, rate: float) -> list[dict]:
-    """Part B: one system at one rate; the attainment of each TPOT target."""
+    """Part B: one system at one rate; the attainment of each TPOT target. The arrivals are a
+    capacity search's (one unit-rate Poisson sequence stretched to the rate), so the curves
+    and part A's probes see the same requests."""
     import tempfile
 
     import pandas as pd
 
+    from sarathi_lab.capacity import unit_arrivals
     from sarathi_lab.metrics import slo_met
     from sarathi_lab.runner import run
+    from sarathi_lab.traces import build_trace, to_requests
     c = compose([*BASE, *overrides, f"trace.num_requests={requests}", f"trace.qps={rate}"])
+    trace = build_trace({**c["trace"], "qps": 1.0})
+    trace["arrival_time"] = unit_arrivals(len(trace), "poisson", c["seed"], None) / rate
     with tempfile.TemporaryDirectory() as tmp:
-        s = run(c, tmp)
+        s = run(c, tmp, requests=to_requests(trace))
         req_df = pd.read_parquet(Path(tmp) / "requests.parquet")
     rows = []
     for tpot in TPOTS:
@@ -165,10 +183,10 @@ def parallel(fn, tasks, jobs: int):
         return [f.result() for f in futures]
 
 
-def part_a(workloads, ratios, links, budgets, requests, precision, jobs):
+def part_a(workloads, ratios, links, colocated, requests, precision, jobs):
     import pandas as pd
     todo = [(lb, ov, requests, precision) for w in workloads
-            for lb, ov in systems(w, ratios, links or DEFAULT_LINKS[w], budgets)]
+            for lb, ov in systems(w, ratios, links, colocated)]
     rows, probes = [], []
     for r, p in parallel(search_one, todo, jobs):
         rows.append(r)
@@ -179,9 +197,9 @@ def part_a(workloads, ratios, links, budgets, requests, precision, jobs):
     return pd.DataFrame(rows), pd.DataFrame(probes)
 
 
-def part_b(ratios, budgets, requests, rates, jobs):
+def part_b(ratios, colocated, requests, rates, jobs):
     import pandas as pd
-    todo = [(lb, ov, requests, q) for lb, ov in systems("chat", ratios, ["infiniband"], budgets)
+    todo = [(lb, ov, requests, q) for lb, ov in systems("chat", ratios, ["infiniband"], colocated)
             for q in rates]
     grid = pd.DataFrame([row for rows in parallel(curve_one, todo, jobs) for row in rows])
     cross = []
@@ -196,18 +214,24 @@ def part_b(ratios, budgets, requests, rates, jobs):
     return grid, pd.DataFrame(cross)
 
 
-def plot_capacity(df, path: Path) -> None:
+def _panels(n: int, width: float, height: float):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, n, figsize=(width * n, height), squeeze=False)
+    return plt, fig, axes[0]
+
+
+def plot_capacity(df, path: Path) -> None:
+    """Goodput per GPU by P:D ratio, a line per link; the colocated systems as levels."""
     workloads = list(dict.fromkeys(df["workload"]))
-    fig, axes = plt.subplots(1, len(workloads), figsize=(5.5 * len(workloads), 4), squeeze=False)
-    for ax, w in zip(axes[0], workloads):
+    plt, fig, axes = _panels(len(workloads), 5.5, 4)
+    for ax, w in zip(axes, workloads):
         sub = df[df["workload"] == w]
         for link, g in sub[sub["prefill"] > 0].groupby("link", sort=False):
             g = g.sort_values("prefill")
             ax.plot(g["system"], g["goodput_per_gpu"], marker="o", label=f"disaggregated, {link}")
-        for (_, r), ls in zip(sub[sub["prefill"] == 0].iterrows(), ("--", ":")):
+        for (_, r), ls in zip(sub[sub["prefill"] == 0].iterrows(), ("--", ":", "-.")):
             ax.axhline(r["goodput_per_gpu"], color="k", linestyle=ls, label=r["system"])
         ax.set_title(f"{w}, {GPUS} GPUs")
         ax.set_xlabel("prefill:decode replicas")
@@ -220,12 +244,9 @@ def plot_capacity(df, path: Path) -> None:
 
 
 def plot_sweep(grid, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     tpots = list(dict.fromkeys(grid["tpot_slo_s"]))
-    fig, axes = plt.subplots(1, len(tpots), figsize=(4.5 * len(tpots), 3.6), squeeze=False)
-    for ax, tpot in zip(axes[0], tpots):
+    plt, fig, axes = _panels(len(tpots), 4.5, 3.6)
+    for ax, tpot in zip(axes, tpots):
         sub = grid[grid["tpot_slo_s"] == tpot]
         for system, g in sub.groupby("system", sort=False):
             g = g.sort_values("qps")
@@ -248,11 +269,10 @@ def main(argv=None):
     ap.add_argument("--ratios", nargs="+", default=[f"{p}:{d}" for p, d in RATIOS],
                     help="prefill:decode replicas, summing to 4")
     ap.add_argument("--links", nargs="+", default=None, choices=list(LINKS),
-                    help="for every workload (default: all for chat; infiniband, 5GB/s, "
-                         "1.25GB/s for summarization)")
-    ap.add_argument("--budgets", type=int, nargs="+", default=BUDGETS,
-                    help="colocated Sarathi-Serve token budgets")
-    ap.add_argument("--requests", type=int, default=400, help="requests per run")
+                    help="at every ratio (default: infiniband, 5GB/s, 1.25GB/s, and for chat "
+                         "nvlink and pcie at 2P2D)")
+    ap.add_argument("--colocated", nargs="+", default=list(COLOCATED), choices=list(COLOCATED))
+    ap.add_argument("--requests", type=int, default=300, help="requests per run")
     ap.add_argument("--precision", type=float, default=0.04,
                     help="part A's search: stop when high - low <= precision x low")
     ap.add_argument("--rates", type=float, nargs="+", default=RATES,
@@ -266,13 +286,14 @@ def main(argv=None):
         ap.error(f"--ratios: P:D with P, D >= 1 and P + D = {GPUS}")
     t0 = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
-    df, probes = part_a(args.workloads, ratios, args.links, args.budgets, args.requests,
+    df, probes = part_a(args.workloads, ratios, args.links, args.colocated, args.requests,
                         args.precision, args.jobs)
     df.to_csv(args.out / "capacity.csv", index=False, float_format="%.4g")
     probes.to_csv(args.out / "probes.csv", index=False, float_format="%.4g")
     plot_capacity(df, args.out / "capacity.png")
     if not args.no_sweep:
-        grid, cross = part_b(ratios, args.budgets, args.requests, sorted(args.rates), args.jobs)
+        grid, cross = part_b(ratios, args.colocated, args.requests, sorted(args.rates),
+                             args.jobs)
         grid.to_csv(args.out / "tpot_sweep.csv", index=False, float_format="%.4g")
         cross.to_csv(args.out / "tpot_capacity.csv", index=False, float_format="%.4g")
         plot_sweep(grid, args.out / "tpot_sweep.png")

@@ -27,10 +27,10 @@ import heapq
 import math
 from collections import deque
 from dataclasses import dataclass
-from numbers import Integral
 
 import numpy as np
 
+from sarathi_lab.cluster import route
 from sarathi_lab.disagg.pools import POOLS
 from sarathi_lab.disagg.transfer import Transfer
 from sarathi_lab.engine import Engine
@@ -130,20 +130,7 @@ class Disaggregated:
     def _route(self, pool: int, req: Request, t: float) -> int:
         views = self.views[pool]
         views.until(t)
-        router, n = self.routers[pool], len(views.views)
-        name = POOLS[pool]
-        try:
-            j = router.route(req, views.views, t)
-        except Exception as e:
-            raise _blame(router, f"route() at t={t:.3f}s ({name} pool, request "
-                                 f"{req.request_id!r})", e) from e
-        if not isinstance(j, Integral) or isinstance(j, bool) or not 0 <= j < n:
-            cls = type(router)
-            raise ValueError(f"router {router.name or cls.__qualname__!r} ({cls.__module__}."
-                             f"{cls.__qualname__}) of the {name} pool returned {j!r} for request "
-                             f"{req.request_id!r} at t={t:.3f}s: must be a replica index, an "
-                             f"integer in [0, {n})")
-        return int(j)
+        return route(self.routers[pool], req, views.views, t, POOLS[pool])
 
     @staticmethod
     def _wake(e: Engine, t: float) -> None:
@@ -470,12 +457,3 @@ class Disaggregated:
             "preemptions": int(mine["preemptions"].sum()),
             "kv": s["kv"], "queue": s.get("queue"),
         }
-
-
-def _blame(obj, what: str, e: Exception) -> Exception:
-    cls = type(obj)
-    where = f"{cls.__module__}.{cls.__qualname__}.{what}"
-    try:
-        return type(e)(f"{where}: {e}")
-    except Exception:   # an exception class that takes other arguments
-        return RuntimeError(f"{where} raised {type(e).__name__}: {e}")

@@ -368,3 +368,19 @@ def test_received_kv_is_counted_and_adopted(policy, blocks):
         e.step()
     assert r.token_times == pytest.approx([0.5, 1.011, 1.022]) and r.status.name == "FINISHED"
     e.guard.finished()
+
+
+def test_a_request_the_decode_pool_cannot_hold_is_refused_on_arrival():
+    """A decode replica of 10 blocks of 4 tokens: a 60-token prompt that decodes on cannot be
+    served and is refused before any prefill; one that ends at its first token does not need
+    the decode pool."""
+    d = pools(kw_d={"num_blocks": 10})
+    rs = [req(0, 60, 5), req(1, 8, 3), req(2, 60, 1)]
+    d.run(rs)
+    df, it = d.tables(rs)
+    assert df["status"].tolist() == ["rejected", "finished", "finished"]
+    assert df["rejection_reason"][0] == ("decode pool: needs 16 KV blocks, the cache has 10 "
+                                         "(block_size=4)")
+    assert df["prefill_replica"].tolist() == [-1, 0, 0]
+    assert df["decode_replica"].tolist() == [-1, 0, -1]
+    assert it.loc[it["pool"] == "prefill", "prefill_tokens"].sum() == 8 + 60

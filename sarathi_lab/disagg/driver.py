@@ -115,7 +115,6 @@ class Disaggregated:
         self._next_arrival = math.inf
         self._handed = 0    # requests a prefill replica counted done, handed on
         self._refused = 0   # refused on arrival for the decode pool's limits
-        self._progress = progress
         if progress is not None:
             def pools_progress(_done, _tokens):
                 engines = prefill + decode

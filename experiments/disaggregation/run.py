@@ -10,7 +10,7 @@ Every configuration has 4 GPUs: Llama-3-8B on simulated H100-SXMs, one GPU per r
   batching; decode replicas running Sarathi-Serve's decode-first batches), least-loaded routers
   in both pools, the KV moved over NVLink, InfiniBand (one NDR NIC per GPU), PCIe Gen5, or a
   link of 5 or 1.25 GB/s (40 and 10 Gb/s Ethernet-class, efficiency and latency of the preset's
-  NIC): InfiniBand and 1.25 GB/s at every ratio, all five at 2P2D.
+  NIC): InfiniBand and 1.25 GB/s at every ratio, the others at 2P2D (NVLink and PCIe for chat).
 
 Part A, goodput per GPU as DistServe defines it: the highest Poisson arrival rate at which >= 90%
 of requests meet the SLO (a capacity search, `mode=capacity`, attainment criterion), over the 4
@@ -27,7 +27,7 @@ One command writes results/disaggregation/capacity.csv (part A, a row per config
 probes.csv (every probe of its searches), tpot_sweep.csv (part B: attainment per rate and TPOT
 target, and the crossings), capacity.png and tpot_sweep.png, and prints the tables:
 
-    python experiments/disaggregation/run.py [--requests 700] [--precision 0.06] [--jobs 2]
+    python experiments/disaggregation/run.py [--requests 600] [--precision 0.06] [--jobs 2]
 """
 from __future__ import annotations
 
@@ -57,10 +57,11 @@ LINKS = {   # label: cluster settings
     "5GB/s": ["cluster.link=net", "cluster.link_bandwidth=5e9"],
     "1.25GB/s": ["cluster.link=net", "cluster.link_bandwidth=1.25e9"],
 }
-# InfiniBand and the slowest link at every ratio, the others at 2P2D (time: the whole study
-# stays within ~15 minutes on 2 loaded cores)
+# InfiniBand and the slowest link at every ratio, the others at 2P2D, NVLink and PCIe for chat
+# only (time: the whole study stays within ~15 minutes on 2 loaded cores)
 EVERY_RATIO = ["infiniband", "1.25GB/s"]
-AT_2P2D = ["nvlink", "infiniband", "pcie", "5GB/s", "1.25GB/s"]
+AT_2P2D = {"chat": ["nvlink", "infiniband", "pcie", "5GB/s", "1.25GB/s"],
+           "summarization": ["infiniband", "5GB/s", "1.25GB/s"]}
 COLOCATED = {   # label: the replicas' scheduler
     "sarathi-512": ["scheduler.token_budget=512"],
     "sarathi-2048": ["scheduler.token_budget=2048"],
@@ -68,11 +69,11 @@ COLOCATED = {   # label: the replicas' scheduler
 }
 # part B: TPOT targets (s) under the chat SLO's TTFT, and the rates every system runs at
 TPOTS = [0.1, 0.04, 0.02]
-RATES = [2.0, 4.0, 6.0, 9.0, 12.0, 16.0, 22.0]
+RATES = [2.0, 4.0, 6.0, 9.0, 13.0, 19.0, 28.0]
 
 
-def default_links(ratio: tuple[int, int]) -> list[str]:
-    return AT_2P2D if ratio == (2, 2) else EVERY_RATIO
+def default_links(workload: str, ratio: tuple[int, int]) -> list[str]:
+    return AT_2P2D[workload] if ratio == (2, 2) else EVERY_RATIO
 
 
 def systems(workload: str, ratios, links, colocated) -> list[tuple[dict, list[str]]]:
@@ -88,7 +89,7 @@ def systems(workload: str, ratios, links, colocated) -> list[tuple[dict, list[st
                  f"cluster.decode.num_replicas={d}", "cluster.prefill.scheduler.name=vllm"]
         pools += ["cluster.prefill.router=least_loaded"] if p > 1 else []
         pools += ["cluster.decode.router=least_loaded"] if d > 1 else []
-        for link in links or default_links((p, d)):
+        for link in links or default_links(workload, (p, d)):
             out.append(({"workload": workload, "system": f"{p}P{d}D", "prefill": p,
                          "decode": d, "link": link}, [*WORKLOADS[workload], *pools, *LINKS[link]]))
     return out
@@ -267,10 +268,10 @@ def main(argv=None):
     ap.add_argument("--ratios", nargs="+", default=[f"{p}:{d}" for p, d in RATIOS],
                     help="prefill:decode replicas, summing to 4")
     ap.add_argument("--links", nargs="+", default=None, choices=list(LINKS),
-                    help="at every ratio (default: infiniband and 1.25GB/s, and all five at "
-                         "2P2D)")
+                    help="at every ratio (default: infiniband and 1.25GB/s; at 2P2D also 5GB/s, "
+                         "and nvlink and pcie for chat)")
     ap.add_argument("--colocated", nargs="+", default=list(COLOCATED), choices=list(COLOCATED))
-    ap.add_argument("--requests", type=int, default=700,
+    ap.add_argument("--requests", type=int, default=600,
                     help="requests per run: enough for a steady state (a few hundred let the "
                          "colocated systems pass a transient and overstate their capacity)")
     ap.add_argument("--precision", type=float, default=0.06,

@@ -28,6 +28,7 @@ probes.csv (every probe of its searches), tpot_sweep.csv (part B: attainment per
 target, and the crossings), capacity.png and tpot_sweep.png, and prints the tables:
 
     python experiments/disaggregation/run.py [--requests 600] [--precision 0.06] [--jobs 2]
+    python experiments/disaggregation/run.py --steady 2000   # the leading chat systems, longer
 """
 from __future__ import annotations
 
@@ -221,6 +222,20 @@ def _panels(n: int, width: float, height: float):
     return plt, fig, axes[0]
 
 
+def steady_check(requests: int, precision: float, jobs: int):
+    """Part A's search again for the leading chat systems with a longer trace: how far the
+    default trace's capacities are from a steady state."""
+    import pandas as pd
+    keep = {("colocated-vllm", ""), ("colocated-sarathi-2048", ""), ("2P2D", "infiniband")}
+    todo = [(lb, ov, requests, precision) for lb, ov in systems("chat", [(2, 2)], None, COLOCATED)
+            if (lb["system"], lb["link"]) in keep]
+    rows = [{**r, "requests": requests} for r, _ in parallel(search_one, todo, jobs)]
+    for r in rows:
+        print(f"steady check, {requests} requests: {r['system']:22} {r['link']:10} capacity "
+              f"{r['capacity_qps']:6.2f} req/s = {r['goodput_per_gpu']:5.2f} per GPU", flush=True)
+    return pd.DataFrame(rows)
+
+
 def plot_capacity(df, path: Path) -> None:
     """Goodput per GPU by P:D ratio, a line per link; the colocated systems as levels."""
     workloads = list(dict.fromkeys(df["workload"]))
@@ -279,6 +294,9 @@ def main(argv=None):
     ap.add_argument("--rates", type=float, nargs="+", default=RATES,
                     help="part B: the rates (req/s, all GPUs) every system runs at")
     ap.add_argument("--no-sweep", action="store_true", help="part A only")
+    ap.add_argument("--steady", type=int, default=None, metavar="N",
+                    help="instead: search the leading chat systems with N requests per run "
+                         "(writes steady.csv)")
     ap.add_argument("--jobs", type=int, default=2, help="runs in parallel")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
@@ -287,6 +305,11 @@ def main(argv=None):
         ap.error(f"--ratios: P:D with P, D >= 1 and P + D = {GPUS}")
     t0 = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.steady:
+        steady_check(args.steady, args.precision, args.jobs).to_csv(
+            args.out / "steady.csv", index=False, float_format="%.4g")
+        print(f"\n{args.out / 'steady.csv'} ({time.perf_counter() - t0:.0f} s)")
+        return
     df, probes = part_a(args.workloads, ratios, args.links, args.colocated, args.requests,
                         args.precision, args.jobs)
     df.to_csv(args.out / "capacity.csv", index=False, float_format="%.4g")

@@ -112,6 +112,7 @@ def _probe_row(qps: float, s: dict, wall: float) -> dict:
         "tpot_p50": s["tpot"]["p50"], "tpot_p99": s["tpot"]["p99"],
         "attainment": slo.get("attainment"), "goodput_rps": slo.get("goodput_rps"),
         "throughput_rps": s["throughput_rps"], "num_rejected": s["num_rejected"],
+        "num_gpus": s.get("num_gpus", 1),
         "preemptions": s["preemptions"], "stalls": s["stalls"]["count"],
         "wall_s": wall,
     }
@@ -208,8 +209,13 @@ def search(c: dict, out_dir) -> dict:
         flag = CRITERIA[crit][0]
         r = bisect(lambda q, crit=crit: prober(q, crit)[flag], cap["qps_low"], cap["qps_high"],
                    cap["precision"], cap["max_probes"])
-        results[crit] = {**r, "source": CRITERIA[crit][1], "definition": describe(slo, crit),
-                         **_cost_at_capacity(c, prober.trace, r["capacity_qps"])}
+        # every GPU of the configuration (all replicas, both pools when disaggregated)
+        gpus = prober.probes[-1]["num_gpus"] if prober.probes else None
+        per_gpu = {} if gpus is None else {
+            "num_gpus": gpus, "capacity_qps_per_gpu": r["capacity_qps"] / gpus}
+        results[crit] = {**r, **per_gpu, "source": CRITERIA[crit][1],
+                         "definition": describe(slo, crit),
+                         **_cost_at_capacity(c, prober.trace, r["capacity_qps"], gpus)}
     if not results:
         raise ValueError(f"slo={slo.get('name')!r}: defines none of capacity.criteria="
                          f"{list(cap['criteria'])} ({'; '.join(skipped.values())})")
@@ -236,16 +242,17 @@ def search(c: dict, out_dir) -> dict:
     return out
 
 
-def _cost_at_capacity(c: dict, trace, qps: float) -> dict:
+def _cost_at_capacity(c: dict, trace, qps: float, gpus: int | None = None) -> dict:
     """Dollars per 1M output tokens and per request when serving at `qps` (the hardware
-    preset's price_per_gpu_hour, a replica's GPUs: tensor x pipeline stages); {} without a
-    price."""
+    preset's price_per_gpu_hour, on `gpus` GPUs: the run's, as its probes counted them; by
+    default a replica's: tensor x pipeline stages); {} without a price."""
     from sarathi_lab.metrics import cost_at_rate
     price = (c.get("hardware") or {}).get("price_per_gpu_hour")
     if price is None or not qps:
         return {}
-    ex = c.get("executor") or {}
-    gpus = ex.get("tensor_parallel", 1) * ex.get("pipeline_parallel", 1)
+    if gpus is None:
+        ex = c.get("executor") or {}
+        gpus = ex.get("tensor_parallel", 1) * ex.get("pipeline_parallel", 1)
     mean_out = float(np.maximum(trace["num_output_tokens"].to_numpy(), 1).mean())
     return cost_at_rate(qps, mean_out, price, gpus)
 

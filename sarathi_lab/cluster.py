@@ -92,18 +92,7 @@ class Cluster:
 
     def _route(self, req: Request, t: float) -> None:
         self._count_until(t)
-        router, n = self.router, len(self.engines)
-        try:
-            j = router.route(req, self.views, t)
-        except Exception as e:
-            raise _blame(router, f"route() at t={t:.3f}s (request {req.request_id!r})", e) from e
-        if not isinstance(j, Integral) or isinstance(j, bool) or not 0 <= j < n:
-            cls = type(router)
-            raise ValueError(f"router {router.name or cls.__qualname__!r} "
-                             f"({cls.__module__}.{cls.__qualname__}) returned {j!r} for request "
-                             f"{req.request_id!r} at t={t:.3f}s: must be a replica index, an "
-                             f"integer in [0, {n})")
-        j = int(j)
+        j = route(self.router, req, self.views, t)
         engine, view = self.engines[j], self.views[j]
         if not engine.policy.has_work():
             engine.now = max(engine.now, t)   # an idle replica waits for its next arrival
@@ -230,7 +219,28 @@ class Cluster:
         return out
 
 
-def _blame(obj, what: str, e: Exception) -> Exception:
+def route(router: Router, req: Request, views, t: float, pool: str = "") -> int:
+    """`router.route(req, views, t)`, checked: an exception inside it names the router, the
+    time and the request; an answer that is not a replica index is a ValueError. `pool` names
+    the pool in messages (disaggregated prefill/decode)."""
+    n = len(views)
+    where = f"{pool} pool, " if pool else ""
+    try:
+        j = router.route(req, views, t)
+    except Exception as e:
+        raise blame(router, f"route() at t={t:.3f}s ({where}request {req.request_id!r})",
+                    e) from e
+    if not isinstance(j, Integral) or isinstance(j, bool) or not 0 <= j < n:
+        cls = type(router)
+        raise ValueError(f"router {router.name or cls.__qualname__!r} "
+                         f"({cls.__module__}.{cls.__qualname__}) returned {j!r} for "
+                         f"{where}request {req.request_id!r} at t={t:.3f}s: must be a replica "
+                         f"index, an integer in [0, {n})")
+    return int(j)
+
+
+def blame(obj, what: str, e: Exception) -> Exception:
+    """The same kind of error as `e`, naming the plug-in's class and `what` it was doing."""
     cls = type(obj)
     where = f"{cls.__module__}.{cls.__qualname__}.{what}"
     try:

@@ -199,10 +199,15 @@ class Resolved:
     router_cls: type | None = None    # with cluster.num_replicas > 1
     router_cfg: object = None
     notes: list[str] = field(default_factory=list)   # settings dropped as unread (multirun)
+    # cluster=disagg: a prefill pool and a decode pool (disagg.DisaggResolved); the fields above
+    # are then the prefill pool's
+    disagg: object = None
 
     def effective(self) -> dict:
         """What the run reads, as plain data: two configs with the same effective dict give
         the same run."""
+        if self.disagg is not None:
+            return self.disagg.effective()
         def cls_path(c):
             return f"{c.__module__}:{c.__qualname__}"
         fleet = {} if self.router_cls is None else {"cluster": {
@@ -261,6 +266,10 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
     c = plain(cfg)
     notes: list[str] = []
     user = _override_keys(overrides)
+    node = c.get("cluster")
+    if isinstance(node, dict) and ("prefill" in node or "decode" in node):
+        from sarathi_lab.disagg import resolve_disagg   # two pools, each resolved as a run
+        return resolve_disagg(c, user, drop_unread=drop_unread)
 
     def unread(key: str, why: str) -> None:
         if drop_unread:

@@ -23,6 +23,8 @@ _COMPUTED = attrgetter("num_computed_tokens")
 _INF = float("inf")
 _NO_SWAPS = (0, 0, 0, 0, 0.0, 0)
 
+_TAKE = object()   # add_request: take the output length from the request itself
+
 ITER_COLUMNS = ("start", "duration", "prefill_tokens", "decode_tokens", "num_requests",
                 "kv_blocks_used", "kv_tokens_stored", "preemptions", "num_waiting",
                 # preemption by swap: requests and KV blocks moved each way, the seconds of
@@ -168,17 +170,15 @@ class Engine:
         return {c: a[:, j].tolist() for j, c in enumerate(ITER_COLUMNS)}
 
     # -- the loop -------------------------------------------------------------------------------------
-    def add_request(self, req: Request) -> bool:
+    def add_request(self, req: Request, output_len=_TAKE) -> bool:
         """A request arrives now: the executor takes its output length and may refuse it, then
-        the policy queues it or refuses it. False (and counted done) if rejected."""
-        out_len = req.take_output_len()
+        the policy queues it or refuses it. False (and counted done) if rejected. `output_len`:
+        the output length to serve, when the caller took the request's own already (a
+        disaggregated prefill replica is given 1: it ends the request at its first token)."""
+        out_len = req.take_output_len() if output_len is _TAKE else output_len
         self.output_lens[req.request_id] = out_len
-        room = self.kv.max_model_len - req.num_prompt_tokens
-        if out_len is not None and out_len > room > 0 and self.overlong == "reject" \
-                and (req.max_tokens is None or req.max_tokens > room):
-            reason = (f"prompt of {req.num_prompt_tokens} + output of {out_len} tokens exceeds "
-                      f"max_model_len={self.kv.max_model_len} (overlong=cap serves it cut short)")
-        else:
+        reason = self.overlong_reason(req, out_len)
+        if reason is None:
             try:
                 reason = self.executor.add_request(req, out_len)
             except Exception as e:
@@ -193,6 +193,34 @@ class Engine:
                 raise self._blame(self.policy, "add_request", e) from e
         self.num_done += 1
         return False
+
+    def overlong_reason(self, req: Request, out_len: int | None) -> str | None:
+        """Why `req`, whose workload output is `out_len` tokens, is refused on arrival: its
+        prompt and output exceed max_model_len (with overlong=reject); None if it is not."""
+        room = self.kv.max_model_len - req.num_prompt_tokens
+        if out_len is not None and out_len > room > 0 and self.overlong == "reject" \
+                and (req.max_tokens is None or req.max_tokens > room):
+            return (f"prompt of {req.num_prompt_tokens} + output of {out_len} tokens exceeds "
+                    f"max_model_len={self.kv.max_model_len} (overlong=cap serves it cut short)")
+        return None
+
+    def adopt(self, req: Request, output_len: int | None) -> bool:
+        """A request handed over with its first token out and its KV already held here
+        (`KVCacheManager.allocate_received`), a disaggregated decode replica's arrival: the
+        executor takes its output length, the policy takes it into the running batch
+        (`Policy.adopt`). False (KV freed, counted done) if the executor refuses it."""
+        self.output_lens[req.request_id] = output_len
+        try:
+            reason = self.executor.add_request(req, output_len)
+        except Exception as e:
+            raise self._blame(self.executor, "add_request", e) from e
+        if reason is not None:
+            self.kv.free(req)
+            self.policy.reject(req, reason)
+            self.num_done += 1
+            return False
+        self.policy.adopt(req)
+        return True
 
     def step(self) -> tuple:
         """One iteration at `now`: schedule, execute, update, advance the clock. Returns

@@ -453,10 +453,10 @@ def summarize(req_df: pd.DataFrame, it_df: pd.DataFrame, *, slo: dict | None = N
               num_gpus: int = 1, swap_space: dict | None = None) -> dict:
     """The run's figures (summary.json). `prefix_cache`: the KV manager's
     `prefix_cache_stats()`, given when prefix caching is on. `price_per_gpu_hour` (the
-    hardware preset's) and `num_gpus` (a replica's tensor x pipeline stages, times the
-    replicas) give the `cost` section; `num_gpus` also divides `slo.goodput_rps_per_gpu`.
-    `swap_space` ({"host_blocks_total", "kv_block_bytes"}), given with preemption by swap,
-    gives the `swap` section."""
+    hardware preset's) gives the `cost` section; `num_gpus`, every GPU of the run (a replica's
+    tensor x pipeline stages, times the replicas; every pool's with disaggregation), its cost
+    and the goodput per GPU (`slo.goodput_rps_per_gpu`). `swap_space` ({"host_blocks_total",
+    "kv_block_bytes"}), given with preemption by swap, gives the `swap` section."""
     slo = dict(slo or {})
     fin = req_df[req_df["status"] == "finished"]
     flat_owner = token_times_flat(req_df)
@@ -470,6 +470,7 @@ def summarize(req_df: pd.DataFrame, it_df: pd.DataFrame, *, slo: dict | None = N
         "num_rejected": int((req_df["status"] == "rejected").sum()),
         "num_length_capped": int((req_df["status"] == "length_capped").sum()),
         "num_iterations": int(len(it_df)),
+        "num_gpus": int(num_gpus),
         "makespan_s": span,
         "throughput_rps": len(fin) / span if span > 0 else 0.0,
         "throughput_tok_s": float(fin["num_output_tokens"].sum()) / span if span > 0 else 0.0,
@@ -529,6 +530,7 @@ def summarize(req_df: pd.DataFrame, it_df: pd.DataFrame, *, slo: dict | None = N
             **slo,
             "attainment": attainment,
             "goodput_rps": float(met.sum()) / span if span > 0 else 0.0,
+            # DistServe's per-GPU view: every GPU of the run (all replicas, all pools)
             "goodput_rps_per_gpu": float(met.sum()) / span / num_gpus if span > 0 else 0.0,
             # Sarathi-Serve's capacity criterion for this run (undefined without slo.p99_tbt)
             "meets_tbt_slo": bool(tbt) and all(tbt),
@@ -541,3 +543,19 @@ def summarize(req_df: pd.DataFrame, it_df: pd.DataFrame, *, slo: dict | None = N
             out["slo"]["classes_without_targets"] = sorted(
                 set(out["classes"]) - set(slo["classes"]))
     return out
+
+
+def transfer_stats(req_df: pd.DataFrame) -> dict:
+    """`transfers` (disaggregated prefill/decode): the requests whose KV moved from a prefill to
+    a decode replica (`transfer_end` set): how many, the bytes moved, each transfer's time on
+    the link, and how long the KV waited on the prefill side, from the first token to the
+    transfer's start (for room on the decode replica, or a free link)."""
+    moved = req_df[req_df["transfer_end"].notna()]
+    nbytes = moved["transfer_bytes"].to_numpy(float)
+    return {
+        "num_transfers": int(len(moved)),
+        "bytes_total": int(nbytes.sum()),
+        "bytes": _stats(nbytes),
+        "time_s": _stats(moved["transfer_end"] - moved["transfer_start"]),
+        "wait_s": _stats(moved["transfer_start"] - moved["first_token_time"]),
+    }

@@ -156,7 +156,13 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
     gpus = getattr(r.executor_cfg, "tensor_parallel", 1) * pp   # of one replica
     price = dict(price_per_gpu_hour=(r.hardware or {}).get("price_per_gpu_hour"), num_gpus=gpus)
     n = r.cluster.num_replicas
-    if pp > 1:
+    pools = None
+    if r.disagg is not None:   # a prefill pool and a decode pool (disagg/)
+        from sarathi_lab.disagg import build_pools
+        pools = build_pools(r, engine, progress)
+        pools.run(requests)
+        load, users = {"mode": "open"}, None
+    elif pp > 1:
         from sarathi_lab.pipeline import PipelineReplica
         replica = PipelineReplica([engine] + [Engine(*build(c, r), fast_forward=False,
                                                      overlong=r.run.overlong)
@@ -175,7 +181,11 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
     if bar is not None:
         bar.close()
     wall = time.perf_counter() - t0
-    if pp > 1:
+    if pools is not None:
+        req_df, it_df = pools.tables(requests)
+        summary = pools.summarize(req_df, it_df, slo=c.get("slo"),
+                                  price_per_gpu_hour=price["price_per_gpu_hour"])
+    elif pp > 1:
         req_df, it_df = replica.tables(requests)
         summary = replica.summarize(req_df, it_df, slo=c.get("slo"), **price)
     elif n > 1:
@@ -195,7 +205,8 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
     summary["wall_time_s"] = wall
     summary["simulated"] = executor.simulated
     summary["config"] = c
-    summary["settings"] = used_settings(r, policy)
+    summary["settings"] = used_settings(r, policy) if pools is None else \
+        r.disagg.used_settings(policy, pools.decode[0].policy)
     if not write:
         return summary
     rundir.write_parquet(run_dir / rundir.REQUESTS, req_df)

@@ -67,8 +67,11 @@ def format_criterion(c: dict) -> str:
 
 
 def _slo_lines(slo: dict) -> list[str]:
+    per_gpu = slo.get("goodput_rps_per_gpu")
+    per_gpu = "" if per_gpu is None or per_gpu == slo["goodput_rps"] else \
+        f" ({per_gpu:.2f} per GPU)"
     lines = [f"SLO {slo.get('name', '')}: attainment {slo['attainment']:.1%}, "
-             f"goodput {slo['goodput_rps']:.2f} req/s"]
+             f"goodput {slo['goodput_rps']:.2f} req/s{per_gpu}"]
     if slo.get("classes_without_targets"):
         lines.append("  classes without targets of their own (the top-level ones apply): "
                      + ", ".join(slo["classes_without_targets"]))
@@ -176,6 +179,27 @@ def _load_line(s: dict) -> str | None:
     return f"closed loop: {load['clients']} users, think time {think}"
 
 
+def _pool_lines(s: dict) -> list[str]:
+    """Disaggregated prefill/decode: each pool, the link and the KV it carried."""
+    lines = []
+    for name, p in s["pools"].items():
+        per = ", ".join(map(str, p["requests_per_replica"]))
+        lines.append(f"{name} pool: {p['num_replicas']} x TP{p['tensor_parallel']} "
+                     f"({p['policy']}, router {p['router']}), busy {p['utilization']:.0%}, KV "
+                     f"max {p['kv']['utilization_max']:.0%}; requests per replica {per}")
+    tr, t = s["transfer"], s["transfers"]
+    link = tr["link"]
+    gb = link["bandwidth"] * link["eff"] / 1e9
+    line = (f"link {link['kind']}: {gb:.3g} GB/s per GPU, {link['latency_s'] * 1e6:.3g} us, "
+            f"{tr['mode']}, TP{tr['tp_prefill']} -> TP{tr['tp_decode']}; "
+            f"{t['num_transfers']} transfers of {t['bytes_total'] / 1e9:.3g} GB")
+    if t["num_transfers"]:
+        line += (f", each {t['time_s']['p50'] * 1e3:.3g} ms median ({t['time_s']['max'] * 1e3:.3g}"
+                 f" max), waited {t['wait_s']['p50'] * 1e3:.3g} ms median "
+                 f"({t['wait_s']['max'] * 1e3:.3g} max)")
+    return lines + [line]
+
+
 def format_summary(s: dict) -> str:
     cfg = s.get("config", {})
     ex = cfg.get("executor") or {}
@@ -193,6 +217,8 @@ def format_summary(s: dict) -> str:
                      f"per replica {per}")
     if "pipeline" in s:
         lines.append(_pipeline_line(s["pipeline"]))
+    if "pools" in s:
+        lines += _pool_lines(s)
     n, n_rej = s["num_requests"], s["num_rejected"]
     if n and n_rej == n:
         bar = "!" * 78

@@ -7,7 +7,7 @@ from types import MappingProxyType
 import numpy as np
 
 from sarathi_lab.kv.block_pool import Block, BlockPool, PlainBlockPool
-from sarathi_lab.request import Request
+from sarathi_lab.request import Request, Status
 
 ROOT = (-1, 0)  # parent of a request's first block
 _ID = attrgetter("request_id")
@@ -62,6 +62,10 @@ class KVCacheManager:
         # once) and how many of them came from the cache
         self.prefix_query_tokens = 0
         self.prefix_hit_tokens = 0
+        # disaggregated prefill: requests whose blocks outlive their end here (`retain`), and
+        # the blocks (with their token count) of those that ended, until `release`
+        self._retain: set = set()
+        self._retained: dict[object, tuple[list[Block], int]] = {}
 
     # -- sizes ---------------------------------------------------------------------------
     @property
@@ -219,12 +223,52 @@ class KVCacheManager:
             parent = (b.block_id, b.gen)
 
     def free(self, req: Request) -> None:
-        held = self.req_blocks.pop(req.request_id, None)
+        rid = req.request_id
+        held = self.req_blocks.pop(rid, None)
         if held is None:
+            return
+        req.block_hashes = []
+        if req.status is Status.FINISHED and rid in self._retain:
+            # its KV is still to be sent: held, still counted, until `release`
+            self._retain.discard(rid)
+            self._retained[rid] = (held, req.num_computed_tokens)
             return
         self.pool.release(reversed(held))
         self.num_stored_tokens -= req.num_computed_tokens
-        req.block_hashes = []
+
+    # -- disaggregated prefill/decode (sarathi_lab/disagg.py) ----------------------------------
+    def retain(self, req: Request) -> None:
+        """When `req` finishes here (its first token, on a prefill replica), keep its blocks in
+        use instead of freeing them, until `release(req.request_id)`: the KV waits here for its
+        transfer to a decode replica. A preemption or a rejection still frees them."""
+        self._retain.add(req.request_id)
+
+    def release(self, request_id) -> None:
+        """Free the blocks `retain` kept for a request that ended (its transfer is done), and
+        forget the request (also when it never finished here: it was rejected)."""
+        self._retain.discard(request_id)
+        held = self._retained.pop(request_id, None)
+        if held is not None:
+            blocks, tokens = held
+            self.pool.release(reversed(blocks))
+            self.num_stored_tokens -= tokens
+
+    def num_retained(self) -> int:
+        """Requests whose blocks `retain` keeps after their end."""
+        return len(self._retained)
+
+    def allocate_received(self, req: Request) -> list[int] | None:
+        """Blocks for a request whose first `num_computed_tokens` tokens were computed on
+        another replica and whose KV is copied in (a decode replica taking a prefill's
+        handoff), and for its next token: what admitting it would take (`admission_blocks`).
+        The copied tokens count as stored. Returns the new block ids, or None (nothing
+        changed) when they do not fit."""
+        assert not self.enable_prefix_caching, "received KV is not hashed for the prefix cache"
+        assert req.request_id not in self.req_blocks, "the request already holds blocks here"
+        new = self.allocate_slots(req, 0, lookahead=req.num_tokens - req.num_computed_tokens)
+        if new is not None:
+            self.num_stored_tokens += req.num_computed_tokens
+        return new
 
     def prefix_cache_stats(self) -> dict | None:
         """Prompt tokens looked up in the prefix cache and tokens served from it, summed over
@@ -247,8 +291,8 @@ class KVCacheManager:
         return self._counts_view
 
     def holders(self) -> list:
-        """Ids of the requests holding blocks now."""
-        return list(self.req_blocks)
+        """Ids of the requests holding blocks now (those `retain` keeps after their end too)."""
+        return list(self.req_blocks) + list(self._retained)
 
     def block_table(self, req: Request) -> list[int]:
         return [b.block_id for b in self.req_blocks.get(req.request_id, ())]

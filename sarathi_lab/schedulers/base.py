@@ -261,6 +261,20 @@ class Policy(abc.ABC):
         self.running.append(req)
         return n
 
+    def adopt(self, req: Request) -> None:
+        """Take over a request whose first token came out elsewhere and whose KV for its first
+        `num_computed_tokens` tokens this policy's cache already holds (a disaggregated prefill
+        handed it over; `KVCacheManager.allocate_received`): it joins `running`, decoding, as
+        an admitted request would. The end the prefill replica recorded was a handoff, so it is
+        cleared. The caller checks the seats and the KV (`admission_blocker`) first."""
+        held = self.kv.held_slots([req])[0]
+        assert held >= req.num_tokens and req.is_decoding, \
+            f"request {req.request_id!r}: adopt needs its KV held and its first token out"
+        req.status = Status.RUNNING
+        req.finish_time = None
+        req.finish_reason = None
+        self.running.append(req)
+
     def admit_waiting(self, out: SchedulerOutput, budget: int, whole: bool = False) -> int:
         """Admit waiting requests in queue order while they fit (`budget` tokens, max_num_seqs,
         KV); add their tokens to `out`; return the budget left. Stops at the first that does

@@ -49,7 +49,7 @@ SCALES = {
     "full": dict(model=[f"model.path={SMOLLM2}", "model.name=smollm2"], grid="cpu",
                  profile_repeats=3, num_requests=16, qps=0.15,
                  prompt_len={"dist": "uniform", "low": 256, "high": 960},
-                 output_len={"dist": "uniform", "low": 16, "high": 64},
+                 output_len={"dist": "uniform", "low": 16, "high": 48},
                  num_kv_blocks=1024, budgets=(64, 128, 256)),
     # tests: experiments/fidelity's 5M-parameter random Llama (a 256-token prefill ~20 ms, a
     # decode step ~2 ms), prompts of 150-300 tokens, seconds in all
@@ -76,13 +76,19 @@ def policies(scale: dict) -> dict[str, list[str]]:
     return out
 
 
-def run_config(scale: dict, policy: list[str], executor: list[str], hardware: dict | None):
-    c = compose([*scale["model"], *policy, *executor, "trace=synthetic", "num_threads=1",
+def run_config(scale: dict, policy: list[str], executor: list[str], hardware: dict | None,
+               model: dict | None = None):
+    """The run's config; `hardware` and `model` (the profile's model shape: the simulator reads
+    no checkpoint: the shape goes onto the tiny-llama preset, which has no sliding window) for
+    simulated runs."""
+    c = compose([*(scale["model"] if model is None else ["model=tiny-llama"]), *policy, *executor, "trace=synthetic", "num_threads=1",
                  f"scheduler.num_kv_blocks={scale['num_kv_blocks']}", "progress=false"])
     c["trace"].update(num_requests=scale["num_requests"], qps=scale["qps"],
                       prompt_len=scale["prompt_len"], output_len=scale["output_len"], seed=0)
     if hardware is not None:
         c["hardware"] = hardware
+    if model is not None:
+        c["model"].update(model)
     return c
 
 
@@ -224,13 +230,16 @@ def study(out: Path, scale_name: str = "full", profile: str | None = None, log=p
     sim_ex = ["executor=sim", "executor.cost_model=profiled", f"executor.profile={profile}"]
     pols = policies(scale)
     # a profile made for another model or machine fails here, before the real runs
-    runner.build(run_config(scale, pols["vllm"], sim_ex, hardware))
+    from sarathi_lab.profiler import model_of
+    shape = model_of(meta)
+    runner.build(run_config(scale, pols["vllm"], sim_ex, hardware, shape))
     rows, loads = [], []
     for name, pol in pols.items():
-        for kind, ex, hw in (("real", torch_ex, None), ("sim", sim_ex, hardware)):
+        for kind, ex, hw, m in (("real", torch_ex, None, None),
+                                ("sim", sim_ex, hardware, shape)):
             d = out / "runs" / name / kind
             w = time.perf_counter()
-            s = runner.run(run_config(scale, pol, ex, hw), d)
+            s = runner.run(run_config(scale, pol, ex, hw, m), d)
             timings[f"{name}/{kind}_s"] = time.perf_counter() - w
             loads.append(os.getloadavg()[0])
             rows.append(row(name, kind, s, d))

@@ -175,8 +175,8 @@ def plot(runs: pd.DataFrame, budgets, out: Path) -> Path:
             ax0.bar(pos, d[col], 0.2, color=color, hatch=hatch, alpha=0.85 if j == 0 else 0.5,
                     label=f"{col.split('_')[1].upper()} {kind}")
             if k == 1:
-                for px, n in zip(pos, d["stalls"]):
-                    ax0.annotate(f"{n}", (px, 0), xytext=(0, 2), textcoords="offset points",
+                for px, n, top in zip(pos, d["stalls"], d[col]):
+                    ax0.annotate(f"{n}", (px, top), xytext=(0, 2), textcoords="offset points",
                                  ha="center", fontsize=7)
     ax0.set_xticks(x, ["vllm", small])
     ax0.set_ylabel("TBT (s)")
@@ -191,6 +191,7 @@ def plot(runs: pd.DataFrame, budgets, out: Path) -> Path:
                     label=f"sarathi {kind}")
             ax.axhline(d.loc["vllm", col], ls=ls, color="C3", lw=1, label=f"vllm {kind}")
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
         ax.set_xticks(b, [str(v) for v in b])
         ax.set_xlabel("token budget")
         ax.set_ylabel(label)

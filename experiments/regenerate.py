@@ -82,6 +82,8 @@ STUDIES = (
     # real runs of the torch executor on this CPU
     Study("chunk_overhead", (_py("chunk_overhead/run.py"),), 4, ("results/chunk_overhead",)),
     Study("fidelity", (_py("fidelity/run.py"),), 8, ("results/fidelity",)),
+    Study("real_check", (Step(("sarathi-lab-prepare-model", "smollm2")),
+                         _py("real_check/run.py")), 15, ("results/real_check",)),
 )
 
 

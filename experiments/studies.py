@@ -54,6 +54,26 @@ def compose(overrides: list[str]) -> dict:
     return c
 
 
+def host_profile(model: list[str], out: Path, grid: str, repeats: int, executor=(),
+                 profile: str | Path | None = None, progress: bool = True):
+    """A profile of the real (torch) executor on this machine, one torch thread, for the
+    simulator's profiled cost model: measured with `sarathi-lab-profile`'s code into
+    OUT/profile.parquet (or `profile`, reused). Writes OUT/profile_check.csv (its held-out mixed
+    iterations, predicted against measured). Returns (path, metadata, hardware preset)."""
+    import pandas as pd
+    from sarathi_lab import profiler
+    if profile is None:
+        profile = profiler.profile([*model, "executor.device=cpu", "executor.dtype=float32",
+                                    *executor], Path(out) / "profile.parquet", grid, repeats, 1,
+                                   threads=1, progress=progress)
+    profile = Path(profile)
+    meta = profiler.profile_meta(profile)
+    hardware = profiler.host_hardware(meta["device"])
+    pd.DataFrame(profiler.check(profile, profiler.model_of(meta), hardware)).to_csv(
+        Path(out) / "profile_check.csv", index=False)
+    return profile, meta, hardware
+
+
 def _git(*args) -> str | None:
     r = subprocess.run(["git", *args], cwd=Path(__file__).resolve().parents[1],
                        capture_output=True, text=True)

@@ -34,7 +34,7 @@ import pandas as pd  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "experiments"))
-from studies import compose  # noqa: E402
+from studies import compose, host_profile  # noqa: E402
 
 # A random Llama (about 5M parameters) whose real runs of a few hundred requests take seconds each
 # on one CPU thread, with both compute (prefills of a few hundred tokens: tens of ms) and per-step
@@ -190,22 +190,16 @@ def cdf_plot(runs: dict[str, dict], out: Path) -> Path:
 def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int = 3,
           log=print, scale_name: str | None = None) -> pd.DataFrame:
     import torch
-    from sarathi_lab import profiler, runner
+    from sarathi_lab import runner
     torch.set_num_threads(1)
     scale = SCALES[scale_name or ("toy" if toy else "full")]
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     if profile is None:
         log(f"profiling the torch executor (grid {scale['grid']}) ...")
-        profile = profiler.profile([*scale["model"], "executor.device=cpu",
-                                    "executor.dtype=float32"], out / "profile.parquet",
-                                   scale["grid"], scale["profile_repeats"], 1, threads=1,
-                                   progress=not toy)
-    profile = Path(profile)
-    meta = profiler.profile_meta(profile)
-    hardware = profiler.host_hardware(meta["device"])
-    check = profiler.check(profile, profiler.model_of(meta), hardware)
-    pd.DataFrame(check).to_csv(out / "profile_check.csv", index=False)
+    profile, meta, hardware = host_profile(scale["model"], out, scale["grid"],
+                                           scale["profile_repeats"], profile=profile,
+                                           progress=not toy)
     t_profile = time.perf_counter() - t0
     load = {"before_runs": os.getloadavg()[0]}
     torch_ex = ["executor=torch", "executor.device=cpu", "executor.dtype=float32"]

@@ -217,3 +217,64 @@ def test_the_job_line_names_only_the_criteria_the_slo_defines():
               "criteria": [{"criterion": "tbt", "met": False}]}
     line = _key_metrics("run", {**base, "slo": strict})
     assert "TBT SLO missed" in line and "attainment" not in line
+
+
+def _hydra_flow(overrides, patched: bool):
+    """What Hydra 1.3's `_run_hydra` does for a command line without --multirun: the mode
+    (`get_mode`), then the run's configuration (`compose_config` in run mode, with
+    `hydra.mode=RUN` added when the mode was unset), and how many times it loaded one."""
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    from sarathi_lab import cli as cli_module
+    from sarathi_lab.sweeps import register_resolvers
+    register_resolvers()
+    saved = {k: vars(Hydra).get(k) for k in ("get_mode", "compose_config", "_composes_once")}
+    loads = []
+    try:
+        if patched:
+            cli_module._compose_once()
+        h = Hydra.create_main_hydra2("cli", create_config_search_path("pkg://sarathi_lab.configs"))
+        load = h.config_loader.load_configuration
+
+        def counted(*a, **k):
+            loads.append(1)
+            return load(*a, **k)
+        h.config_loader.load_configuration = counted
+        overrides = list(overrides)
+        mode = h.get_mode(config_name="config", overrides=overrides)
+        if mode is None:
+            overrides.append("hydra.mode=RUN")
+        try:
+            cfg = OmegaConf.to_yaml(h.compose_config(config_name="config", overrides=overrides,
+                                                     run_mode=RunMode.RUN))
+        except Exception as e:   # sweep values without --multirun: the same error either way
+            cfg = f"{type(e).__name__}: {e}"
+        return mode, cfg, len(loads)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                if k in vars(Hydra):
+                    delattr(Hydra, k)
+            else:
+                setattr(Hydra, k, v)
+        GlobalHydra.instance().clear()
+
+
+# (overrides, loads with the CLI's single composition): once for a plain run; a mode the
+# configuration sets, or a composition that fails, is left to Hydra (the failed one counts:
+# three loads for sweep values, the error coming from the last, as Hydra's own)
+@pytest.mark.parametrize("overrides,num_loads", [
+    (["scheduler=vllm", "trace.num_requests=7", "hydra.run.dir=/tmp/x"], 1),
+    (["hydra.mode=MULTIRUN", "scheduler=vllm"], 2),
+    (["scheduler=vllm,sarathi"], 3),
+])
+def test_cli_composes_a_run_once_with_hydras_result(overrides, num_loads):
+    """The CLI's single composition (`cli._compose_once`) gives exactly Hydra's own mode and
+    run configuration, loading it once instead of twice for a plain run."""
+    base_mode, base_cfg, base_loads = _hydra_flow(overrides, patched=False)
+    mode, cfg, loads = _hydra_flow(overrides, patched=True)
+    assert (mode, cfg) == (base_mode, base_cfg)
+    assert (base_loads, loads) == (2, num_loads)

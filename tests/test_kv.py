@@ -1,5 +1,5 @@
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -212,3 +212,39 @@ def test_a_reused_block_never_lets_a_stale_child_match():
     assert kv.block_table(y)[0] == x_first       # the uncached block is reused first
     hit, n = kv.get_computed_blocks(R(3, 5, [5, 6, 3, 4, 9]))
     assert n == 2 and [b.block_id for b in hit] == [x_first]
+
+
+def test_decode_growth_by_hand():
+    """Blocks of 4: a request with 2 blocks and 6 tokens (room for 2) needs one more at its
+    3rd decode step and another at its 7th; one with 1 block full (4 tokens) at its 1st, 5th
+    and 9th; one reserving ahead (3 blocks, 5 tokens) at its 8th."""
+    import numpy as np
+    kv = KVCacheManager(num_blocks=20, block_size=4)
+    reqs = [Request(f"r{i}", arrival_time=0.0, num_prompt_tokens=n, max_tokens=50)
+            for i, n in enumerate((6, 4, 5))]
+    for r, blocks in zip(reqs, (2, 1, 3)):
+        kv.req_blocks[r.request_id] = kv.pool.allocate(blocks)
+    growth = kv.decode_growth(reqs, np.array([6, 4, 5]), 9)
+    assert growth.tolist() == [1, 1, 2, 2, 3, 3, 4, 5, 6]
+    assert growth.tolist() == kv._decode_growth_arrays(reqs, np.array([6, 4, 5]), 9).tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([1, 2, 4, 16, 32]),
+       st.lists(st.tuples(st.integers(0, 12), st.integers(-40, 40)),
+                     min_size=1, max_size=30), st.integers(1, 70))
+def test_decode_growth_equals_the_array_formula(block_size, held_and_room, k):
+    """Counted step by step (`decode_growth`) or over a (steps x requests) array, the same
+    blocks beyond today's after each of k decode steps, including requests whose context
+    already exceeds their blocks."""
+    import numpy as np
+    kv = KVCacheManager(num_blocks=400, block_size=block_size)
+    reqs, ctx = [], []
+    for i, (held, room) in enumerate(held_and_room):
+        r = Request(f"r{i}", arrival_time=0.0, num_prompt_tokens=1, max_tokens=1)
+        kv.req_blocks[r.request_id] = kv.pool.allocate(held)
+        reqs.append(r)
+        ctx.append(max(0, held * block_size - room))
+    ctx = np.array(ctx, np.int64)
+    a, b = kv.decode_growth(reqs, ctx, k), kv._decode_growth_arrays(reqs, ctx, k)
+    assert a.dtype == b.dtype and a.tolist() == b.tolist()

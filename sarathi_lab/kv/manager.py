@@ -1,6 +1,7 @@
 """The KV-cache manager: which blocks each request holds, paged or reserved up front."""
 from __future__ import annotations
 
+import itertools
 from operator import attrgetter
 from types import MappingProxyType
 
@@ -110,6 +111,23 @@ class KVCacheManager:
         each of k decode steps (one token each per step): entry j is for j + 1 steps."""
         if self.reserve:
             return np.zeros(k, np.int64)
+        # Request i, with room for r_i = held_i * block_size - context_i more tokens in its
+        # blocks, needs ceil((s - r_i) / block_size) more blocks after s steps (none while
+        # s <= r_i): one more at steps r_i + 1, r_i + 1 + block_size, ... Counted in Python:
+        # a decode run is a few dozen steps of a few dozen requests, where numpy's per-call
+        # cost would be most of the work.
+        bs, table = self.block_size, self.req_blocks
+        grows = [0] * (k + 1)   # grows[s]: blocks first needed at step s
+        for r, c in zip(reqs, contexts.tolist()):
+            first = len(table[r.request_id]) * bs - c + 1
+            if first < 1:   # already short of blocks (not a running request's state)
+                return self._decode_growth_arrays(reqs, contexts, k)
+            for s in range(first, k + 1, bs):
+                grows[s] += 1
+        return np.fromiter(itertools.accumulate(grows[1:]), np.int64, k)
+
+    def _decode_growth_arrays(self, reqs: list[Request], contexts: np.ndarray,
+                              k: int) -> np.ndarray:
         held = np.fromiter(map(len, map(self.req_blocks.__getitem__, map(_ID, reqs))),
                            np.int64, len(reqs))
         need = -(-(contexts + np.arange(1, k + 1)[:, None]) // self.block_size) - held

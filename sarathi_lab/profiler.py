@@ -6,12 +6,15 @@ the profiled cost model reads (``executor.cost_model=profiled executor.profile=P
 
 Every measured point is one real iteration through `TorchExecutor.execute` (input preparation,
 the forward pass, sampling) on a synthetic batch whose requests sit at the wanted contexts in a
-paged KV cache. Inside it, the attention kernels (KV write + paged attention) and the LM head are
-timed by wrapping them, and the executor's own phase timers split the rest:
+paged KV cache, timed after an unmeasured step that brings them there (`Harness._prime`). Inside
+it, the attention kernels (KV write + paged attention) and the LM head are timed by wrapping
+them, and the executor's own phase timers split the rest:
 
     linear(T)                 forward - attention - LM head, one prompt of T tokens at context 0
-    prefill_attention(c, k)   attention of one chunk of c tokens after k in KV
-    decode_attention(b, k)    attention of b decodes, each after k tokens in KV
+    prefill_attention(c, k)   forward - LM head - linear(c) of one chunk of c tokens after k in
+                              KV: the kernels, and what reading the KV costs the rest of the
+                              forward (the cache it takes from the weights)
+    decode_attention(b, k)    forward - LM head - linear(b) of b decodes, each after k in KV
     (the attention kernels' fixed cost per iteration, which an iteration pays once however many
     chunks and decodes it holds, is moved from the attention rows to linear: summing a chunk's
     and the decodes' attention would otherwise count it twice. It is measured as

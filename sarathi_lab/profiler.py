@@ -65,9 +65,10 @@ def _prod(a, b):
 
 
 GRIDS = {
-    # a CPU, one thread: 26 s for experiments/fidelity's 5M-parameter Llama; SmolLM2-135M does
-    # ~12k tokens a pass (~45 s on a quiet core, ~5 min for the 6 passes by default; measured
-    # 3.6 s a step, ~26 min, under a load average of 10 on 2 cores)
+    # a CPU, one thread: 25 s for experiments/fidelity's 5M-parameter Llama (52 s at a load of
+    # 4); SmolLM2-135M does ~12k tokens a pass (~45 s on a quiet core, ~5 min for the 6 passes
+    # by default, before the unmeasured step of each point added ~30% (19 -> 25 s on the 5M
+    # Llama); measured 3.6 s a step, ~26 min, under a load average of 10 on 2 cores)
     "cpu": Grid(linear=(1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 1024, 2048),
                 prefill=_prod((16, 64, 128, 256, 512), (0, 256, 512, 1024))
                 + ((768, 0), (768, 256), (1024, 0)),

@@ -6,12 +6,15 @@ the profiled cost model reads (``executor.cost_model=profiled executor.profile=P
 
 Every measured point is one real iteration through `TorchExecutor.execute` (input preparation,
 the forward pass, sampling) on a synthetic batch whose requests sit at the wanted contexts in a
-paged KV cache. Inside it, the attention kernels (KV write + paged attention) and the LM head are
-timed by wrapping them, and the executor's own phase timers split the rest:
+paged KV cache, timed after an unmeasured step that brings them there (`Harness._prime`). Inside
+it, the attention kernels (KV write + paged attention) and the LM head are timed by wrapping
+them, and the executor's own phase timers split the rest:
 
     linear(T)                 forward - attention - LM head, one prompt of T tokens at context 0
-    prefill_attention(c, k)   attention of one chunk of c tokens after k in KV
-    decode_attention(b, k)    attention of b decodes, each after k tokens in KV
+    prefill_attention(c, k)   forward - LM head - linear(c) of one chunk of c tokens after k in
+                              KV: the kernels, and what reading the KV costs the rest of the
+                              forward (the cache it takes from the weights)
+    decode_attention(b, k)    forward - LM head - linear(b) of b decodes, each after k in KV
     (the attention kernels' fixed cost per iteration, which an iteration pays once however many
     chunks and decodes it holds, is moved from the attention rows to linear: summing a chunk's
     and the decodes' attention would otherwise count it twice. It is measured as
@@ -62,9 +65,10 @@ def _prod(a, b):
 
 
 GRIDS = {
-    # a CPU, one thread: 26 s for experiments/fidelity's 5M-parameter Llama; SmolLM2-135M does
-    # ~12k tokens a pass (~45 s on a quiet core, ~5 min for the 6 passes by default; measured
-    # 3.6 s a step, ~26 min, under a load average of 10 on 2 cores)
+    # a CPU, one thread: 25 s for experiments/fidelity's 5M-parameter Llama (52 s at a load of
+    # 4); SmolLM2-135M does ~12k tokens a pass (~45 s on a quiet core, ~5 min for the 6 passes
+    # by default, before the unmeasured step of each point added ~30% (19 -> 25 s on the 5M
+    # Llama); measured 3.6 s a step, ~26 min, under a load average of 10 on 2 cores)
     "cpu": Grid(linear=(1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 1024, 2048),
                 prefill=_prod((16, 64, 128, 256, 512), (0, 256, 512, 1024))
                 + ((768, 0), (768, 256), (1024, 0)),
@@ -196,11 +200,14 @@ class Harness:
         self.ex.bind(_Blocks(n, block_size, self.ex.max_model_len()))
 
     def run(self, entries) -> dict:
-        """One iteration of `entries`: seconds of the whole step and of each part."""
+        """One iteration of `entries`: seconds of the whole step and of each part. An unmeasured
+        step first brings every sequence to its context (`_prime`), as its earlier steps would
+        have in a real run."""
         out = _batch(entries, self.ex.args.vocab_size, self.rng)
         self.ex.kv.assign(out.reqs)
         for r in out.reqs:
             self.ex.add_request(r, None)
+        self._prime(out, entries)
         tm = self.ex.timers
         before = dict(tm)
         step = self.ex.execute(out)
@@ -209,6 +216,28 @@ class Harness:
         parts["linear"] = parts["forward"] - parts["attention"] - parts["head"]
         parts["overhead"] = parts["prepare"] + parts["sample"]
         return parts
+
+
+    def _prime(self, out, entries) -> None:
+        """Run, unmeasured, the step before `out` on the same requests and block tables: each
+        decode's last context token, each chunk's context as one piece. In a real run a request
+        at context k has computed those k tokens in earlier steps, so the torch backend's copy of
+        its KV (`kernels/sequence_kv.py`) already holds them and a decode copies one new token out
+        of the paged cache; measured without this step, it would first gather all k tokens in
+        every layer (and list their slots in `prepare`), which a steady decode never does. A
+        decode batch's prime has its shape, so the caches also hold what the step reads, as
+        between a run's consecutive decode steps."""
+        from sarathi_lab.schedulers.output import SchedulerOutput
+        prime = SchedulerOutput()
+        for r, (n, k) in zip(out.reqs, entries):
+            if k > 0:
+                r.num_computed_tokens = k - 1 if n == 1 else 0
+                prime.add(r, 1 if n == 1 else k)
+        if len(prime):
+            self.ex.execute(prime)
+            self.attn.take(), self.head.take()
+            for r, (_, k) in zip(out.reqs, entries):
+                r.num_computed_tokens = k
 
 
 def _points(grid: Grid) -> list[tuple[str, tuple, list]]:
@@ -284,18 +313,35 @@ def measure(harness: Harness, grid: Grid, repeats: int = 5, warmup: int = 1,
     stat = np.median if statistic == "median" else np.min
     # a fixed cost no larger than either batch's whole attention
     floor = min(max(float(stat(a + b - ab)), 0.0), float(stat(a)), float(stat(b)))
-    rows = []
+    rows = [_row("linear", col["linear"] + floor, statistic, num_tokens=key[0])
+            for (kind, key, _), col in zip(pts[3:], parts[3:]) if kind == "linear"]
+    # the linear curve the profiled cost model will read (the same monotone fit)
+    from sarathi_lab.costmodels.profiles import Curve
+    linear = Curve([r["num_tokens"] for r in rows], [r["time_s"] for r in rows], "linear",
+                   subadditive=True)
+
+    def attention(col, tokens):
+        # A step's attention is what its forward costs beyond the same tokens without KV: the
+        # kernels, and what reading the KV costs the rest of the forward. On a CPU the second
+        # is not small: the KV a decode batch reads evicts the weights from the cache (20 MB of
+        # weights and a 32 MB L3 on experiments/fidelity's model), so its projections and MLP
+        # run slower than a prompt's of as many tokens (the linear points, which read no KV):
+        # 8 decodes at context 300 spent 8.5 ms outside attention and the LM head, an 8-token
+        # prompt 5.3 ms. Attributing only the kernels' time to attention left that out.
+        return np.maximum(col["forward"] - col["head"] - linear(tokens), 0.0)
+
     for (kind, key, _), col in zip(pts[3:], parts[3:]):
-        attn = np.maximum(col["attention"] - floor, 0.0)
         if kind == "linear":
-            rows.append(_row("linear", col["linear"] + floor, statistic, num_tokens=key[0]))
             if key[0] > 1:
-                rows.append(_row("prefill_attention", attn, statistic, chunk=key[0], context=0))
+                rows.append(_row("prefill_attention", attention(col, key[0]), statistic,
+                                 chunk=key[0], context=0))
         elif kind == "prefill":
-            rows.append(_row("prefill_attention", attn, statistic, chunk=key[0], context=key[1]))
+            rows.append(_row("prefill_attention", attention(col, key[0]), statistic,
+                             chunk=key[0], context=key[1]))
         elif kind == "decode":
             b, k = key
-            rows.append(_row("decode_attention", attn, statistic, batch=b, context=k))
+            rows.append(_row("decode_attention", attention(col, b), statistic, batch=b,
+                             context=k))
             rows.append(_row("lm_head", col["head"], statistic, num_tokens=b))
             rows.append(_row("overhead", col["overhead"], statistic, batch=b))
         else:

@@ -58,6 +58,8 @@ def test_toy_study_writes_its_table_and_plots(toy):
     assert info["torch_threads"] == 1 and info["profile_meta"]["threads"] == "1"
     ratios = pd.read_csv(out / "decode_ratios.csv")
     assert set(ratios["policy"]) <= set(F.POLICIES) and (ratios["p50"] > 0).all()
+    assert "p50_b1" in ratios and "p50_b9+" in ratios
+    assert info["clock"] == "cpu" and info["profile_meta"]["clock"] == "cpu"
     assert "measured / predicted" in md
     checks = pd.read_csv(out / "profile_check.csv")
     assert len(checks) > 0 and (checks["predicted_s"] > 0).all()
@@ -70,11 +72,21 @@ def test_toy_study_compares_like_with_like(toy):
         sim = pd.read_parquet(out / "runs" / policy / "sim" / "iterations.parquet")
         got = table[(table.policy == policy) & (table.metric == "num_iterations")].iloc[0]
         assert got.real_median == len(real) and got.sim == len(sim)
-        # the real run's clock is the executor's measured wall-clock per step: each iteration
-        # starts when the previous one ended (or later, when the engine waited for an arrival)
+        # the real run's clock is the engine's virtual one, advanced by the executor's measured
+        # step durations (on the thread's CPU time): each iteration starts when the previous one
+        # ended (or later, when the engine waited for an arrival), and every token time of a
+        # request is an iteration's end, so no time outside the measured steps reaches a TTFT
+        # or TBT
+        summary = json.loads((out / "runs" / policy / "real-0" / "summary.json").read_text())
+        assert summary["config"]["executor"]["clock"] == "cpu"
         start, dur = real["start"].to_numpy(), real["duration"].to_numpy()
         gaps = start[1:] - (start[:-1] + dur[:-1])
         assert (gaps > -1e-9).all() and np.isclose(gaps, 0, atol=1e-9).mean() > 0.5
+        ends = np.sort(start + dur)
+        times = np.concatenate(pd.read_parquet(out / "runs" / policy / "real-0" /
+                                               "requests.parquet")["token_times"].to_numpy())
+        nearest = ends[np.clip(np.searchsorted(ends, times), 0, len(ends) - 1)]
+        assert np.allclose(nearest, times, rtol=0, atol=1e-9)
         # both served the same trace
         rr = pd.read_parquet(out / "runs" / policy / "real-0" / "requests.parquet")
         rs = pd.read_parquet(out / "runs" / policy / "sim" / "requests.parquet")

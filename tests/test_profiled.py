@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from sarathi_lab.costmodels.profiled import ProfiledConfig, ProfiledCostModel
-from sarathi_lab.costmodels.profiles import Curve, ProfileError, monotone
+from sarathi_lab.costmodels.profiles import Curve, ProfileError, Surface, monotone
 from sarathi_lab.costmodels.roofline import RooflineCostModel
 from test_cli import cli
 
@@ -250,3 +250,21 @@ def test_cli_runs_the_profiled_cost_model_on_the_vidur_fixture(tmp_path):
     r = cli(f"hydra.run.dir={tmp_path}/none", *common, "executor.cost_model=profiled",
             cwd=tmp_path)
     assert r.returncode != 0 and "executor.profile=PATH" in r.stderr
+
+
+def test_a_row_measured_at_one_context_does_not_pull_its_neighbours_down():
+    """sarathi-lab-profile times prompts of T tokens at context 0 only (its linear points, which
+    also give prefill_attention rows there) beside a grid of chunks at contexts 0-512. Extended
+    flat across contexts, the 32-token row sat at its context-0 time next to the 16-token chunk
+    at context 512, and the column's monotone fit pooled the measured chunk down to the median
+    of the two (2 ms instead of 3 ms, as the CPU profile had it: 1.77 ms for 3.09 ms measured)."""
+    pts = [(16, 0, 0.5e-3), (16, 512, 3e-3), (32, 0, 1e-3), (64, 0, 2e-3), (64, 512, 9e-3)]
+    s = Surface(*zip(*pts), "prefill_attention")
+    assert s(16, 512) == pytest.approx(3e-3) and s(64, 512) == pytest.approx(9e-3)
+    # the row measured only at 0 is taken across chunks where it was not measured
+    assert s(32, 512) == pytest.approx(3e-3 + (9e-3 - 3e-3) * (32 - 16) / (64 - 16))
+    assert s(32, 0) == pytest.approx(1e-3) and s(32, 256) == pytest.approx((1e-3 + 5e-3) / 2)
+    # beyond the measured rows of a column: no lower than the largest one
+    s = Surface(*zip(*(pts + [(128, 0, 4e-3)])), "prefill_attention")
+    assert s(64, 512) == pytest.approx(9e-3) and s(128, 512) == pytest.approx(9e-3)
+    assert all(s(a, 512) <= s(a2, 512) for a, a2 in ((16, 32), (32, 64), (64, 128)))

@@ -13,7 +13,10 @@
    TBT and E2E per policy), profile.parquet and profile_check.csv (held-out mixed iterations).
 
 Noise control: one torch thread (OMP_NUM_THREADS=1 set before torch loads; a 2-core machine shared
-with other jobs swings by 3-4x with two), the profile's medians over rounds, and the real runs
+with other jobs swings by 3-4x with two); the profile and the real runs timed on the thread's CPU
+time (`executor.clock=cpu`: a real run's clock is the engine's virtual clock, advanced by each
+step's measured duration, so every token time is a sum of measured step times, and time other
+jobs hold the core is in none of them); the profile's medians over rounds, and the real runs
 repeated in interleaved rounds so that a slow period touches every policy alike.
 """
 from __future__ import annotations
@@ -51,6 +54,9 @@ POLICIES = {
     "sarathi-128": ["scheduler=sarathi", "scheduler.token_budget=128"],
     "sarathi-512": ["scheduler=sarathi", "scheduler.token_budget=512"],
 }
+
+# what the profile and the real runs time: the thread's CPU time (see the docstring)
+CLOCK = "executor.clock=cpu"
 
 SCALES = {
     # prompts of ~50-768 tokens (chunked under both budgets), outputs of ~5-200
@@ -122,30 +128,44 @@ def markdown(table: pd.DataFrame) -> str:
             + head + body)
 
 
-def decode_ratios(run_dirs, cost_model) -> np.ndarray:
+def decode_ratios(run_dirs, cost_model, with_batch: bool = False):
     """Measured / predicted duration of every decode-only iteration of the runs: the cost model
     against the real executor on the batches the real runs actually ran, free of the feedback
     through queueing. A decode-only batch of b requests stores sum(context + 1) KV tokens after
     it, which gives their mean context."""
-    out = []
+    out, sizes = [], []
     for d in run_dirs:
         it = pd.read_parquet(Path(d) / "iterations.parquet")
         dec = it[it["prefill_tokens"] == 0]
         for b, stored, dur in zip(dec["num_requests"], dec["kv_tokens_stored"], dec["duration"]):
             k = int(round(stored / b)) - 1
             out.append(dur / cost_model.iteration_time([], [k] * int(b), int(b)))
-    return np.array(out)
+            sizes.append(int(b))
+    return (np.array(out), np.array(sizes)) if with_batch else np.array(out)
+
+
+# decode batch sizes the ratios are also given for (requests in the batch)
+BATCH_BINS = ((1, 1), (2, 4), (5, 8), (9, 10 ** 9))
 
 
 def ratio_table(real_dirs: dict, cost_model) -> pd.DataFrame:
+    """Per policy: the decode-only ratios' p10/p50/p90, and their median by batch size."""
     rows = []
     for policy, dirs in real_dirs.items():
-        r = decode_ratios(dirs, cost_model)
+        r, b = decode_ratios(dirs, cost_model, with_batch=True)
         if len(r):
             p10, p50, p90 = np.percentile(r, [10, 50, 90])
-            rows.append({"policy": policy, "decode_iterations": len(r), "p10": p10, "p50": p50,
-                         "p90": p90})
+            row = {"policy": policy, "decode_iterations": len(r), "p10": p10, "p50": p50,
+                   "p90": p90}
+            for lo, hi in BATCH_BINS:
+                sel = (b >= lo) & (b <= hi)
+                row[_bin(lo, hi)] = float(np.median(r[sel])) if sel.any() else np.nan
+            rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _bin(lo, hi) -> str:
+    return f"p50_b{lo}" if lo == hi else (f"p50_b{lo}+" if hi >= 10 ** 9 else f"p50_b{lo}-{hi}")
 
 
 def cdf_plot(runs: dict[str, dict], out: Path) -> Path:
@@ -198,11 +218,11 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
     if profile is None:
         log(f"profiling the torch executor (grid {scale['grid']}) ...")
     profile, meta, hardware = host_profile(scale["model"], out, scale["grid"],
-                                           scale["profile_repeats"], profile=profile,
-                                           progress=not toy)
+                                           scale["profile_repeats"], executor=(CLOCK,),
+                                           profile=profile, progress=not toy)
     t_profile = time.perf_counter() - t0
     load = {"before_runs": os.getloadavg()[0]}
-    torch_ex = ["executor=torch", "executor.device=cpu", "executor.dtype=float32"]
+    torch_ex = ["executor=torch", "executor.device=cpu", "executor.dtype=float32", CLOCK]
     sim_ex = ["executor=sim", "executor.cost_model=profiled", f"executor.profile={profile}"]
     # a profile made for another model or machine fails here, before the real runs
     runner.build(run_config(scale, next(iter(POLICIES)), sim_ex, hardware))
@@ -238,16 +258,19 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
             "profile_noise_median": float(noise.median()),
             "load_average_1min": load, "cpus": os.cpu_count(),
             "real_run_s": walls, "repeats": repeats, "scale": {k: v for k, v in scale.items()},
-            "torch_threads": torch.get_num_threads()}
+            "torch_threads": torch.get_num_threads(), "clock": CLOCK.split("=")[1]}
+    bins = [_bin(lo, hi) for lo, hi in BATCH_BINS]
     md = markdown(table) + (
         f"\nMachine: {os.cpu_count()} CPUs, 1-minute load average {min(load.values()):.1f}-"
         f"{max(load.values()):.1f} during the real runs; the profile's repeats spread by a median "
         f"{float(noise.median()):.0%} ((p90 - p10) / median over its rows).\n\n"
         "Decode-only iterations of the real runs, measured / predicted duration (the cost model on "
-        "the batches the real runs ran):\n\n| policy | iterations | p10 | p50 | p90 |\n"
-        "|---|---|---|---|---|\n" + "".join(
-            f"| {r.policy} | {r.decode_iterations} | {r.p10:.2f} | {r.p50:.2f} | {r.p90:.2f} |\n"
-            for r in ratios.itertuples()))
+        "the batches the real runs ran), and its median by requests in the batch:\n\n"
+        "| policy | iterations | p10 | p50 | p90 | " + " | ".join(bins) + " |\n"
+        "|---|---|---|---|---|" + "---|" * len(bins) + "\n" + "".join(
+            f"| {r['policy']} | {r['decode_iterations']} | {r['p10']:.2f} | {r['p50']:.2f} | "
+            f"{r['p90']:.2f} | " + " | ".join(f"{r[c]:.2f}" for c in bins) + " |\n"
+            for r in ratios.to_dict("records")))
     (out / "fidelity.json").write_text(json.dumps(info, indent=1, default=str))
     (out / "fidelity.md").write_text(md)
     cdf_plot(runs, out)

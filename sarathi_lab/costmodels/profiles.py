@@ -124,7 +124,9 @@ class Surface:
     """t(a, b) from points on a grid of a (chunk or batch) x b (context): one `Curve` in b per
     measured a, made monotone across a at each measured b (`monotone`; a running maximum beyond
     the last b, where the rows extrapolate with their own slopes), linear between the a's and,
-    beyond the last one, with the last segment's slope (or proportional to a)."""
+    beyond the last one, with the last segment's slope (or proportional to a). Where a row was
+    not measured at a b (outside its own range of b), its cell is taken across a from the rows
+    measured there (`_fill`), not from its own row extended flat."""
 
     def __init__(self, a, b, t, what: str):
         a, b, t = (np.asarray(v, dtype=float) for v in (a, b, t))
@@ -136,6 +138,9 @@ class Surface:
         # there makes a query two columns' blend instead of one np.interp per row.
         self.b = np.unique(b)
         table = np.array([[row(v) for v in self.b] for row in rows])
+        measured = np.array([[b[a == va].min() <= vb <= b[a == va].max() for vb in self.b]
+                             for va in self.a])
+        table = np.column_stack([_fill(self.a, col, ok) for col, ok in zip(table.T, measured.T)])
         self.table = np.column_stack([monotone(col) for col in table.T])
         self.slopes = np.array([row.slope for row in rows])
         self.b_max = self.b[-1]
@@ -160,6 +165,28 @@ class Surface:
 
     def beyond(self, a: float, b: float) -> bool:
         return a > self.a[-1] or b > self.b_max
+
+
+def _fill(a, col, ok) -> np.ndarray:
+    """One column of a surface (one b): the cells of rows measured there (`ok`) kept; the
+    others, whose rows were measured only at other b (e.g. a prompt of a chunks timed only at
+    context 0) and would otherwise read their row extended flat, interpolated in a between the
+    nearest measured rows, or, beyond them, no lower than the largest (no higher than the
+    smallest) measured one. A flat cell would be far below its measured neighbours (the prompt of
+    32 tokens at context 0 next to a chunk of 16 at context 512), and the column's monotone fit
+    would pool the measured cells down to it."""
+    col = np.array(col, dtype=float)
+    if ok.all() or not ok.any():
+        return col
+    xs, ys = a[ok], col[ok]
+    for i in np.flatnonzero(~ok):
+        if xs[0] < a[i] < xs[-1]:
+            col[i] = np.interp(a[i], xs, ys)
+        elif a[i] > xs[-1]:
+            col[i] = max(col[i], ys[-1])
+        else:
+            col[i] = min(col[i], ys[0])
+    return col
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Regenerate every committed result: each study's command, in order, then its outputs in
 results/ (and the calibration reports under experiments/).
 
-    python experiments/regenerate.py                  # everything (~1.8 h on 2 shared cores)
+    python experiments/regenerate.py                  # everything (~2 h on 2 shared cores)
     python experiments/regenerate.py --list           # the studies, their commands and times
     python experiments/regenerate.py --only budget_sweep,capacity
     python experiments/regenerate.py --skip capacity_grid,routing --keep-going

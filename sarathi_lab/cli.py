@@ -198,60 +198,6 @@ def _main(cfg: DictConfig):
     return result
 
 
-def _compose_once() -> None:
-    """Hydra 1.3 composes the whole configuration twice for a single run: once to read
-    `hydra.mode` (`Hydra.get_mode`, in multirun mode) and again to run it (with the override
-    `hydra.mode=RUN` added when the configuration leaves the mode unset). Composing is a fifth
-    of the start-up; this makes `get_mode` compose as the run will and keep that config, with
-    the mode override applied to it as Hydra applies it (`hydra.mode` set, the override line
-    recorded among `hydra.overrides.hydra`), for `run` to take. Whenever that composition
-    fails (sweep values without --multirun, a missing default) or the configuration sets the
-    mode itself, Hydra's own `get_mode` decides, and `run` composes as usual."""
-    import hydra as hydra_pkg
-    from hydra._internal.hydra import Hydra
-    from hydra.types import RunMode
-    if not hydra_pkg.__version__.startswith("1.3.") or getattr(Hydra, "_composes_once", False):
-        return
-    get_mode, compose_config = Hydra.get_mode, Hydra.compose_config
-    kept: dict = {}
-
-    def get_mode_composing_once(self, config_name, overrides):
-        kept.clear()
-        try:
-            cfg = compose_config(self, config_name=config_name, overrides=list(overrides),
-                                 run_mode=RunMode.RUN)
-        except Exception:
-            return get_mode(self, config_name, overrides)
-        if cfg.hydra.mode is not None:
-            return cfg.hydra.mode
-        cfg.hydra.mode = RunMode.RUN
-        cfg.hydra.overrides.hydra.append("hydra.mode=RUN")
-        kept[config_name, tuple(overrides) + ("hydra.mode=RUN",)] = cfg
-        return None
-
-    def compose_config_once(self, config_name, overrides, run_mode,
-                            with_log_configuration=False, from_shell=True,
-                            validate_sweep_overrides=True):
-        cfg = kept.pop((config_name, tuple(overrides)), None) \
-            if run_mode == RunMode.RUN and from_shell and validate_sweep_overrides else None
-        kept.clear()
-        if cfg is None:
-            return compose_config(self, config_name, overrides, run_mode,
-                                  with_log_configuration, from_shell, validate_sweep_overrides)
-        if with_log_configuration:   # what compose_config does after loading
-            import logging
-
-            from hydra._internal import hydra as hydra_module
-            from hydra.core.utils import configure_log
-            configure_log(cfg.hydra.hydra_logging, cfg.hydra.verbose)
-            hydra_module.log = logging.getLogger(hydra_module.__name__)
-            self._print_debug_info(config_name, overrides, run_mode)
-        return cfg
-
-    Hydra.get_mode, Hydra.compose_config = get_mode_composing_once, compose_config_once
-    Hydra._composes_once = True
-
-
 def main() -> None:
     """`sarathi-lab`. Exit status 0: every job done; 1: a job failed, or the command could not
     start (one line says why); 128 + N: stopped by signal N, with the sweep's workers."""
@@ -263,7 +209,6 @@ def main() -> None:
     except MissingExtra as e:
         sys.exit(f"sarathi-lab: error: {e}")
     register_resolvers()
-    _compose_once()
     # configs/hydra/launcher/ray.yaml extends the Ray plug-in's config of the same name, which
     # Hydra checks it against (harmless) with a deprecation warning, repeated at every step
     warnings.filterwarnings("ignore", message="\n'hydra/launcher/ray' is validated against "

@@ -60,7 +60,10 @@ CLOCK = "executor.clock=cpu"
 
 SCALES = {
     # prompts of ~50-768 tokens (chunked under both budgets), outputs of ~5-200
-    "full": dict(model=MODEL, grid="cpu", profile_repeats=5, num_requests=200, qps=10.0,
+    # 7 req/s keeps the real runs busy about 80% of their span on a quiet 2-core CPU (steps of
+    # ~23 s of CPU for 200 requests): below capacity, where latency follows the steps and not
+    # an ever-growing queue (Vidur's comparisons stop at ~85% of capacity); --qps 10 is at it
+    "full": dict(model=MODEL, grid="cpu", profile_repeats=5, num_requests=200, qps=7.0,
                  prompt_len={"dist": "lognormal", "mean": 256, "sigma": 0.6},
                  output_len={"dist": "lognormal", "mean": 32, "sigma": 0.7},
                  max_prompt_tokens=768, max_total_tokens=1024, num_kv_blocks=2048),
@@ -207,12 +210,23 @@ def cdf_plot(runs: dict[str, dict], out: Path) -> Path:
     return path
 
 
+def busy_share(run_dir) -> float:
+    """The share of a run's span (first arrival to last finish) that its iterations ran."""
+    it = pd.read_parquet(Path(run_dir) / "iterations.parquet")
+    req = pd.read_parquet(Path(run_dir) / "requests.parquet", columns=["arrival_time",
+                                                                        "finish_time"])
+    span = req["finish_time"].max() - req["arrival_time"].min()
+    return float(it["duration"].sum() / span) if span > 0 else float("nan")
+
+
 def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int = 3,
-          log=print, scale_name: str | None = None) -> pd.DataFrame:
+          log=print, scale_name: str | None = None, qps: float | None = None) -> pd.DataFrame:
     import torch
     from sarathi_lab import runner
     torch.set_num_threads(1)
     scale = SCALES[scale_name or ("toy" if toy else "full")]
+    if qps is not None:
+        scale = {**scale, "qps": qps}
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     if profile is None:
@@ -258,12 +272,16 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
             "profile_noise_median": float(noise.median()),
             "load_average_1min": load, "cpus": os.cpu_count(),
             "real_run_s": walls, "repeats": repeats, "scale": {k: v for k, v in scale.items()},
-            "torch_threads": torch.get_num_threads(), "clock": CLOCK.split("=")[1]}
+            "torch_threads": torch.get_num_threads(), "clock": CLOCK.split("=")[1],
+            "busy_share": {p: [busy_share(d) for d in r["real"]] for p, r in runs.items()}}
+    busy = [b for v in info["busy_share"].values() for b in v]
     bins = [_bin(lo, hi) for lo, hi in BATCH_BINS]
     md = markdown(table) + (
         f"\nMachine: {os.cpu_count()} CPUs, 1-minute load average {min(load.values()):.1f}-"
         f"{max(load.values()):.1f} during the real runs; the profile's repeats spread by a median "
-        f"{float(noise.median()):.0%} ((p90 - p10) / median over its rows).\n\n"
+        f"{float(noise.median()):.0%} ((p90 - p10) / median over its rows). Arrivals at "
+        f"{scale['qps']:g} req/s; the real runs' iterations ran {min(busy):.0%}-{max(busy):.0%} "
+        "of their span (first arrival to last finish).\n\n"
         "Decode-only iterations of the real runs, measured / predicted duration (the cost model on "
         "the batches the real runs ran), and its median by requests in the batch:\n\n"
         "| policy | iterations | p10 | p50 | p90 | " + " | ".join(bins) + " |\n"
@@ -284,11 +302,15 @@ def main(argv=None) -> None:
     p.add_argument("--profile", help="reuse this profile instead of measuring one")
     p.add_argument("--repeats", type=int, default=3, help="real runs per policy")
     p.add_argument("--out", help="default: results/fidelity (results/fidelity/toy with --toy)")
+    p.add_argument("--qps", type=float, help="arrival rate, req/s (default: the scale's, "
+                   f"{SCALES['full']['qps']:g} for the full study)")
     a = p.parse_args(argv)
     if a.repeats < 1:
         sys.exit("--repeats must be >= 1")
+    if a.qps is not None and not a.qps > 0:
+        sys.exit(f"--qps={a.qps}: must be > 0")
     out = Path(a.out) if a.out else ROOT / "results" / "fidelity" / ("toy" if a.toy else "")
-    study(out, a.toy, a.profile, a.repeats)
+    study(out, a.toy, a.profile, a.repeats, qps=a.qps)
 
 
 if __name__ == "__main__":

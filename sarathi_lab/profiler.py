@@ -417,6 +417,41 @@ def write(rows: list[dict], meta: dict, path) -> Path:
     return path
 
 
+def merge(paths, out) -> Path:
+    """One profile from several of the same grid, model and machine, measured at different
+    times: each point's time is the median of the parts' times, its p10/p90 the lowest and
+    highest of theirs, its repeats their sum. A study spreads its profile's parts over the runs
+    it predicts, so that the machine's drift over minutes touches both alike."""
+    import pyarrow.parquet as pq
+    paths = [Path(x) for x in paths]
+    if not paths:
+        raise ValueError("merge: no profiles given")
+    metas = [profile_meta(x) for x in paths]
+    keep = ("created", "repeats", "parts")
+    first = {k: v for k, v in metas[0].items() if k not in keep}
+    for x, m in zip(paths[1:], metas[1:]):
+        diff = sorted(k for k in set(first) | set(m) if k not in keep and first.get(k) != m.get(k))
+        if diff:
+            raise ValueError(f"merge: {x} differs from {paths[0]} in {', '.join(diff)}")
+    key_cols = [c for c in COLUMNS if c not in ("time_s", "time_p10_s", "time_p90_s", "repeats")]
+    tables = [pq.read_table(x).to_pylist() for x in paths]
+    def key(r):   # NaN marks a column the operator has not
+        return tuple(None if isinstance(r[c], float) and r[c] != r[c] else r[c] for c in key_cols)
+    keys = [[key(r) for r in t] for t in tables]
+    if any(k != keys[0] for k in keys[1:]):
+        raise ValueError(f"merge: the profiles {', '.join(map(str, paths))} hold different points")
+    rows = []
+    for i, base in enumerate(tables[0]):
+        parts = [t[i] for t in tables]
+        rows.append({**base, "time_s": float(np.median([r["time_s"] for r in parts])),
+                     "time_p10_s": min(r["time_p10_s"] for r in parts),
+                     "time_p90_s": max(r["time_p90_s"] for r in parts),
+                     "repeats": sum(r["repeats"] for r in parts)})
+    meta = {**first, "created": metas[-1].get("created"), "parts": len(paths),
+            "repeats": sum(int(m.get("repeats", 0)) for m in metas)}
+    return write(rows, meta, out)
+
+
 def check(profile_path, model: dict, hardware: dict) -> list[dict]:
     """The profiled cost model's predictions of the profile's held-out iterations: rows of
     (chunk, context, batch, decode_context, measured_s, predicted_s, error)."""

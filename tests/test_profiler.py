@@ -273,3 +273,44 @@ def test_a_decode_batch_is_priced_with_what_its_kv_costs_the_rest_of_the_forward
     for c, k in P.GRIDS["tiny"].prefill:
         want = _Machine.parts([(c, k)])["total"]
         assert cm.iteration_time([(c, k)], [], 1) == pytest.approx(want, rel=1e-9), (c, k)
+
+
+def _part(path, times, model="tiny-llama", points=((1, None), (8, None))):
+    rows = []
+    for (T, ctx), (t, lo, hi) in zip(points, times):
+        rows.append({**dict.fromkeys(P.COLUMNS, float("nan")), "operator": "linear",
+                     "num_tokens": T, "context": float("nan") if ctx is None else ctx,
+                     "time_s": t, "time_p10_s": lo, "time_p90_s": hi, "repeats": 5})
+    meta = {"model": model, "dtype": "float32", "device": "cpu", "grid": "tiny", "repeats": 5,
+            "created": str(path)}
+    return P.write(rows, meta, path)
+
+
+def test_merged_profile_by_hand(tmp_path):
+    """Each point: the median of the parts' times, the lowest p10 and highest p90, the repeats
+    summed; the metadata counts the parts."""
+    parts = [_part(tmp_path / "a.parquet", [(1.0, 0.9, 1.2), (4.0, 3.0, 5.0)]),
+             _part(tmp_path / "b.parquet", [(3.0, 2.5, 3.5), (2.0, 1.0, 6.0)]),
+             _part(tmp_path / "c.parquet", [(2.0, 1.5, 2.2), (8.0, 7.0, 9.0)])]
+    out = P.merge(parts, tmp_path / "m.parquet")
+    rows = pq.read_table(out).to_pylist()
+    assert [r["time_s"] for r in rows] == [2.0, 4.0]
+    assert [r["time_p10_s"] for r in rows] == [0.9, 1.0]
+    assert [r["time_p90_s"] for r in rows] == [3.5, 9.0]
+    assert [r["repeats"] for r in rows] == [15, 15]
+    meta = P.profile_meta(out)
+    assert meta["parts"] == "3" and meta["repeats"] == "15" and meta["model"] == "tiny-llama"
+    assert meta["created"] == str(tmp_path / "c.parquet")
+
+
+def test_merge_refuses_profiles_of_different_runs_or_points(tmp_path):
+    a = _part(tmp_path / "a.parquet", [(1.0, 0.9, 1.2), (4.0, 3.0, 5.0)])
+    other = _part(tmp_path / "o.parquet", [(1.0, 0.9, 1.2), (4.0, 3.0, 5.0)], model="smollm2")
+    with pytest.raises(ValueError, match=r"o\.parquet differs .* in model"):
+        P.merge([a, other], tmp_path / "m.parquet")
+    moved = _part(tmp_path / "p.parquet", [(1.0, 0.9, 1.2), (4.0, 3.0, 5.0)],
+                  points=((1, None), (16, None)))
+    with pytest.raises(ValueError, match="different points"):
+        P.merge([a, moved], tmp_path / "m.parquet")
+    with pytest.raises(ValueError, match="no profiles"):
+        P.merge([], tmp_path / "m.parquet")

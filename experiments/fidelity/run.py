@@ -229,21 +229,40 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
         scale = {**scale, "qps": qps}
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    if profile is None:
-        log(f"profiling the torch executor (grid {scale['grid']}) ...")
-    profile, meta, hardware = host_profile(scale["model"], out, scale["grid"],
-                                           scale["profile_repeats"], executor=(CLOCK,),
-                                           profile=profile, progress=not toy)
-    t_profile = time.perf_counter() - t0
+    # Without --profile the profile is measured in parts, one before each round of real runs
+    # and one after the last, and merged point by point (median of the parts): this machine's
+    # speed drifts by ~10% over minutes (two profiles taken 10 minutes apart on a quiet machine
+    # predicted the same runs 12% apart), so a profile taken at one time misses runs taken at
+    # another by that much, whatever the cost model.
+    parts = [] if profile is None else None
+    t_profile = 0.0
+
+    def profile_part(i: int) -> None:
+        nonlocal t_profile
+        t = time.perf_counter()
+        log(f"profiling the torch executor (grid {scale['grid']}, part {i + 1} of "
+            f"{repeats + 1}) ...")
+        part_dir = out / "runs" / "profile_parts" / str(i)
+        parts.append(host_profile(scale["model"], part_dir, scale["grid"],
+                                  scale["profile_repeats"], executor=(CLOCK,),
+                                  progress=not toy)[0])
+        t_profile += time.perf_counter() - t
+
     load = {"before_runs": os.getloadavg()[0]}
     torch_ex = ["executor=torch", "executor.device=cpu", "executor.dtype=float32", CLOCK]
-    sim_ex = ["executor=sim", "executor.cost_model=profiled", f"executor.profile={profile}"]
-    # a profile made for another model or machine fails here, before the real runs
-    runner.build(run_config(scale, next(iter(POLICIES)), sim_ex, hardware))
+    if parts is None:
+        profile, meta, hardware = host_profile(scale["model"], out, scale["grid"],
+                                               scale["profile_repeats"], profile=profile)
+        # a profile made for another model or machine fails here, before the real runs
+        runner.build(run_config(scale, next(iter(POLICIES)),
+                                ["executor=sim", "executor.cost_model=profiled",
+                                 f"executor.profile={profile}"], hardware))
     runs = {p: {"real": [], "sim": None} for p in POLICIES}
     real = {p: [] for p in POLICIES}
     sim, walls = {}, []
     for rep in range(repeats):          # interleaved rounds: drift touches every policy alike
+        if parts is not None:
+            profile_part(rep)
         for policy in POLICIES:
             d = out / "runs" / policy / f"real-{rep}"
             w = time.perf_counter()
@@ -254,6 +273,13 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
             runs[policy]["real"].append(d)
             log(f"real {policy} #{rep}: {s['num_finished']} finished, {s['num_iterations']} "
                 f"iterations, {walls[-1]:.1f} s")
+    if parts is not None:
+        from sarathi_lab import profiler
+        profile_part(repeats)
+        merged = profiler.merge(parts, out / "profile.parquet")
+        profile, meta, hardware = host_profile(scale["model"], out, scale["grid"],
+                                               scale["profile_repeats"], profile=merged)
+    sim_ex = ["executor=sim", "executor.cost_model=profiled", f"executor.profile={profile}"]
     for policy in POLICIES:
         d = out / "runs" / policy / "sim"
         s = runner.run(run_config(scale, policy, sim_ex, hardware), d)

@@ -81,7 +81,7 @@ STUDIES = (
     Study("paging", (_py("paging/run.py"),), 4, ("results/paging",)),
     # real runs of the torch executor on this CPU
     Study("chunk_overhead", (_py("chunk_overhead/run.py"),), 4, ("results/chunk_overhead",)),
-    Study("fidelity", (_py("fidelity/run.py"),), 8, ("results/fidelity",)),
+    Study("fidelity", (_py("fidelity/run.py"),), 10, ("results/fidelity",)),
     Study("real_check", (Step(("sarathi-lab-prepare-model", "smollm2")),
                          _py("real_check/run.py")), 15, ("results/real_check",)),
 )

@@ -419,8 +419,8 @@ def write(rows: list[dict], meta: dict, path) -> Path:
 
 def merge(paths, out) -> Path:
     """One profile from several of the same grid, model and machine, measured at different
-    times: each point's time is the median of the parts' times, its p10/p90 the lowest and
-    highest of theirs, its repeats their sum. A study spreads its profile's parts over the runs
+    times: each point's time, p10 and p90 are the medians of the parts' (the spread of a step
+    at one time, not the drift between parts), its repeats their sum. A study spreads its profile's parts over the runs
     it predicts, so that the machine's drift over minutes touches both alike."""
     import pyarrow.parquet as pq
     paths = [Path(x) for x in paths]
@@ -444,8 +444,8 @@ def merge(paths, out) -> Path:
     for i, base in enumerate(tables[0]):
         parts = [t[i] for t in tables]
         rows.append({**base, "time_s": float(np.median([r["time_s"] for r in parts])),
-                     "time_p10_s": min(r["time_p10_s"] for r in parts),
-                     "time_p90_s": max(r["time_p90_s"] for r in parts),
+                     "time_p10_s": float(np.median([r["time_p10_s"] for r in parts])),
+                     "time_p90_s": float(np.median([r["time_p90_s"] for r in parts])),
                      "repeats": sum(r["repeats"] for r in parts)})
     meta = {**first, "created": metas[-1].get("created"), "parts": len(paths),
             "repeats": sum(int(m.get("repeats", 0)) for m in metas)}

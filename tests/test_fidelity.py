@@ -61,6 +61,9 @@ def test_toy_study_writes_its_table_and_plots(toy):
     assert "p50_b1" in ratios and "p50_b9+" in ratios
     assert info["clock"] == "cpu" and info["profile_meta"]["clock"] == "cpu"
     assert "measured / predicted" in md
+    assert "step_jitter" in md and info["step_jitter"] > 0
+    assert np.isfinite(table["error_jitter"]).all()
+    assert (table["sim_jitter"] != table["sim"]).any()
     checks = pd.read_csv(out / "profile_check.csv")
     assert len(checks) > 0 and (checks["predicted_s"] > 0).all()
 
@@ -116,3 +119,15 @@ def test_a_profile_of_another_model_stops_the_study_before_the_real_runs(toy, tm
     finally:
         del F.SCALES["wrong"]
     assert not (tmp_path / "runs").exists()
+
+
+def test_jitter_sigma_by_hand(tmp_path):
+    """ln(p90 / p10) / 2.5632 per row, the median over rows with a measured spread."""
+    rows = pd.DataFrame({"time_s": [1.0, 2.0, 3.0, 1.0], "time_p10_s": [1.0, 1.0, 2.0, 0.0],
+                         "time_p90_s": [np.e, np.e ** 2, 2.0, 1.0]})
+    rows.to_parquet(tmp_path / "p.parquet")
+    # rows: 1 / 2.5632, 2 / 2.5632, 0 (the last has no p10): median 1 / 2.5632
+    assert F.jitter_sigma(tmp_path / "p.parquet") == pytest.approx(1 / 2.5632)
+    rows.assign(time_p10_s=0.0).to_parquet(tmp_path / "q.parquet")
+    with pytest.raises(ValueError, match="no row with a measured spread"):
+        F.jitter_sigma(tmp_path / "q.parquet")

@@ -287,16 +287,16 @@ def _part(path, times, model="tiny-llama", points=((1, None), (8, None))):
 
 
 def test_merged_profile_by_hand(tmp_path):
-    """Each point: the median of the parts' times, the lowest p10 and highest p90, the repeats
-    summed; the metadata counts the parts."""
+    """Each point: the medians of the parts' times, p10s and p90s, the repeats summed; the
+    metadata counts the parts."""
     parts = [_part(tmp_path / "a.parquet", [(1.0, 0.9, 1.2), (4.0, 3.0, 5.0)]),
              _part(tmp_path / "b.parquet", [(3.0, 2.5, 3.5), (2.0, 1.0, 6.0)]),
              _part(tmp_path / "c.parquet", [(2.0, 1.5, 2.2), (8.0, 7.0, 9.0)])]
     out = P.merge(parts, tmp_path / "m.parquet")
     rows = pq.read_table(out).to_pylist()
     assert [r["time_s"] for r in rows] == [2.0, 4.0]
-    assert [r["time_p10_s"] for r in rows] == [0.9, 1.0]
-    assert [r["time_p90_s"] for r in rows] == [3.5, 9.0]
+    assert [r["time_p10_s"] for r in rows] == [1.5, 3.0]
+    assert [r["time_p90_s"] for r in rows] == [2.2, 6.0]
     assert [r["repeats"] for r in rows] == [15, 15]
     meta = P.profile_meta(out)
     assert meta["parts"] == "3" and meta["repeats"] == "15" and meta["model"] == "tiny-llama"

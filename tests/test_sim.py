@@ -208,3 +208,66 @@ def test_num_kv_blocks_beyond_the_simulated_gpu_is_an_error():
         build(cfg)
     cfg["scheduler"]["num_kv_blocks"] = fit    # exactly what fits: fine
     assert build(cfg)[0].kv.num_blocks == fit
+
+
+# ---- step jitter -------------------------------------------------------------------------------
+
+def _decode_batch(n=4):
+    out = SchedulerOutput()
+    for i in range(n):
+        out.add(decode_req(i, 200 + 10 * i), 1)
+    return out
+
+
+def test_step_jitter_by_hand():
+    """Each executed batch: the cost model's time times exp(sigma z), z the seeded stream's
+    next standard normal, one draw per batch, in order; no fast-forward."""
+    plain, jittered = sim(), sim(step_jitter=0.3, step_jitter_seed=7)
+    assert plain.supports_fast_forward and not jittered.supports_fast_forward
+    z = np.random.default_rng(7).standard_normal(5)
+    base = plain.execute(_decode_batch()).duration
+    got = [jittered.execute(_decode_batch()).duration for _ in range(5)]
+    assert got == pytest.approx(list(base * np.exp(0.3 * z)), rel=1e-12)
+    assert len(set(got)) == 5
+
+
+def test_step_jitter_keeps_the_median_and_its_seed_gives_the_same_run():
+    a = sim(step_jitter=0.2, step_jitter_seed=1)
+    base = sim().execute(_decode_batch()).duration
+    f = np.array([a.execute(_decode_batch()).duration for _ in range(4000)]) / base
+    assert np.median(f) == pytest.approx(1.0, abs=0.02)
+    # log-sd 0.2: p90/p10 = exp(2 x 1.2816 x 0.2)
+    assert np.percentile(f, 90) / np.percentile(f, 10) == pytest.approx(np.exp(0.5126), rel=0.05)
+    again = sim(step_jitter=0.2, step_jitter_seed=1)
+    other = sim(step_jitter=0.2, step_jitter_seed=2)
+    first = [again.execute(_decode_batch()).duration for _ in range(3)]
+    assert first == pytest.approx(list(f[:3] * base), rel=1e-12)
+    assert [other.execute(_decode_batch()).duration for _ in range(3)] != first
+
+
+@pytest.mark.parametrize("over, match", [
+    ({"step_jitter_seed": 3}, "step_jitter_seed=3: read only with executor.step_jitter"),
+    ({"step_jitter": 0.1, "pipeline_parallel": 2}, "one stage only"),
+    ({"step_jitter": 0.0}, "step_jitter"),
+    ({"step_jitter": 5.0}, "step_jitter"),
+])
+def test_step_jitter_settings_are_checked(over, match):
+    from sarathi_lab.settings import ConfigError
+    with pytest.raises(ConfigError, match=match):
+        sim(**over)
+
+
+def test_step_jitter_from_the_cli(tmp_path):
+    import json
+
+    from test_cli import cli
+    runs = {}
+    for name, extra in (("plain", []), ("jitter", ["executor.step_jitter=0.2"])):
+        r = cli(f"hydra.run.dir={tmp_path}/{name}", "model=tiny-llama", "hardware=a100-80gb",
+                "trace=synthetic", "trace.num_requests=30", "trace.prompt_len=64",
+                "trace.output_len=16", *extra, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-2000:]
+        runs[name] = json.loads((tmp_path / name / "summary.json").read_text())
+    assert runs["jitter"]["settings"]["executor"]["step_jitter"] == 0.2
+    assert runs["jitter"]["num_finished"] == runs["plain"]["num_finished"] == 30
+    assert runs["jitter"]["tbt"]["p99"] != runs["plain"]["tbt"]["p99"]

@@ -116,7 +116,18 @@ def compare(real: dict[str, list[dict]], sim: dict[str, dict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def markdown(table: pd.DataFrame) -> str:
+def jitter_sigma(profile) -> float:
+    """The log-sd of a step's time around its median, from the profile's repeats: per row
+    ln(p90 / p10) / (2 x 1.2816), as a lognormal has it; the median over the rows."""
+    prof = pd.read_parquet(profile)
+    ok = (prof["time_p10_s"] > 0) & (prof["time_p90_s"] >= prof["time_p10_s"])
+    r = np.log(prof.loc[ok, "time_p90_s"] / prof.loc[ok, "time_p10_s"]) / (2 * 1.2816)
+    if not len(r):
+        raise ValueError(f"{profile}: no row with a measured spread (p10 > 0)")
+    return float(np.median(r))
+
+
+def markdown(table: pd.DataFrame, error: str = "error", what: str = "") -> str:
     """Error of the simulation per policy (rows) and metric (columns), the real runs' spread
     beside it."""
     names = list(dict.fromkeys(table["metric"]))
@@ -124,10 +135,10 @@ def markdown(table: pd.DataFrame) -> str:
     body = ""
     for policy, d in table.groupby("policy", sort=False):
         d = d.set_index("metric")
-        cells = [f"{d.loc[n, 'error']:+.1%} ({d.loc[n, 'real_spread']:.1%})" for n in names]
+        cells = [f"{d.loc[n, error]:+.1%} ({d.loc[n, 'real_spread']:.1%})" for n in names]
         body += f"| {policy} | " + " | ".join(cells) + " |\n"
-    return ("Relative error of the simulation (profiled cost model) against the median of the "
-            "real runs; in brackets, the real runs' spread ((max - min) / median).\n\n"
+    return (f"Relative error of the simulation (profiled cost model{what}) against the median of "
+            "the real runs; in brackets, the real runs' spread ((max - min) / median).\n\n"
             + head + body)
 
 
@@ -280,12 +291,21 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
         profile, meta, hardware = host_profile(scale["model"], out, scale["grid"],
                                                scale["profile_repeats"], profile=merged)
     sim_ex = ["executor=sim", "executor.cost_model=profiled", f"executor.profile={profile}"]
+    # and again with each step's time drawn around its prediction, with the spread the profile
+    # measured (executor.step_jitter): the real runs' P99s come from their steps' slow tail
+    sigma = jitter_sigma(profile)
+    sim_j = {}
     for policy in POLICIES:
         d = out / "runs" / policy / "sim"
         s = runner.run(run_config(scale, policy, sim_ex, hardware), d)
         sim[policy] = figures(s)
         runs[policy]["sim"] = d
+        s = runner.run(run_config(scale, policy, [*sim_ex, f"executor.step_jitter={sigma!r}"],
+                                  hardware), out / "runs" / policy / "sim_jitter")
+        sim_j[policy] = figures(s)
     table = compare(real, sim)
+    tj = compare(real, sim_j)
+    table["sim_jitter"], table["error_jitter"] = tj["sim"].to_numpy(), tj["error"].to_numpy()
     table.to_csv(out / "fidelity.csv", index=False)
     from sarathi_lab.costmodels.profiled import ProfiledConfig, ProfiledCostModel
     cm = ProfiledCostModel(run_config(scale, "orca", sim_ex, hardware)["model"], hardware, 1,
@@ -295,14 +315,16 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
     prof = pd.read_parquet(profile)
     noise = (prof["time_p90_s"] - prof["time_p10_s"]) / prof["time_s"].where(prof["time_s"] > 0)
     info = {"profile": str(profile), "profile_meta": meta, "profile_s": t_profile,
-            "profile_noise_median": float(noise.median()),
+            "profile_noise_median": float(noise.median()), "step_jitter": sigma,
             "load_average_1min": load, "cpus": os.cpu_count(),
             "real_run_s": walls, "repeats": repeats, "scale": {k: v for k, v in scale.items()},
             "torch_threads": torch.get_num_threads(), "clock": CLOCK.split("=")[1],
             "busy_share": {p: [busy_share(d) for d in r["real"]] for p, r in runs.items()}}
     busy = [b for v in info["busy_share"].values() for b in v]
     bins = [_bin(lo, hi) for lo, hi in BATCH_BINS]
-    md = markdown(table) + (
+    md = markdown(table) + "\n" + markdown(
+        table, "error_jitter", f", each step's time times a lognormal factor of median 1 and "
+        f"log-sd {sigma:.3f} from the profile's spread: executor.step_jitter") + (
         f"\nMachine: {os.cpu_count()} CPUs, 1-minute load average {min(load.values()):.1f}-"
         f"{max(load.values()):.1f} during the real runs; the profile's repeats spread by a median "
         f"{float(noise.median()):.0%} ((p90 - p10) / median over its rows). Arrivals at "

@@ -42,6 +42,10 @@ class SimConfig(ExecutorConfig):
     pipeline_parallel: int = setting(1, ge=1, le=64, help="pipeline stages per replica, each "
                                      "a tensor_parallel group (GPUs: their product); > 1 runs "
                                      "vLLM v0's virtual engines, one per stage")
+    step_jitter: float | None = setting(None, gt=0, le=2, help="each iteration's time times a "
+                                        "lognormal factor of median 1 and this log-sd; null: "
+                                        "none (fast-forward is off with it)")
+    step_jitter_seed: int = setting(0, ge=0, help="the jitter's random stream (with step_jitter)")
     # the chosen cost model's typed settings, filled by SimExecutor.parse_config
     cost_model_settings: object = field(default=None, metadata={"internal": True})
 
@@ -82,6 +86,12 @@ class SimExecutor(Executor):
                 f"{', '.join(sorted(theirs)) or '(none)'}")
         cfg = parse(SimConfig, {k: v for k, v in values.items() if k in own}, where,
                     "the sim executor")
+        if cfg.step_jitter is None and cfg.step_jitter_seed != SimConfig.step_jitter_seed:
+            raise ConfigError(f"{where}.step_jitter_seed={cfg.step_jitter_seed}: read only with "
+                              f"{where}.step_jitter set")
+        if cfg.step_jitter is not None and cfg.pipeline_parallel > 1:
+            raise ConfigError(f"{where}.step_jitter with pipeline_parallel="
+                              f"{cfg.pipeline_parallel}: jitter is simulated for one stage only")
         cfg.cost_model_settings = parse(cm_cls.config_class,
                                         {k: v for k, v in values.items() if k in theirs},
                                         where, f"cost model {name!r}")
@@ -105,6 +115,14 @@ class SimExecutor(Executor):
         self.stage_pricing = None if cfg.pipeline_parallel == 1 else \
             self._price_stages(model, hardware)
         self._pipe = None   # the stage clock, once joined (sarathi_lab/pipeline.py)
+        # A cost model gives a step's typical (median) time; a real step varies around it (on a
+        # shared CPU by +-25% between p10 and p90), and a run's P99 TBT is drawn from that
+        # variation's slow tail. One draw per executed batch, in order: a fast-forwarded run
+        # would draw for iterations it then does not take, so there is none.
+        self._jitter = None
+        if cfg.step_jitter is not None:
+            self._jitter = (np.random.default_rng(cfg.step_jitter_seed), cfg.step_jitter)
+            self.supports_fast_forward = False
 
     def bind(self, kv) -> None:
         super().bind(kv)
@@ -166,6 +184,9 @@ class SimExecutor(Executor):
         if self.stage_pricing is not None:
             return self._execute_stages(out)
         t = self._step_time(out.reqs, out.num_new_tokens)
+        if self._jitter is not None:
+            rng, sigma = self._jitter
+            t *= float(np.exp(sigma * rng.standard_normal()))
         if out.swapped_out or out.swapped_in:
             s = self.swap_time(sum(len(p) for _, p in out.swapped_out)) \
                 + self.swap_time(sum(len(p) for _, p in out.swapped_in))

@@ -77,6 +77,8 @@ from sarathi_lab.settings import ConfigError, parse, setting
 _MAX_SAMPLED_ROWS = 256
 # "no window": larger than any context, so min(k + 1, _NO_WINDOW) is k + 1
 _NO_WINDOW = 1 << 62
+# decode runs up to this many steps are priced in Python floats, longer ones in arrays
+_SHORT_RUN = 48
 
 
 @dataclass(frozen=True)
@@ -441,11 +443,18 @@ class RooflineCostModel(CostModel):
         ctx = np.asarray(contexts, dtype=np.int64)
         B = int(ctx.size)
         fixed = self._fixed(B, B, B)
-        steps = np.arange(1, k + 1, dtype=np.int64)
         w = self.window
         if w == _NO_WINDOW or int(ctx.max(initial=0)) + k <= w:
-            dec = int(ctx.sum()) + B * steps
+            total = sum(ctx.tolist())
+            if k <= _SHORT_RUN:
+                # a run is a few dozen steps, where numpy's per-call cost would be most of
+                # the work; Python floats round as numpy's float64 does
+                rate = self.decode_per_kv_token
+                return np.array([fixed + (0.0 + (total + B * j) * rate)
+                                 for j in range(1, k + 1)])
+            dec = total + B * np.arange(1, k + 1, dtype=np.int64)
         else:
+            steps = np.arange(1, k + 1, dtype=np.int64)
             # step j reads sum_i min(ctx_i + j, w): the contexts still below w - j, plus w each
             srt = np.sort(ctx)
             prefix = np.concatenate(([0], np.cumsum(srt)))

@@ -111,20 +111,40 @@ class KVCacheManager:
         each of k decode steps (one token each per step): entry j is for j + 1 steps."""
         if self.reserve:
             return np.zeros(k, np.int64)
+        grows = self._decode_growth_counts(reqs, contexts.tolist(), k)
+        if grows is None:
+            return self._decode_growth_arrays(reqs, contexts, k)
+        return np.fromiter(grows, np.int64, k)
+
+    def decode_growth_list(self, reqs: list[Request], contexts: list[int], k: int) -> list[int]:
+        """`decode_growth` from and to lists: the fast-forward asks it once per skipped run, of
+        a few dozen requests and steps, where numpy's per-call cost would be most of the
+        work."""
+        if self.reserve:
+            return [0] * k
+        grows = self._decode_growth_counts(reqs, contexts, k)
+        if grows is None:
+            return self._decode_growth_arrays(reqs, np.array(contexts, np.int64), k).tolist()
+        return grows
+
+    def _decode_growth_counts(self, reqs: list[Request], contexts: list[int],
+                              k: int) -> list[int] | None:
         # Request i, with room for r_i = held_i * block_size - context_i more tokens in its
         # blocks, needs ceil((s - r_i) / block_size) more blocks after s steps (none while
-        # s <= r_i): one more at steps r_i + 1, r_i + 1 + block_size, ... Counted in Python:
-        # a decode run is a few dozen steps of a few dozen requests, where numpy's per-call
-        # cost would be most of the work.
+        # s <= r_i): one more at steps r_i + 1, r_i + 1 + block_size, ... None for a request
+        # already short of blocks (not a running request's state): the array formula counts it.
         bs, table = self.block_size, self.req_blocks
-        grows = [0] * (k + 1)   # grows[s]: blocks first needed at step s
-        for r, c in zip(reqs, contexts.tolist()):
-            first = len(table[r.request_id]) * bs - c + 1
-            if first < 1:   # already short of blocks (not a running request's state)
-                return self._decode_growth_arrays(reqs, contexts, k)
-            for s in range(first, k + 1, bs):
-                grows[s] += 1
-        return np.fromiter(itertools.accumulate(grows[1:]), np.int64, k)
+        grows = [0] * k   # grows[s - 1]: blocks first needed at step s
+        for r, c in zip(reqs, contexts):
+            first = len(table[r.request_id]) * bs - c   # the step before its first new block
+            if first < k:   # most requests need no block within a short run
+                if first < 0:
+                    return None
+                grows[first] += 1
+                if first + bs < k:
+                    for s in range(first + bs, k, bs):
+                        grows[s] += 1
+        return list(itertools.accumulate(grows))
 
     def _decode_growth_arrays(self, reqs: list[Request], contexts: np.ndarray,
                               k: int) -> np.ndarray:

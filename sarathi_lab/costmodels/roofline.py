@@ -407,19 +407,20 @@ class RooflineCostModel(CostModel):
         """The hot path: iteration_time of a scheduled batch, read straight off the requests."""
         if self.window != _NO_WINDOW:
             return self._windowed_step_time(reqs, num_new_tokens)
-        T = S = dec = 0
+        S = dec = 0
         pre = 0.0
         a_pair, a_kv = self.attn_per_pair, self.attn_per_kv_token
         for r, c in zip(reqs, num_new_tokens):
             k = r.num_computed_tokens
-            T += c
-            if k + c == r.num_prompt_tokens + r.num_output_tokens:
+            end = k + c
+            if end == r.num_prompt_tokens + r.num_output_tokens:
                 S += 1                       # the request caught up: it samples a token
             if c == 1:
-                dec += k + 1                 # decode (or a 1-token chunk: same cost)
+                dec += end                   # decode (or a 1-token chunk: same cost)
             else:
-                pre += (c * k + c * (c + 1) // 2) * a_pair + (k + c) * a_kv
-        return self._fixed(T, S, len(num_new_tokens)) + (pre + dec * self.decode_per_kv_token)
+                pre += (c * k + c * (c + 1) // 2) * a_pair + end * a_kv
+        return self._fixed(sum(num_new_tokens), S, len(num_new_tokens)) \
+            + (pre + dec * self.decode_per_kv_token)
 
     def _windowed_step_time(self, reqs, num_new_tokens) -> float:
         """step_time of a sliding-window model: attention reads at most the window."""

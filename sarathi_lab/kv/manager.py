@@ -12,6 +12,7 @@ from sarathi_lab.request import Request, Status
 
 ROOT = (-1, 0)  # parent of a request's first block
 _ID = attrgetter("request_id")
+_BLOCK_ID = attrgetter("block_id")
 
 
 def cdiv(a: int, b: int) -> int:
@@ -103,7 +104,7 @@ class KVCacheManager:
         upto = req.num_tokens
         if self.reserve:
             upto = max(upto, self.reserved_len(req))
-        busy = sum(1 for b in hit if b.ref_cnt == 0)
+        busy = sum(1 for b in hit if b.ref_cnt == 0) if hit else 0
         return cdiv(upto, self.block_size) - len(hit) + busy
 
     def decode_growth(self, reqs: list[Request], contexts: np.ndarray, k: int) -> np.ndarray:
@@ -217,7 +218,7 @@ class KVCacheManager:
             if first:
                 self.prefix_query_tokens += req.num_prompt_tokens
                 self.prefix_hit_tokens += n_hit
-        return [b.block_id for b in new]
+        return list(map(_BLOCK_ID, new))
 
     def allocate_decodes(self, reqs: list[Request], k: int = 1) -> bool:
         """Room for `k` more tokens for each request, all or nothing: True if done, False (and
@@ -226,14 +227,15 @@ class KVCacheManager:
         if self.enable_prefix_caching:   # full blocks must be hashed one request at a time
             return False
         bs, table = self.block_size, self.req_blocks
-        grow = []
+        grow, total = [], 0
         for r in reqs:
             held = table[r.request_id]
-            need = -(-(r.num_computed_tokens + k) // bs) - len(held)
-            if need > 0:
+            end = r.num_computed_tokens + k
+            if end > len(held) * bs:   # most decodes fit the blocks they hold
+                need = -(-end // bs) - len(held)
                 grow.append((held, need))
+                total += need
         if grow:
-            total = sum(n for _, n in grow)
             if total > self.pool.num_free:
                 return False
             new, i = self.pool.allocate(total), 0   # one call: the pool hands them out in order

@@ -37,7 +37,9 @@ FLOAT_COLUMNS = ("start", "duration", "swap_s")   # the others count things
 
 
 def _all_decoding(reqs: list[Request]) -> bool:
-    for r in reqs:   # Request.is_decoding, inlined: asked after most iterations
+    # Request.is_decoding, inlined: asked after most iterations; from the latest admitted,
+    # which are the ones still in their prompts
+    for r in reversed(reqs):
         n = r.num_output_tokens
         if not n or r.num_computed_tokens != r.num_prompt_tokens + n - 1:
             return False
@@ -235,7 +237,7 @@ class Engine:
             out = policy.schedule(self.now)
         except Exception as e:
             raise self._blame(policy, "schedule", e) from e
-        if not out:
+        if not out.reqs:   # len(out), without a Python-level call
             if out.swapped_out or out.swapped_in:
                 self.guard.swaps_without_batch(out, self._where)
             self.num_done += len(out.rejected)
@@ -261,7 +263,7 @@ class Engine:
                      sum(len(p) for _, p in out.swapped_in), step.swap_s, len(out.swap_fallbacks))
         else:
             swaps = _NO_SWAPS
-        self.rows.append((start, step.duration, n_pre, n_dec, len(out), kv.pool.num_used,
+        self.rows.append((start, step.duration, n_pre, n_dec, len(out.reqs), kv.pool.num_used,
                           kv.num_stored_tokens, len(out.preempted), len(policy.waiting),
                           *swaps, kv.num_used_host_blocks))
         self.now = end
@@ -294,7 +296,7 @@ class Engine:
                                            self._fold):
                 continue
             out, done, n_pre, n_dec = self.step()
-            if not out:
+            if not out.reqs:
                 decoding = False
                 if out.rejected or not policy.has_work():
                     continue
@@ -309,7 +311,7 @@ class Engine:
                     f"and {kv.num_free_blocks}/{kv.num_blocks} KV blocks free; it would never "
                     "make progress")
             decoding = not out.preempted and (
-                n_pre == 0 and n_dec == len(out) == len(policy.running) + len(done)
+                n_pre == 0 and n_dec == len(out.reqs) == len(policy.running) + len(done)
                 or _all_decoding(policy.running))
         self.guard.finished()
         return reqs

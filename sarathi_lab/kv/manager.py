@@ -185,6 +185,15 @@ class KVCacheManager:
         tokens beyond them that later steps will compute (a prompt's remaining chunks). Returns
         the ids of the newly allocated blocks (possibly empty) or None, with nothing changed,
         when they don't fit."""
+        new = self.allocate_blocks(req, num_new_tokens, computed, lookahead)
+        return None if new is None else list(map(_BLOCK_ID, new)) if new else []
+
+    def allocate_blocks(self, req: Request, num_new_tokens: int,
+                        computed: list[Block] | None = None,
+                        lookahead: int = 0) -> list[Block] | None:
+        """`allocate_slots`, returning the new blocks themselves (possibly none) or None: for
+        callers that only ask whether they fit (admission, whose blocks are a whole prompt's,
+        need no list of their ids)."""
         rid = req.request_id
         held = self.req_blocks.get(rid)
         if held is not None and computed is None and not self.enable_prefix_caching \
@@ -218,7 +227,7 @@ class KVCacheManager:
             if first:
                 self.prefix_query_tokens += req.num_prompt_tokens
                 self.prefix_hit_tokens += n_hit
-        return list(map(_BLOCK_ID, new))
+        return new
 
     def allocate_decodes(self, reqs: list[Request], k: int = 1) -> bool:
         """Room for `k` more tokens for each request, all or nothing: True if done, False (and

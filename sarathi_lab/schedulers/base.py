@@ -252,7 +252,7 @@ class Policy(abc.ABC):
             return 0
         todo = req.num_tokens_to_compute - n_hit
         n = min(todo, max_tokens)
-        ok = kv.allocate_slots(req, n, hit, lookahead=todo - n)
+        ok = kv.allocate_blocks(req, n, hit, lookahead=todo - n)
         assert ok is not None, "admission_blocker and the KV manager disagree"
         req.num_computed_tokens += n_hit
         req.status = Status.RUNNING

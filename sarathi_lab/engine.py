@@ -111,6 +111,7 @@ class Engine:
         #                                 requests waiting)
         self._table: np.ndarray | None = None   # every record so far, once built
         self._n_skipped = 0
+        self._emitted = 0   # entries of the last stepped batch that emitted a token
         self.now = 0.0
         self.num_done = 0
         self.num_tokens = 0   # computed in stepped iterations (kept only for `progress`)
@@ -243,6 +244,7 @@ class Engine:
             self.num_done += len(out.rejected)
             return out, [], 0, 0
         emitted, ended = self.guard.check(out, self._where, self._stops)
+        self._emitted = emitted
         try:
             step = ex.execute(out)
             if step.finished is None:
@@ -310,9 +312,12 @@ class Engine:
                     f"{len(policy.running)} running requests "
                     f"and {kv.num_free_blocks}/{kv.num_blocks} KV blocks free; it would never "
                     "make progress")
+            n = len(out.reqs)
+            # every request of the batch decodes next if each decoded, or each emitted a token
+            # (a prompt's last chunk too), and the batch held every running request
             decoding = not out.preempted and (
-                n_pre == 0 and n_dec == len(out.reqs) == len(policy.running) + len(done)
-                or _all_decoding(policy.running))
+                (n_dec == n and n_pre == 0 or self._emitted == n)
+                and n == len(policy.running) + len(done) or _all_decoding(policy.running))
         self.guard.finished()
         return reqs
 
@@ -386,7 +391,7 @@ class Engine:
         k = len(times)
         # blocks beyond today's after each step (non-decreasing)
         extra = kv.decode_growth_list(running, ctx.tolist(), k)
-        free = kv.num_free_blocks
+        free = kv.pool.num_free
         if extra and extra[-1] > free:
             k = bisect_right(extra, free)
         if k < (1 if fold else 2):
@@ -396,7 +401,7 @@ class Engine:
         del durs[k:], extra[k:]
         n_steady = k - 1 if ended else k   # iterations recorded as a run; a finish: a row
         ends = times[:n_steady]   # taken before the policy sees `times`
-        used_before, stored_before = kv.num_used_blocks, kv.num_stored_tokens
+        used_before, stored_before = kv.pool.num_used, kv.num_stored_tokens
         waiting = len(policy.waiting)   # nothing arrives or is admitted inside the run
         try:
             done = policy.advance_decodes(times, ended) if fold else policy.advance_decodes(times)

@@ -36,7 +36,7 @@ class Sarathi(Policy):
                 break
             if req.status is Status.RUNNING:
                 n = min(req.num_tokens_to_compute, budget)
-                new_blocks = self.kv.allocate_slots(req, n)
+                new_blocks = self.kv.allocate_blocks(req, n)
                 assert new_blocks == [], "prompt blocks are held from admission"
                 out.add(req, n)
                 budget -= n

@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import logging
+from bisect import bisect_right
 from operator import attrgetter
 
 import numpy as np
@@ -36,7 +37,9 @@ FLOAT_COLUMNS = ("start", "duration", "swap_s")   # the others count things
 
 
 def _all_decoding(reqs: list[Request]) -> bool:
-    for r in reqs:   # Request.is_decoding, inlined: asked after most iterations
+    # Request.is_decoding, inlined: asked after most iterations; from the latest admitted,
+    # which are the ones still in their prompts
+    for r in reversed(reqs):
         n = r.num_output_tokens
         if not n or r.num_computed_tokens != r.num_prompt_tokens + n - 1:
             return False
@@ -108,6 +111,7 @@ class Engine:
         #                                 requests waiting)
         self._table: np.ndarray | None = None   # every record so far, once built
         self._n_skipped = 0
+        self._emitted = 0   # entries of the last stepped batch that emitted a token
         self.now = 0.0
         self.num_done = 0
         self.num_tokens = 0   # computed in stepped iterations (kept only for `progress`)
@@ -126,20 +130,23 @@ class Engine:
         if self._runs:
             first, now, durs, ends, extra, B, used, stored, waiting, host = zip(*self._runs)
             ks = np.fromiter(map(len, durs), np.int64, len(durs))
+            n_skip = int(ks.sum())
             offsets = np.cumsum(ks) - ks              # of each run among the skipped rows
-            within = np.arange(int(ks.sum())) - np.repeat(offsets, ks)
+            within = np.arange(n_skip) - np.repeat(offsets, ks)
             pos = np.repeat(np.array(first), ks) + within
             stepped[pos] = False
-            ends_all = np.concatenate(ends)
+            chain = itertools.chain.from_iterable
+            ends_all = np.fromiter(chain(ends), float, n_skip)
             start = np.empty_like(ends_all)
             start[1:] = ends_all[:-1]
             start[offsets] = now                      # a run starts where the clock stood
             B = np.repeat(np.array(B, float), ks)
             cols[0, pos] = start
-            cols[1, pos] = np.concatenate(durs)
+            cols[1, pos] = np.fromiter(chain(durs), float, n_skip)
             cols[2, pos] = cols[7, pos] = 0
             cols[3, pos] = cols[4, pos] = B
-            cols[5, pos] = np.repeat(np.array(used, float), ks) + np.concatenate(extra)
+            cols[5, pos] = np.repeat(np.array(used, float), ks) \
+                + np.fromiter(chain(extra), np.int64, n_skip)
             cols[6, pos] = np.repeat(np.array(stored, float), ks) + B * (within + 1)
             cols[8, pos] = np.repeat(np.array(waiting, float), ks)
             cols[9:15, pos] = 0                       # no decode run swaps
@@ -231,12 +238,13 @@ class Engine:
             out = policy.schedule(self.now)
         except Exception as e:
             raise self._blame(policy, "schedule", e) from e
-        if not out:
+        if not out.reqs:   # len(out), without a Python-level call
             if out.swapped_out or out.swapped_in:
                 self.guard.swaps_without_batch(out, self._where)
             self.num_done += len(out.rejected)
             return out, [], 0, 0
         emitted, ended = self.guard.check(out, self._where, self._stops)
+        self._emitted = emitted
         try:
             step = ex.execute(out)
             if step.finished is None:
@@ -257,7 +265,7 @@ class Engine:
                      sum(len(p) for _, p in out.swapped_in), step.swap_s, len(out.swap_fallbacks))
         else:
             swaps = _NO_SWAPS
-        self.rows.append((start, step.duration, n_pre, n_dec, len(out), kv.pool.num_used,
+        self.rows.append((start, step.duration, n_pre, n_dec, len(out.reqs), kv.pool.num_used,
                           kv.num_stored_tokens, len(out.preempted), len(policy.waiting),
                           *swaps, kv.num_used_host_blocks))
         self.now = end
@@ -290,7 +298,7 @@ class Engine:
                                            self._fold):
                 continue
             out, done, n_pre, n_dec = self.step()
-            if not out:
+            if not out.reqs:
                 decoding = False
                 if out.rejected or not policy.has_work():
                     continue
@@ -304,9 +312,12 @@ class Engine:
                     f"{len(policy.running)} running requests "
                     f"and {kv.num_free_blocks}/{kv.num_blocks} KV blocks free; it would never "
                     "make progress")
+            n = len(out.reqs)
+            # every request of the batch decodes next if each decoded, or each emitted a token
+            # (a prompt's last chunk too), and the batch held every running request
             decoding = not out.preempted and (
-                n_pre == 0 and n_dec == len(out) == len(policy.running) + len(done)
-                or _all_decoding(policy.running))
+                (n_dec == n and n_pre == 0 or self._emitted == n)
+                and n == len(policy.running) + len(done) or _all_decoding(policy.running))
         self.guard.finished()
         return reqs
 
@@ -364,33 +375,38 @@ class Engine:
             return False
         B = len(running)
         ctx = np.fromiter(map(_COMPUTED, running), np.int64, B)
-        durs = ex.decode_run(ctx, k)
+        # a run is a few dozen steps of a few dozen requests: past the executor's prices, it is
+        # counted in lists, where numpy's per-call cost would be most of the work
+        durs = ex.decode_run(ctx, k).tolist()
         # the clocks at which the iterations end, left to right from `now` as k single steps
         # add them (the same rounding); iteration j starts at the end of j - 1, and arrivals
         # at or before a start are admitted first: the run stops at the first end at or after
         # the next arrival
         times, t = [], self.now
-        for d in durs.tolist():
+        for d in durs:
             t += d
             times.append(t)
             if t >= next_arrival:
                 break
         k = len(times)
-        extra = kv.decode_growth(running, ctx, k)   # blocks beyond today's after each step
-        k = min(k, int(np.searchsorted(extra, kv.num_free_blocks, side="right")))
+        # blocks beyond today's after each step (non-decreasing)
+        extra = kv.decode_growth_list(running, ctx.tolist(), k)
+        free = kv.pool.num_free
+        if extra and extra[-1] > free:
+            k = bisect_right(extra, free)
         if k < (1 if fold else 2):
             return False
         ended = [r for r, n in zip(running, left) if n == k] if fold and k == k_end else ()
         del times[k:]
-        durs, extra = durs[:k], extra[:k]
-        ends = np.array(times)
-        used_before, stored_before = kv.num_used_blocks, kv.num_stored_tokens
+        del durs[k:], extra[k:]
+        n_steady = k - 1 if ended else k   # iterations recorded as a run; a finish: a row
+        ends = times[:n_steady]   # taken before the policy sees `times`
+        used_before, stored_before = kv.pool.num_used, kv.num_stored_tokens
         waiting = len(policy.waiting)   # nothing arrives or is admitted inside the run
         try:
             done = policy.advance_decodes(times, ended) if fold else policy.advance_decodes(times)
         except Exception as e:
             raise self._blame(policy, "advance_decodes", e) from e
-        n_steady = k - 1 if ended else k   # iterations recorded as a run; a finish: a row
         if ended:
             holders = kv.block_counts()
             assert list(done or ()) == ended and all(
@@ -405,11 +421,11 @@ class Engine:
                 "advance_decodes did not do what k decode steps would"
         if n_steady:
             self._runs.append((len(self.rows) + self._n_skipped, self.now, durs[:n_steady],
-                               ends[:n_steady], extra[:n_steady], B, used_before,
-                               stored_before, waiting, kv.num_used_host_blocks))
+                               ends, extra[:n_steady], B, used_before, stored_before, waiting,
+                               kv.num_used_host_blocks))
             self._n_skipped += n_steady
         if ended:   # the last iteration, recorded as `step` would (KV after the finishes)
-            start = times[-2] if k > 1 else self.now
+            start = ends[-1] if k > 1 else self.now
             self.rows.append((start, float(durs[-1]), 0, B, B, kv.pool.num_used,
                               kv.num_stored_tokens, 0, waiting, *_NO_SWAPS,
                               kv.num_used_host_blocks))

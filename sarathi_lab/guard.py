@@ -71,19 +71,24 @@ class BatchGuard:
             dup = next(r for r in reqs if id(r) in seen or seen.add(id(r)))
             self._fail("each request once per batch", f"request {dup.request_id!r} appears "
                        "more than once", where)
-        samples, bs = 0, self.block_size
-        blocks = self.blocks.get
+        samples, bs, held = 0, self.block_size, self.blocks
         ended = None if stop is None else []
         for i, (r, k) in enumerate(zip(reqs, ns)):
+            rid = r.request_id
             end = r.num_computed_tokens + k
-            todo = r.num_prompt_tokens + r.num_output_tokens
+            out_n = r.num_output_tokens
+            todo = r.num_prompt_tokens + out_n
             if end == todo:
                 samples += 1
-                if stop is not None and r.num_output_tokens + 1 >= stop[r.request_id]:
+                if stop is not None and out_n + 1 >= stop[rid]:
                     ended.append(i)
             elif end > todo:
                 self._entry(r, k, where)
-            if end > len(blocks(r.request_id, ())) * bs or r.status is not RUNNING:
+            try:   # a subscript of the read-only view costs less than its get()
+                slots = len(held[rid]) * bs
+            except KeyError:
+                slots = 0
+            if end > slots or r.status is not RUNNING:
                 self._entry(r, k, where)
         if out.swapped_out or out.swapped_in or self.swap_log or self.policy.swapped:
             self._check_swaps(out, where)

@@ -248,3 +248,4 @@ def test_decode_growth_equals_the_array_formula(block_size, held_and_room, k):
     ctx = np.array(ctx, np.int64)
     a, b = kv.decode_growth(reqs, ctx, k), kv._decode_growth_arrays(reqs, ctx, k)
     assert a.dtype == b.dtype and a.tolist() == b.tolist()
+    assert kv.decode_growth_list(reqs, ctx.tolist(), k) == b.tolist()

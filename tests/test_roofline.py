@@ -135,12 +135,12 @@ def test_step_time_equals_iteration_time(window):
     assert cm.step_time(reqs, n) == pytest.approx(want, rel=1e-12)
 
 
+@pytest.mark.parametrize("k", [40, 100])   # priced in Python floats, and in arrays
 @pytest.mark.parametrize("model,ctx", [("mistral-7b", [4090, 4095, 10, 5000, 4060]),
                                        ("llama-3-8b", [5, 80, 1023, 4000])])
-def test_decode_run_is_bit_identical_to_stepping(model, ctx):
+def test_decode_run_is_bit_identical_to_stepping(model, ctx, k):
     cm = RooflineCostModel(preset("model", model), preset("hardware", "h100-sxm"), 2)
     reqs = [running(i, c, 4, c - 3) for i, c in enumerate(ctx)]
-    k = 40
     fast = cm.decode_run(np.array(ctx), k)
     slow = []
     for _ in range(k):

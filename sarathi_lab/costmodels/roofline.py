@@ -77,6 +77,8 @@ from sarathi_lab.settings import ConfigError, parse, setting
 _MAX_SAMPLED_ROWS = 256
 # "no window": larger than any context, so min(k + 1, _NO_WINDOW) is k + 1
 _NO_WINDOW = 1 << 62
+# decode runs up to this many steps are priced in Python floats, longer ones in arrays
+_SHORT_RUN = 48
 
 
 @dataclass(frozen=True)
@@ -405,19 +407,20 @@ class RooflineCostModel(CostModel):
         """The hot path: iteration_time of a scheduled batch, read straight off the requests."""
         if self.window != _NO_WINDOW:
             return self._windowed_step_time(reqs, num_new_tokens)
-        T = S = dec = 0
+        S = dec = 0
         pre = 0.0
         a_pair, a_kv = self.attn_per_pair, self.attn_per_kv_token
         for r, c in zip(reqs, num_new_tokens):
             k = r.num_computed_tokens
-            T += c
-            if k + c == r.num_prompt_tokens + r.num_output_tokens:
+            end = k + c
+            if end == r.num_prompt_tokens + r.num_output_tokens:
                 S += 1                       # the request caught up: it samples a token
             if c == 1:
-                dec += k + 1                 # decode (or a 1-token chunk: same cost)
+                dec += end                   # decode (or a 1-token chunk: same cost)
             else:
-                pre += (c * k + c * (c + 1) // 2) * a_pair + (k + c) * a_kv
-        return self._fixed(T, S, len(num_new_tokens)) + (pre + dec * self.decode_per_kv_token)
+                pre += (c * k + c * (c + 1) // 2) * a_pair + end * a_kv
+        return self._fixed(sum(num_new_tokens), S, len(num_new_tokens)) \
+            + (pre + dec * self.decode_per_kv_token)
 
     def _windowed_step_time(self, reqs, num_new_tokens) -> float:
         """step_time of a sliding-window model: attention reads at most the window."""
@@ -441,11 +444,18 @@ class RooflineCostModel(CostModel):
         ctx = np.asarray(contexts, dtype=np.int64)
         B = int(ctx.size)
         fixed = self._fixed(B, B, B)
-        steps = np.arange(1, k + 1, dtype=np.int64)
         w = self.window
         if w == _NO_WINDOW or int(ctx.max(initial=0)) + k <= w:
-            dec = int(ctx.sum()) + B * steps
+            total = sum(ctx.tolist())
+            if k <= _SHORT_RUN:
+                # a run is a few dozen steps, where numpy's per-call cost would be most of
+                # the work; Python floats round as numpy's float64 does
+                rate = self.decode_per_kv_token
+                return np.array([fixed + (0.0 + (total + B * j) * rate)
+                                 for j in range(1, k + 1)])
+            dec = total + B * np.arange(1, k + 1, dtype=np.int64)
         else:
+            steps = np.arange(1, k + 1, dtype=np.int64)
             # step j reads sum_i min(ctx_i + j, w): the contexts still below w - j, plus w each
             srt = np.sort(ctx)
             prefix = np.concatenate(([0], np.cumsum(srt)))

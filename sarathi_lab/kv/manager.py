@@ -12,6 +12,7 @@ from sarathi_lab.request import Request, Status
 
 ROOT = (-1, 0)  # parent of a request's first block
 _ID = attrgetter("request_id")
+_BLOCK_ID = attrgetter("block_id")
 
 
 def cdiv(a: int, b: int) -> int:
@@ -103,7 +104,7 @@ class KVCacheManager:
         upto = req.num_tokens
         if self.reserve:
             upto = max(upto, self.reserved_len(req))
-        busy = sum(1 for b in hit if b.ref_cnt == 0)
+        busy = sum(1 for b in hit if b.ref_cnt == 0) if hit else 0
         return cdiv(upto, self.block_size) - len(hit) + busy
 
     def decode_growth(self, reqs: list[Request], contexts: np.ndarray, k: int) -> np.ndarray:
@@ -111,20 +112,40 @@ class KVCacheManager:
         each of k decode steps (one token each per step): entry j is for j + 1 steps."""
         if self.reserve:
             return np.zeros(k, np.int64)
+        grows = self._decode_growth_counts(reqs, contexts.tolist(), k)
+        if grows is None:
+            return self._decode_growth_arrays(reqs, contexts, k)
+        return np.fromiter(grows, np.int64, k)
+
+    def decode_growth_list(self, reqs: list[Request], contexts: list[int], k: int) -> list[int]:
+        """`decode_growth` from and to lists: the fast-forward asks it once per skipped run, of
+        a few dozen requests and steps, where numpy's per-call cost would be most of the
+        work."""
+        if self.reserve:
+            return [0] * k
+        grows = self._decode_growth_counts(reqs, contexts, k)
+        if grows is None:
+            return self._decode_growth_arrays(reqs, np.array(contexts, np.int64), k).tolist()
+        return grows
+
+    def _decode_growth_counts(self, reqs: list[Request], contexts: list[int],
+                              k: int) -> list[int] | None:
         # Request i, with room for r_i = held_i * block_size - context_i more tokens in its
         # blocks, needs ceil((s - r_i) / block_size) more blocks after s steps (none while
-        # s <= r_i): one more at steps r_i + 1, r_i + 1 + block_size, ... Counted in Python:
-        # a decode run is a few dozen steps of a few dozen requests, where numpy's per-call
-        # cost would be most of the work.
+        # s <= r_i): one more at steps r_i + 1, r_i + 1 + block_size, ... None for a request
+        # already short of blocks (not a running request's state): the array formula counts it.
         bs, table = self.block_size, self.req_blocks
-        grows = [0] * (k + 1)   # grows[s]: blocks first needed at step s
-        for r, c in zip(reqs, contexts.tolist()):
-            first = len(table[r.request_id]) * bs - c + 1
-            if first < 1:   # already short of blocks (not a running request's state)
-                return self._decode_growth_arrays(reqs, contexts, k)
-            for s in range(first, k + 1, bs):
-                grows[s] += 1
-        return np.fromiter(itertools.accumulate(grows[1:]), np.int64, k)
+        grows = [0] * k   # grows[s - 1]: blocks first needed at step s
+        for r, c in zip(reqs, contexts):
+            first = len(table[r.request_id]) * bs - c   # the step before its first new block
+            if first < k:   # most requests need no block within a short run
+                if first < 0:
+                    return None
+                grows[first] += 1
+                if first + bs < k:
+                    for s in range(first + bs, k, bs):
+                        grows[s] += 1
+        return list(itertools.accumulate(grows))
 
     def _decode_growth_arrays(self, reqs: list[Request], contexts: np.ndarray,
                               k: int) -> np.ndarray:
@@ -164,6 +185,15 @@ class KVCacheManager:
         tokens beyond them that later steps will compute (a prompt's remaining chunks). Returns
         the ids of the newly allocated blocks (possibly empty) or None, with nothing changed,
         when they don't fit."""
+        new = self.allocate_blocks(req, num_new_tokens, computed, lookahead)
+        return None if new is None else list(map(_BLOCK_ID, new)) if new else []
+
+    def allocate_blocks(self, req: Request, num_new_tokens: int,
+                        computed: list[Block] | None = None,
+                        lookahead: int = 0) -> list[Block] | None:
+        """`allocate_slots`, returning the new blocks themselves (possibly none) or None: for
+        callers that only ask whether they fit (admission, whose blocks are a whole prompt's,
+        need no list of their ids)."""
         rid = req.request_id
         held = self.req_blocks.get(rid)
         if held is not None and computed is None and not self.enable_prefix_caching \
@@ -197,7 +227,7 @@ class KVCacheManager:
             if first:
                 self.prefix_query_tokens += req.num_prompt_tokens
                 self.prefix_hit_tokens += n_hit
-        return [b.block_id for b in new]
+        return new
 
     def allocate_decodes(self, reqs: list[Request], k: int = 1) -> bool:
         """Room for `k` more tokens for each request, all or nothing: True if done, False (and
@@ -206,15 +236,16 @@ class KVCacheManager:
         if self.enable_prefix_caching:   # full blocks must be hashed one request at a time
             return False
         bs, table = self.block_size, self.req_blocks
-        grow = []
+        grow, total = [], 0
         for r in reqs:
             held = table[r.request_id]
-            need = -(-(r.num_computed_tokens + k) // bs) - len(held)
-            if need > 0:
+            end = r.num_computed_tokens + k
+            if end > len(held) * bs:   # most decodes fit the blocks they hold
+                need = -(-end // bs) - len(held)
                 grow.append((held, need))
+                total += need
         if grow:
-            total = sum(n for _, n in grow)
-            if total > self.pool.num_free:
+            if total > len(self.pool.free):   # the pool's num_free, without a property call
                 return False
             new, i = self.pool.allocate(total), 0   # one call: the pool hands them out in order
             for held, need in grow:

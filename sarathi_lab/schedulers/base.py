@@ -252,7 +252,7 @@ class Policy(abc.ABC):
             return 0
         todo = req.num_tokens_to_compute - n_hit
         n = min(todo, max_tokens)
-        ok = kv.allocate_slots(req, n, hit, lookahead=todo - n)
+        ok = kv.allocate_blocks(req, n, hit, lookahead=todo - n)
         assert ok is not None, "admission_blocker and the KV manager disagree"
         req.num_computed_tokens += n_hit
         req.status = Status.RUNNING
@@ -451,9 +451,11 @@ class Policy(abc.ABC):
         for i, (req, n) in enumerate(zip(out.reqs, out.num_new_tokens)):
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = start
-            req.num_computed_tokens += n
-            if req.num_computed_tokens == req.num_prompt_tokens + req.num_output_tokens:
-                req.num_output_tokens += 1
+            done_n = req.num_computed_tokens + n
+            req.num_computed_tokens = done_n
+            out_n = req.num_output_tokens
+            if done_n == req.num_prompt_tokens + out_n:
+                req.num_output_tokens = out_n + 1
                 req.token_times.append(end)
                 if sampled is not None:
                     req.output_token_ids.append(sampled[i])

@@ -19,13 +19,16 @@ class Sarathi(Policy):
     def schedule(self, now):
         out, budget = SchedulerOutput(), self.cfg.token_budget
         decodes, prefills = [], []
+        decode, prefill = decodes.append, prefills.append
         for req in self.running:   # req.is_decoding, inlined: the simulator's hottest loop
             out_n = req.num_output_tokens
-            (decodes if out_n and req.num_computed_tokens == req.num_prompt_tokens + out_n - 1
-             else prefills).append(req)
+            if out_n and req.num_computed_tokens == req.num_prompt_tokens + out_n - 1:
+                decode(req)
+            else:
+                prefill(req)
         # decodes first: a running decode is never stalled by a prefill
-        self.schedule_decodes(out, decodes[:budget])
-        budget -= len(out)
+        self.schedule_decodes(out, decodes if len(decodes) <= budget else decodes[:budget])
+        budget -= len(out.reqs)
         # then ongoing prefills, chunked to what is left; their blocks were taken at admission,
         # so they never preempt the decodes already in this batch
         for req in prefills:
@@ -33,7 +36,7 @@ class Sarathi(Policy):
                 break
             if req.status is Status.RUNNING:
                 n = min(req.num_tokens_to_compute, budget)
-                new_blocks = self.kv.allocate_slots(req, n)
+                new_blocks = self.kv.allocate_blocks(req, n)
                 assert new_blocks == [], "prompt blocks are held from admission"
                 out.add(req, n)
                 budget -= n

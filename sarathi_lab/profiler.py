@@ -420,8 +420,9 @@ def write(rows: list[dict], meta: dict, path) -> Path:
 def merge(paths, out) -> Path:
     """One profile from several of the same grid, model and machine, measured at different
     times: each point's time, p10 and p90 are the medians of the parts' (the spread of a step
-    at one time, not the drift between parts), its repeats their sum. A study spreads its profile's parts over the runs
-    it predicts, so that the machine's drift over minutes touches both alike."""
+    at one time, not the drift between parts), its repeats their sum. A study spreads its
+    profile's parts over the runs it predicts, so that the machine's drift over minutes touches
+    both alike."""
     import pyarrow.parquet as pq
     paths = [Path(x) for x in paths]
     if not paths:
@@ -435,6 +436,7 @@ def merge(paths, out) -> Path:
             raise ValueError(f"merge: {x} differs from {paths[0]} in {', '.join(diff)}")
     key_cols = [c for c in COLUMNS if c not in ("time_s", "time_p10_s", "time_p90_s", "repeats")]
     tables = [pq.read_table(x).to_pylist() for x in paths]
+
     def key(r):   # NaN marks a column the operator has not
         return tuple(None if isinstance(r[c], float) and r[c] != r[c] else r[c] for c in key_cols)
     keys = [[key(r) for r in t] for t in tables]

@@ -95,6 +95,11 @@ def run_config(scale: dict, policy: str, executor: list[str], hardware: dict | N
     return c
 
 
+def sim_overrides(profile) -> list[str]:
+    """The simulator on `profile`, as a run's overrides."""
+    return ["executor=sim", "executor.cost_model=profiled", f"executor.profile={profile}"]
+
+
 def figures(summary: dict) -> dict:
     return {metric_name(m, q): (summary[m][q] if q else summary[m]) for m, q in METRICS}
 
@@ -265,9 +270,7 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
         profile, meta, hardware = host_profile(scale["model"], out, scale["grid"],
                                                scale["profile_repeats"], profile=profile)
         # a profile made for another model or machine fails here, before the real runs
-        runner.build(run_config(scale, next(iter(POLICIES)),
-                                ["executor=sim", "executor.cost_model=profiled",
-                                 f"executor.profile={profile}"], hardware))
+        runner.build(run_config(scale, next(iter(POLICIES)), sim_overrides(profile), hardware))
     runs = {p: {"real": [], "sim": None} for p in POLICIES}
     real = {p: [] for p in POLICIES}
     sim, walls = {}, []
@@ -290,7 +293,7 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
         merged = profiler.merge(parts, out / "profile.parquet")
         profile, meta, hardware = host_profile(scale["model"], out, scale["grid"],
                                                scale["profile_repeats"], profile=merged)
-    sim_ex = ["executor=sim", "executor.cost_model=profiled", f"executor.profile={profile}"]
+    sim_ex = sim_overrides(profile)
     # and again with each step's time drawn around its prediction, with the spread the profile
     # measured (executor.step_jitter): the real runs' P99s come from their steps' slow tail
     sigma = jitter_sigma(profile)

@@ -22,6 +22,7 @@ the virtual engines (vLLM v0).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -186,7 +187,7 @@ class SimExecutor(Executor):
         t = self._step_time(out.reqs, out.num_new_tokens)
         if self._jitter is not None:
             rng, sigma = self._jitter
-            t *= float(np.exp(sigma * rng.standard_normal()))
+            t *= math.exp(sigma * rng.standard_normal())
         if out.swapped_out or out.swapped_in:
             s = self.swap_time(sum(len(p) for _, p in out.swapped_out)) \
                 + self.swap_time(sum(len(p) for _, p in out.swapped_in))

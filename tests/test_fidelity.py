@@ -131,3 +131,11 @@ def test_jitter_sigma_by_hand(tmp_path):
     rows.assign(time_p10_s=0.0).to_parquet(tmp_path / "q.parquet")
     with pytest.raises(ValueError, match="no row with a measured spread"):
         F.jitter_sigma(tmp_path / "q.parquet")
+
+
+def test_busy_share_by_hand(tmp_path):
+    """Iterations' time over the span from the first arrival to the last finish."""
+    pd.DataFrame({"duration": [0.5, 1.0, 1.5]}).to_parquet(tmp_path / "iterations.parquet")
+    pd.DataFrame({"arrival_time": [1.0, 2.0], "finish_time": [4.0, 7.0]}).to_parquet(
+        tmp_path / "requests.parquet")
+    assert F.busy_share(tmp_path) == pytest.approx(3.0 / 6.0)

@@ -16,6 +16,13 @@ starts, when the engine loop ends, when the summary is computed and when `runner
 early. Phases: start-up (process start to `runner.run`: interpreter, imports, Hydra
 composition, the config check), sim (trace, build and engine loop), tables (request and
 iteration tables, summary), write (parquet files and summary.json), exit (printing, shutdown).
+
+Before the timed repeats each command runs once untimed (`--warmup`), so that neither install
+is timed reading its files from a cold disk cache. `--bytecode cached` gives each install a
+bytecode cache of its own (PYTHONPYCACHEPREFIX, written by the warm-up run), as an installed
+package has: a machine that sets PYTHONDONTWRITEBYTECODE (this one does) otherwise recompiles
+every module of an editable install at each start, which the larger package pays more for.
+`--bytecode env` (the default) keeps whatever the environment says.
 """
 from __future__ import annotations
 
@@ -164,12 +171,32 @@ def main():
     install_args(ap)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-phases", action="store_true", help="whole-command times only")
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="untimed runs of each command before the repeats (default 1)")
+    ap.add_argument("--bytecode", choices=("env", "cached"), default="env",
+                    help="env: as the environment says; cached: a bytecode cache per install")
     args = ap.parse_args()
+    if args.repeats < 1 or args.warmup < 0:
+        ap.error(f"--repeats {args.repeats} must be >= 1 and --warmup {args.warmup} >= 0")
+    if args.bytecode == "cached" and not args.warmup:
+        ap.error("--bytecode cached needs a warm-up run to fill the caches (--warmup >= 1)")
     installs = {"base": args.base.absolute(), "new": args.new.absolute()}
-    env = {**os.environ, "WANDB_MODE": "disabled"}
     cwd = tempfile.mkdtemp()   # not a checkout: `sarathi_lab` comes from each install
-    print(f"base {installs['base']}, new {installs['new']}; PYTHONDONTWRITEBYTECODE="
-          f"{os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r}; {args.repeats} repeats")
+    envs = {}
+    for kind in installs:
+        envs[kind] = {**os.environ, "WANDB_MODE": "disabled"}
+        if args.bytecode == "cached":
+            envs[kind].pop("PYTHONDONTWRITEBYTECODE", None)
+            envs[kind]["PYTHONPYCACHEPREFIX"] = tempfile.mkdtemp(dir=cwd, prefix=f"pyc-{kind}-")
+    print(f"base {installs['base']}, new {installs['new']}; bytecode: "
+          + ("a cache per install" if args.bytecode == "cached" else
+             f"PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r}")
+          + f"; {args.warmup} warm-up run(s), {args.repeats} repeats")
+    for _ in range(args.warmup):
+        for policy in args.policies.split(","):
+            for kind in installs:
+                timed_run(command(installs[kind], policy, args.requests, args.qps,
+                                  tempfile.mkdtemp(dir=cwd)), envs[kind], cwd)
     res = {(p, k): {"wall": [], "rss": [], "cpu": [], **{ph: [] for ph in PHASES}}
            for p in args.policies.split(",") for k in installs}
     cols = ["wall", "cpu"] + ([] if args.no_phases else list(PHASES))
@@ -179,6 +206,7 @@ def main():
             for kind in order:
                 cmd = command(installs[kind], policy, args.requests, args.qps,
                               tempfile.mkdtemp(dir=cwd))
+                env = envs[kind]
                 wall, rss, cpu = timed_run(cmd, env, cwd)
                 r = res[policy, kind]
                 r["wall"].append(wall)

@@ -176,7 +176,7 @@ class Cluster:
                                         np.int64, len(requests))
         parts = []
         for j, e in enumerate(self.engines):
-            it = iterations_table(e.iterations())
+            it = iterations_table(e.iteration_columns())
             it["replica"] = np.full(len(it), j, np.int64)
             parts.append(it)
         it_df = pd.concat(parts, ignore_index=True)

@@ -119,44 +119,57 @@ class Engine:
 
     # -- records ------------------------------------------------------------------------------------
     def iterations(self) -> np.ndarray:
-        """Every iteration so far, one row each (columns as ITER_COLUMNS)."""
+        """Every iteration so far, one row each (columns as ITER_COLUMNS, all float)."""
         n_rows = len(self.rows) + self._n_skipped
-        if self._table is not None and len(self._table) == n_rows:
-            return self._table
-        # filled column by column (a row per column, transposed at the end): each skipped
-        # run's values are whole arrays, each stepped record a tuple
-        cols = np.empty((len(ITER_COLUMNS), n_rows))
-        stepped = np.ones(n_rows, bool)
+        if self._table is None or len(self._table) != n_rows:
+            cols = self.iteration_columns()
+            table = np.empty((len(ITER_COLUMNS), n_rows))
+            for row, c in zip(table, ITER_COLUMNS):
+                row[:] = cols[c]
+            self._table = table.T
+        return self._table
+
+    def iteration_columns(self) -> dict[str, np.ndarray]:
+        """Every iteration so far, one new array per column of ITER_COLUMNS (float64 for
+        FLOAT_COLUMNS, int64 for the counts), the caller's to keep: what the iterations table
+        is made of, without a float matrix in between (a million skipped iterations make
+        tens of megabytes per column)."""
+        n_rows = len(self.rows) + self._n_skipped
+        width = len(ITER_COLUMNS)
+        # zeros: a skipped run has no prefill, preemption or swap to record
+        cols = {c: np.zeros(n_rows, float if c in FLOAT_COLUMNS else np.int64)
+                for c in ITER_COLUMNS}
+        stepped = slice(None)
         if self._runs:
             first, now, durs, ends, extra, B, used, stored, waiting, host = zip(*self._runs)
             ks = np.fromiter(map(len, durs), np.int64, len(durs))
             n_skip = int(ks.sum())
             offsets = np.cumsum(ks) - ks              # of each run among the skipped rows
             within = np.arange(n_skip) - np.repeat(offsets, ks)
-            pos = np.repeat(np.array(first), ks) + within
-            stepped[pos] = False
+            skip = np.zeros(n_rows, bool)             # the skipped rows (a mask: in order)
+            skip[np.repeat(np.array(first), ks) + within] = True
+            stepped = ~skip
             chain = itertools.chain.from_iterable
             ends_all = np.fromiter(chain(ends), float, n_skip)
             start = np.empty_like(ends_all)
             start[1:] = ends_all[:-1]
             start[offsets] = now                      # a run starts where the clock stood
-            B = np.repeat(np.array(B, float), ks)
-            cols[0, pos] = start
-            cols[1, pos] = np.fromiter(chain(durs), float, n_skip)
-            cols[2, pos] = cols[7, pos] = 0
-            cols[3, pos] = cols[4, pos] = B
-            cols[5, pos] = np.repeat(np.array(used, float), ks) \
+            B = np.repeat(np.array(B, np.int64), ks)
+            cols["start"][skip] = start
+            cols["duration"][skip] = np.fromiter(chain(durs), float, n_skip)
+            cols["decode_tokens"][skip] = cols["num_requests"][skip] = B
+            cols["kv_blocks_used"][skip] = np.repeat(np.array(used, np.int64), ks) \
                 + np.fromiter(chain(extra), np.int64, n_skip)
-            cols[6, pos] = np.repeat(np.array(stored, float), ks) + B * (within + 1)
-            cols[8, pos] = np.repeat(np.array(waiting, float), ks)
-            cols[9:15, pos] = 0                       # no decode run swaps
-            cols[15, pos] = np.repeat(np.array(host, float), ks)
+            cols["kv_tokens_stored"][skip] = np.repeat(np.array(stored, np.int64), ks) \
+                + B * (within + 1)
+            cols["num_waiting"][skip] = np.repeat(np.array(waiting, np.int64), ks)
+            cols["host_blocks_used"][skip] = np.repeat(np.array(host, np.int64), ks)
         if self.rows:
             rows = np.fromiter(itertools.chain.from_iterable(self.rows), float,
-                               len(self.rows) * len(ITER_COLUMNS))
-            cols[:, stepped] = rows.reshape(-1, len(ITER_COLUMNS)).T
-        self._table = cols.T
-        return self._table
+                               len(self.rows) * width).reshape(-1, width)
+            for i, c in enumerate(ITER_COLUMNS):
+                cols[c][stepped] = rows[:, i]
+        return cols
 
     def swap_space(self) -> dict | None:
         """The host swap space, for the summary (`metrics.summarize`): its blocks and the

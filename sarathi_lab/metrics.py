@@ -101,14 +101,21 @@ _NO_SWAP_COLUMNS = ITER_COLUMNS.index("swap_outs")
 
 
 def iterations_table(rows) -> pd.DataFrame:
-    """One row per iteration from the engine's records (`Engine.iterations()`, or tuples with
-    the fields of ITER_COLUMNS; tuples of only the fields before `swap_outs` mean no swap)."""
+    """One row per iteration from the engine's records: `Engine.iteration_columns()` (taken as
+    they are: the arrays are the caller's), or rows (`Engine.iterations()`, or tuples with the
+    fields of ITER_COLUMNS; tuples of only the fields before `swap_outs` mean no swap)."""
+    if isinstance(rows, dict):
+        assert list(rows) == list(ITER_COLUMNS), f"columns {list(rows)}, not {ITER_COLUMNS}"
+        return pd.DataFrame(rows, copy=False)
     a = np.asarray(rows, dtype=float)
     if a.ndim == 2 and a.shape[1] == _NO_SWAP_COLUMNS:
         a = np.hstack([a, np.zeros((len(a), len(ITER_COLUMNS) - _NO_SWAP_COLUMNS))])
     a = a.reshape(-1, len(ITER_COLUMNS))
-    return pd.DataFrame({c: a[:, i] if c in FLOAT_COLUMNS else a[:, i].astype(np.int64)
-                         for i, c in enumerate(ITER_COLUMNS)})
+    # every column a new array of its own (the float ones copied: `rows` may be the engine's
+    # cache), so that the frame can take them as they are: consolidating a million rows into
+    # pandas' two-dimensional blocks would copy them all again
+    return pd.DataFrame({c: a[:, i].copy() if c in FLOAT_COLUMNS else a[:, i].astype(np.int64)
+                         for i, c in enumerate(ITER_COLUMNS)}, copy=False)
 
 
 def token_times_flat(req_df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:

@@ -8,6 +8,7 @@ loads any importable class without registering it.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 from importlib.metadata import entry_points
 
@@ -52,10 +53,17 @@ BUILTIN = {
 }
 
 
+@functools.cache
+def _registered() -> dict[str, dict[str, str]]:
+    """Every group's entry points, from one scan of the installed distributions' metadata per
+    process: a scan reads each one's entry_points.txt (a few hundred files), and a run looks
+    up four plug-ins, a capacity search that many per probe."""
+    every = entry_points()
+    return {group: {ep.name: ep.value for ep in every.select(group=group)} for group in BUILTIN}
+
+
 def known(group: str) -> dict[str, str]:
-    names = dict(BUILTIN[group])
-    names.update({ep.name: ep.value for ep in entry_points(group=group)})
-    return names
+    return {**BUILTIN[group], **_registered()[group]}
 
 
 def _import(target: str, what: str):

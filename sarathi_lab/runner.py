@@ -195,7 +195,7 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
         req_df = requests_table(requests, engine.output_lens)
         if users is not None:
             req_df.insert(1, "client", users)   # closed loop: the user who sent it
-        it_df = iterations_table(engine.iterations())
+        it_df = iterations_table(engine.iteration_columns())
         summary = summarize(req_df, it_df, slo=c.get("slo"),
                             kv_blocks_total=policy.kv.num_blocks,
                             block_size=policy.kv.block_size,

@@ -317,16 +317,22 @@ def to_requests(df: pd.DataFrame, max_tokens=None) -> list[Request]:
     if "deadline" in service:
         service["deadline"] = [None if _is_missing(d) else a + d
                                for a, d in zip(arrival.tolist(), service["deadline"])]
+    # rows as Python values, zipped: indexing numpy arrays element by element costs more than
+    # building the requests themselves
+    keys = list(service)
+    rows = zip(arrival.tolist(), prompt.tolist(), output.tolist(), ids,
+               *(service[k] for k in keys))
     requests = []
-    for i in range(len(df)):
-        tokens = None if _is_missing(ids[i]) else [int(t) for t in ids[i]]
-        if tokens is not None and len(tokens) != prompt[i]:
+    add = requests.append
+    for i, (a, p, o, row_ids, *extra) in enumerate(rows):
+        tokens = None if _is_missing(row_ids) else [int(t) for t in row_ids]
+        if tokens is not None and len(tokens) != p:
             raise ValueError(f"row {i}: {len(tokens)} prompt_token_ids but "
-                             f"num_prompt_tokens={prompt[i]}")
-        requests.append(Request(request_id=i, arrival_time=float(arrival[i]),
-                                num_prompt_tokens=int(prompt[i]), output_len=int(output[i]),
-                                prompt_token_ids=tokens, max_tokens=max_tokens,
-                                **{k: v[i] for k, v in service.items()}))
+                             f"num_prompt_tokens={p}")
+        if extra:
+            add(Request(i, a, p, o, tokens, max_tokens, **dict(zip(keys, extra))))
+        else:
+            add(Request(i, a, p, o, tokens, max_tokens))
     return requests
 
 

@@ -434,3 +434,31 @@ def test_logger_presets_parse():
         parse(LOGGERS[name], node, "logger")
         assert set(node) == set(defaults(LOGGERS[name])), name
     assert composed("logger=csv")["logger"]["path"] == defaults(LOGGERS["csv"])["path"]
+
+
+def test_registry_scans_the_installed_entry_points_once_and_lets_them_override(monkeypatch):
+    """A run looks up several plug-ins (a capacity search, per probe): the installed
+    distributions' entry points are read once per process, and a registered name wins over
+    the built-in table's."""
+    from importlib.metadata import EntryPoint, EntryPoints
+
+    from sarathi_lab import registry
+    scans = []
+
+    def entry_points():
+        scans.append(1)
+        return EntryPoints([
+            EntryPoint("sarathi", "tests_pkg.mine:Mine", "sarathi_lab.schedulers"),
+            EntryPoint("tiny", "tests_pkg.mine:Tiny", "sarathi_lab.routers"),
+            EntryPoint("sarathi", "elsewhere:X", "some.other.group")])
+    monkeypatch.setattr(registry, "entry_points", entry_points)
+    registry._registered.cache_clear()
+    try:
+        policies = registry.known("sarathi_lab.schedulers")
+        routers = registry.known("sarathi_lab.routers")
+        assert registry.known("sarathi_lab.queues") == BUILTIN["sarathi_lab.queues"]
+    finally:
+        registry._registered.cache_clear()   # the real scan for the tests after this one
+    assert len(scans) == 1
+    assert policies == {**BUILTIN["sarathi_lab.schedulers"], "sarathi": "tests_pkg.mine:Mine"}
+    assert routers == {**BUILTIN["sarathi_lab.routers"], "tiny": "tests_pkg.mine:Tiny"}

@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 from conftest import LinearCost, make_policy, req
 
@@ -188,3 +189,25 @@ def test_iterations_asked_during_a_run_are_a_prefix_of_the_final_table():
     # clock and token counts run on across stepped and skipped rows
     assert (final[1:, 0] == final[:-1, 0] + final[:-1, 1]).all()
     assert final[:, 3].sum() + 3 == 40 + 10 + 20
+
+
+def test_iteration_columns_are_the_iterations_typed_and_new_at_each_call():
+    from sarathi_lab.engine import FLOAT_COLUMNS, ITER_COLUMNS
+    runs, _ = _ff_pair("vllm", lambda: [req(0, 4, 40), req(1, 4, 10), req(2, 6, 12, t=0.2)],
+                       max_model_len=64)
+    for eng, _ in runs.values():   # skipped runs and stepped rows interleaved; stepped only
+        cols = eng.iteration_columns()
+        table = eng.iterations()
+        assert list(cols) == list(ITER_COLUMNS) and table.shape == (eng.num_iterations, 16)
+        for i, c in enumerate(ITER_COLUMNS):
+            assert cols[c].dtype == (float if c in FLOAT_COLUMNS else np.int64), c
+            assert (cols[c] == table[:, i]).all(), c
+        # by hand: 3 prefills of 4, 4 and 6 tokens; 39 + 9 + 11 decodes
+        assert cols["prefill_tokens"].sum() == 14 and cols["decode_tokens"].sum() == 59
+        assert (cols["start"][1:] == cols["start"][:-1] + cols["duration"][:-1]).all()
+        cols["start"][:] = -1   # the caller's own arrays: the engine's records are untouched
+        assert (eng.iteration_columns()["start"] == table[:, 0]).all()
+        assert (eng.iterations()[:, 0] >= 0).all()
+    ff, plain = runs[True][0].iteration_columns(), runs[False][0].iteration_columns()
+    assert all((ff[c] == plain[c]).all() for c in ITER_COLUMNS)
+    assert runs[True][0]._n_skipped > 0 and not runs[False][0]._n_skipped

@@ -141,6 +141,20 @@ def test_iterations_table_columns_and_types():
     assert len(iterations_table([])) == 0
 
 
+def test_iterations_table_owns_its_columns():
+    """The frame takes its column arrays without copying them into blocks; none of them may be
+    the records' own memory (the engine keeps its table as a cache)."""
+    rows = np.array([it_row(0.5, prefill=3, start=2.0), it_row(0.25, decode=2, start=2.5)],
+                    float)
+    before = rows.copy()
+    it = iterations_table(rows)
+    it.loc[0, "start"] = 9.0
+    it.loc[1, "duration"] = 9.0
+    it.loc[0, "prefill_tokens"] = 9
+    np.testing.assert_array_equal(rows, before)
+    assert it["start"].tolist() == [9.0, 2.5] and it["duration"].tolist() == [0.5, 9.0]
+
+
 def test_request_p99_tbt_is_each_requests_own_percentile():
     rng = np.random.default_rng(0)
     # 150 gaps (where P99 falls between two values that are not the last two), one gap, none,

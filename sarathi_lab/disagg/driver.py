@@ -401,7 +401,7 @@ class Disaggregated:
         parts = []
         for pool, engines in enumerate((self.prefill, self.decode)):
             for j, e in enumerate(engines):
-                it = iterations_table(e.iterations())
+                it = iterations_table(e.iteration_columns())
                 it["pool"] = POOLS[pool]
                 it["replica"] = np.full(len(it), j, np.int64)
                 parts.append(it)

@@ -323,16 +323,12 @@ def to_requests(df: pd.DataFrame, max_tokens=None) -> list[Request]:
     rows = zip(arrival.tolist(), prompt.tolist(), output.tolist(), ids,
                *(service[k] for k in keys))
     requests = []
-    add = requests.append
     for i, (a, p, o, row_ids, *extra) in enumerate(rows):
         tokens = None if _is_missing(row_ids) else [int(t) for t in row_ids]
         if tokens is not None and len(tokens) != p:
             raise ValueError(f"row {i}: {len(tokens)} prompt_token_ids but "
                              f"num_prompt_tokens={p}")
-        if extra:
-            add(Request(i, a, p, o, tokens, max_tokens, **dict(zip(keys, extra))))
-        else:
-            add(Request(i, a, p, o, tokens, max_tokens))
+        requests.append(Request(i, a, p, o, tokens, max_tokens, **dict(zip(keys, extra))))
     return requests
 
 

@@ -107,20 +107,11 @@ class KVCacheManager:
         busy = sum(1 for b in hit if b.ref_cnt == 0) if hit else 0
         return cdiv(upto, self.block_size) - len(hit) + busy
 
-    def decode_growth(self, reqs: list[Request], contexts: np.ndarray, k: int) -> np.ndarray:
-        """Blocks the running `reqs` (with `contexts` tokens computed) hold beyond today's after
-        each of k decode steps (one token each per step): entry j is for j + 1 steps."""
-        if self.reserve:
-            return np.zeros(k, np.int64)
-        grows = self._decode_growth_counts(reqs, contexts.tolist(), k)
-        if grows is None:
-            return self._decode_growth_arrays(reqs, contexts, k)
-        return np.fromiter(grows, np.int64, k)
-
     def decode_growth_list(self, reqs: list[Request], contexts: list[int], k: int) -> list[int]:
-        """`decode_growth` from and to lists: the fast-forward asks it once per skipped run, of
-        a few dozen requests and steps, where numpy's per-call cost would be most of the
-        work."""
+        """Blocks the running `reqs` (with `contexts` tokens computed) hold beyond today's after
+        each of k decode steps (one token each per step): entry j is for j + 1 steps. In lists:
+        the fast-forward asks it once per skipped run, of a few dozen requests and steps, where
+        numpy's per-call cost would be most of the work."""
         if self.reserve:
             return [0] * k
         grows = self._decode_growth_counts(reqs, contexts, k)

@@ -115,7 +115,9 @@ def test_a_second_sweep_with_the_same_name_is_refused(tmp_path):
                   SWEEP_MARK=mark)
     d = tmp_path / "sweeps" / "same"
     try:
-        wait_for(lambda: sweeps.sweep_holder(d), 60, "the first sweep's lock")
+        # the lock is taken first, sweep.json written just after it: wait for both
+        wait_for(lambda: sweeps.sweep_holder(d) and (d / "sweep.json").exists(), 60,
+                 "the first sweep's lock and sweep.json")
         before = (d / "sweep.json").read_text()
         r = cli("-m", f"results_root={tmp_path}", "name=same", *TINY, cwd=tmp_path)
         assert r.returncode == 1

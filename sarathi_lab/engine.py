@@ -67,6 +67,16 @@ def fast_forward_safe(policy: Policy) -> bool:
                for hook, base in (("steady_decode", "schedule"), ("advance_decodes", "update")))
 
 
+def chunk_runs_safe(policy: Policy) -> bool:
+    """Whether skipping through a chunked prefill is exactly what this policy's own calls would
+    do: it offers it (`steady_chunks`), written for its `schedule`, with `advance_chunks`
+    written for its `update`."""
+    cls = type(policy)
+    offer = _owner(cls, "steady_chunks")
+    return offer is not Policy and issubclass(offer, _owner(cls, "schedule")) \
+        and issubclass(_owner(cls, "advance_chunks"), _owner(cls, "update"))
+
+
 class Engine:
     """Drives one policy and one executor on a virtual clock.
 
@@ -90,7 +100,7 @@ class Engine:
             self.fast_forward = False
         # progress(num_done, num_tokens), or None: called once per executed iteration with the
         # requests done so far (finished or rejected) and the tokens computed so far in executed
-        # iterations (the simulator's fast-forwarded decode runs are not counted)
+        # iterations (the simulator's fast-forwarded runs are not counted)
         self.progress = progress
         if overlong not in ("reject", "cap"):
             raise ValueError(f"overlong={overlong!r}: must be reject or cap")
@@ -103,6 +113,9 @@ class Engine:
         # the stop rule itself and the policy's advance_decodes takes `ended`
         self._fold = self.fast_forward and self._stops is not None \
             and _takes_ended(policy.advance_decodes)
+        # `run` skips through a prompt's chunks where the policy offers it, the engine applies
+        # the stop rule itself and the executor prices such batches (`chunk_run`)
+        self._chunks = self.fast_forward and self._stops is not None and chunk_runs_safe(policy)
         # iteration records, fields as ITER_COLUMNS: a tuple per stepped iteration, and per
         # skipped run its arrays and scalars, turned into rows only when asked (`iterations`)
         self.rows: list[tuple] = []
@@ -306,9 +319,14 @@ class Engine:
                     break
                 self.now = max(self.now, reqs[i].arrival_time)   # idle: jump to next arrival
                 continue
-            if decoding and self.fast_forward and self._steady() \
-                    and self._skip_decodes(reqs[i].arrival_time if i < n_total else _INF,
-                                           self._fold):
+            if decoding:
+                if self.fast_forward and self._steady() \
+                        and self._skip_decodes(reqs[i].arrival_time if i < n_total else _INF,
+                                               self._fold):
+                    continue
+            elif self._chunks and self._skip_chunks(reqs[i].arrival_time if i < n_total
+                                                    else _INF):
+                decoding = _all_decoding(policy.running)   # after the prompt's last chunk
                 continue
             out, done, n_pre, n_dec = self.step()
             if not out.reqs:
@@ -367,6 +385,77 @@ class Engine:
         policy = self.policy
         return bool(policy.running) and policy.steady_decode() \
             and not (policy.swapped and policy.swap_in_possible())
+
+    def _skip_chunks(self, next_arrival: float) -> bool:
+        """Run k batches at once of one decode of every running request but one and a chunk of
+        that one's prompt, as the policy's `steady_chunks` offers them, stopping before an
+        arrival is due, before a batch that would end a request or run out of KV, and at the
+        prompt's last chunk (before it if a request waits: that batch could admit it). Produces
+        exactly what k single steps would, through the policy's `advance_chunks`; each batch
+        is recorded as `step` records it. True if it ran any."""
+        policy, kv = self.policy, self.kv
+        offer = policy.steady_chunks()
+        if offer is None:
+            return False
+        req, chunk = offer
+        running = policy.running
+        decodes = [r for r in running if r is not req]
+        stops = self._stops
+        # batch j (from 1) ends a decode with j or fewer tokens left: none may end
+        computed = req.num_computed_tokens
+        todo = req.num_prompt_tokens + req.num_output_tokens - computed
+        n_chunks = -(-todo // chunk)
+        last_ok = not policy.waiting and req.num_output_tokens + 1 < stops[req.request_id]
+        k = min([stops[r.request_id] - r.num_output_tokens - 1 for r in decodes],
+                default=n_chunks)
+        k = min(k, n_chunks if last_ok else n_chunks - 1)
+        if k < 1:
+            return False
+        chunks = [chunk] * k
+        if k == n_chunks:
+            chunks[-1] = todo - chunk * (k - 1)
+        ctx = list(map(_COMPUTED, decodes))
+        durs = self.executor.chunk_run(ctx, computed, chunks, k == n_chunks)
+        if durs is None:
+            return False
+        times, t = [], self.now   # as in _skip_decodes: stop at the first end at or after
+        for d in durs:            # the next arrival
+            t += d
+            times.append(t)
+            if t >= next_arrival:
+                break
+        k = len(times)
+        extra = kv.decode_growth_list(decodes, ctx, k)
+        free = kv.pool.num_free
+        if extra[-1] > free:
+            k = bisect_right(extra, free)
+            if k < 1:
+                return False
+            del times[k:], extra[k:]
+        del chunks[k:]
+        B = len(decodes)
+        used, stored = kv.pool.num_used, kv.num_stored_tokens
+        waiting, host = len(policy.waiting), kv.num_used_host_blocks
+        try:
+            policy.advance_chunks(times, req, chunks)
+        except Exception as e:
+            raise self._blame(policy, "advance_chunks", e) from e
+        assert kv.num_used_blocks == used + extra[-1] \
+            and kv.num_stored_tokens == stored + B * k + sum(chunks) \
+            and req.num_computed_tokens == computed + sum(chunks), \
+            "advance_chunks did not do what k batches would"
+        start, rows = self.now, self.rows
+        for j, (c, end) in enumerate(zip(chunks, times)):
+            stored += B + c
+            rows.append((start, durs[j], c, B, B + 1, used + extra[j], stored, 0, waiting,
+                         *_NO_SWAPS, host))
+            start = end
+        emitted = B + (k == n_chunks)   # the prompt's last chunk samples its first token
+        for _ in range(k - 1):
+            self.guard.progressed(B, 0, self._where)
+        self.guard.progressed(emitted, 0, self._where)
+        self.now = times[-1]
+        return True
 
     def _skip_decodes(self, next_arrival: float, fold: bool) -> bool:
         """Run k identical decode-only iterations at once: same requests, contexts +1 each step,

@@ -30,6 +30,15 @@ class LinearCost(Executor):
         B = len(contexts)
         return self.base + self.per_token * B + self.per_ctx * (contexts.sum() + B * steps)
 
+    def chunk_run(self, contexts, computed, chunks, samples_last):
+        # execute's sum, batch by batch: the decodes' contexts + the prompt's computed tokens
+        B, total, out = len(contexts), sum(contexts), []
+        for j, c in enumerate(chunks):
+            out.append(self.base + self.per_token * (B + c)
+                       + self.per_ctx * (total + B * j + computed))
+            computed += c
+        return out
+
 
 def make_policy(name, *, num_blocks=1000, block_size=4, max_model_len=256, strict=False, **kw):
     """A policy on its own KV manager. Unless `strict`, the one policy-specific knob a test

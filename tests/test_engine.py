@@ -211,3 +211,110 @@ def test_iteration_columns_are_the_iterations_typed_and_new_at_each_call():
     ff, plain = runs[True][0].iteration_columns(), runs[False][0].iteration_columns()
     assert all((ff[c] == plain[c]).all() for c in ITER_COLUMNS)
     assert runs[True][0]._n_skipped > 0 and not runs[False][0]._n_skipped
+
+
+def test_a_chunked_prefill_beside_decodes_is_skipped_as_stepping_runs_it():
+    # budget 8: a (4 + 30) decodes alone until b (30 + 5) arrives at 0.05; b's admission batch
+    # takes a's decode and 7 of b's tokens, then 7, 7, 7 and 2 with a's decodes: one skipped
+    # chunk run of 4 batches, the last of which gives b its first token; then plain decodes
+    def reqs():
+        return [req(0, 4, 30), req(1, 30, 5, t=0.05)]
+    chunks = []
+    runs, calls = {}, {}
+    for ff in (True, False):
+        p, rs = make_policy("sarathi", token_budget=8, max_model_len=64), reqs()
+        advance = p.advance_chunks
+        p.advance_chunks = lambda times, r, c, _a=advance: (chunks.append((r.request_id, c)),
+                                                            _a(times, r, c))[1]
+        calls[ff] = 0
+
+        def counted(now, _schedule=p.schedule, _ff=ff):
+            calls[_ff] += 1
+            return _schedule(now)
+        p.schedule = counted
+        eng = Engine(p, LinearCost(base=0.01, per_token=1e-4, per_ctx=1e-6), fast_forward=ff)
+        eng.run(rs)
+        runs[ff] = (eng, rs)
+    (eng, rs), (ref_eng, ref) = runs[True], runs[False]
+    assert eng._chunks and not ref_eng._chunks
+    assert chunks == [(1, [7, 7, 7, 2])]
+    assert (eng.iterations() == ref_eng.iterations()).all()
+    assert [r.token_times for r in rs] == [r.token_times for r in ref]
+    assert [(r.finish_time, r.status) for r in rs] == [(r.finish_time, r.status) for r in ref]
+    # the chunk run's batches are recorded one row each: 7, 7, 7, 2 prefill tokens beside 1
+    it = eng.iterations()
+    pre = it[:, 2][it[:, 2] > 0].tolist()
+    assert pre == [4, 7, 7, 7, 7, 2]
+    # stepped: a's prompt and b's admission only (decode runs end b and a in their last batch)
+    assert calls[False] == eng.num_iterations and calls[True] == 2
+    assert eng.kv.num_used_blocks == 0
+
+
+def test_a_chunk_run_stops_at_an_arrival_and_steps_the_last_chunk_while_a_request_waits():
+    # as above, and c (4 + 3) arrives at 0.07, during b's first skipped chunk (0.0616-0.0724):
+    # the run stops after it; with c waiting, b's 7 and 7 are skipped but its last chunk is
+    # stepped, which leaves 8 - 1 - 2 = 5 tokens of budget to admit c in the same batch
+    chunks = []
+    runs = {}
+    for ff in (True, False):
+        p = make_policy("sarathi", token_budget=8, max_model_len=64)
+        rs = [req(0, 4, 30), req(1, 30, 5, t=0.05), req(2, 4, 3, t=0.07)]
+        advance = p.advance_chunks
+        p.advance_chunks = lambda times, r, c, _a=advance: (chunks.append((r.request_id, c)),
+                                                            _a(times, r, c))[1]
+        eng = Engine(p, LinearCost(base=0.01, per_token=1e-4), fast_forward=ff)
+        eng.run(rs)
+        runs[ff] = (eng, rs)
+    (eng, rs), (ref_eng, ref) = runs[True], runs[False]
+    assert chunks == [(1, [7]), (1, [7, 7])]
+    assert (eng.iterations() == ref_eng.iterations()).all()
+    assert [r.token_times for r in rs] == [r.token_times for r in ref]
+    it = eng.iterations()
+    # the stepped batch after the runs: a's decode, b's last 2 tokens and c's whole prompt
+    row = it[it[:, 2] == 2 + 4][0]
+    assert row[3] == 1 and row[4] == 3
+
+
+def test_chunk_runs_are_off_for_a_policy_that_reschedules_below_their_offer():
+    from sarathi_lab.engine import chunk_runs_safe
+    from sarathi_lab.schedulers.base import Policy
+
+    class Resched(Sarathi):
+        def schedule(self, now):
+            return super().schedule(now)
+
+    class Reupdate(Sarathi):
+        def update(self, out, step, start, end):
+            return super().update(out, step, start, end)
+
+    class Both(Resched):
+        def steady_chunks(self):
+            return super().steady_chunks()
+
+        def advance_chunks(self, times, req, chunks):
+            return super().advance_chunks(times, req, chunks)
+    base = make_policy("sarathi")
+    assert chunk_runs_safe(base) and not chunk_runs_safe(make_policy("vllm"))
+    for cls, safe in ((Resched, False), (Reupdate, False), (Both, True)):
+        p = cls(base.cfg, base.kv)
+        assert chunk_runs_safe(p) is safe, cls
+    assert Policy.steady_chunks(base) is None
+    # an executor that does not price such batches is stepped through them
+    p = make_policy("sarathi", token_budget=8, max_model_len=64)
+
+    class NoChunks(LinearCost):
+        def chunk_run(self, *a):
+            return None
+    eng = Engine(p, NoChunks(base=0.01, per_token=1e-4))
+    eng.run([req(0, 4, 30), req(1, 30, 5, t=0.05)])
+    assert eng._chunks and sum(1 for r in eng.rows if r[2] > 0) == 6
+
+
+def test_a_chunk_run_that_advance_chunks_gets_wrong_is_an_error():
+    class Lazy(Sarathi):
+        def advance_chunks(self, times, req, chunks):
+            super().advance_chunks(times, req, chunks[:-1])
+    base = make_policy("sarathi", token_budget=8, max_model_len=64)
+    eng = Engine(Lazy(base.cfg, base.kv), LinearCost(base=0.01, per_token=1e-4))
+    with pytest.raises(AssertionError, match="advance_chunks did not do what k batches would"):
+        eng.run([req(0, 4, 30), req(1, 30, 5, t=0.05)])

@@ -9,7 +9,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from conftest import only_read
+from conftest import LinearCost, only_read
 
 from sarathi_lab.engine import FLOAT_COLUMNS, ITER_COLUMNS, Engine
 from sarathi_lab.executors.base import Executor, ExecutorConfig, StepResult
@@ -422,6 +422,8 @@ class TokenCost(Executor):
     def decode_run(self, contexts, k):
         B = len(contexts)
         return self.base + self.per_token * B + self.per_ctx * (contexts.sum() + B * np.arange(k))
+
+    chunk_run = LinearCost.chunk_run   # the same prices
 
 
 def token_cost_cfg(scheduler, *, base=0.01, per_token=0.001, max_model_len=64, **top):

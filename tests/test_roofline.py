@@ -151,6 +151,40 @@ def test_decode_run_is_bit_identical_to_stepping(model, ctx, k):
     np.testing.assert_array_equal(fast, np.array(slow))
 
 
+@pytest.mark.parametrize("chunks,computed", [([512 - 4] * 3 + [77], 0), ([300, 1], 40),
+                                              ([1], 9), ([60, 60], 0)])
+def test_chunk_run_is_bit_identical_to_stepping(chunks, computed):
+    # a prompt chunked beside 4 decodes (a 1-token chunk is priced as a decode, as step_time
+    # prices it); the last chunk completes the prompt and samples
+    cm = RooflineCostModel(preset("model", "llama-2-70b"), preset("hardware", "a100-80gb"), 2)
+    ctx = [5, 80, 1023, 4000]
+    decodes = [running(i, c, 4, c - 3) for i, c in enumerate(ctx)]
+    pre = running(9, computed, computed + sum(chunks))
+    fast = cm.chunk_run(ctx, computed, chunks, True)
+    slow = []
+    for c in chunks:
+        slow.append(cm.step_time(decodes + [pre], [1] * len(decodes) + [c]))
+        for r in decodes:
+            r.num_computed_tokens += 1
+            r.num_output_tokens += 1
+        pre.num_computed_tokens += c
+    assert fast == slow
+    # without the last sample, the last batch samples only the decodes
+    assert cm.chunk_run(ctx, computed, chunks, False)[:-1] == slow[:-1]
+    assert cm.chunk_run(ctx, computed, chunks, False)[-1] < slow[-1]
+
+
+def test_chunk_run_is_not_offered_where_step_time_prices_otherwise():
+    assert tiny(window=6).chunk_run([3], 0, [4], True) is None
+
+    class Repriced(RooflineCostModel):
+        def step_time(self, reqs, num_new_tokens):
+            return 2 * super().step_time(reqs, num_new_tokens)
+    cm = Repriced(preset("model", "llama-2-7b"), preset("hardware", "a100-80gb"), 1)
+    assert cm.chunk_run([3], 0, [4], True) is None
+    assert tiny().chunk_run([3], 0, [4], True) is not None
+
+
 # ---- properties on the presets ---------------------------------------------------------------
 
 SETUPS = [("mistral-7b", "a100-80gb", 1), ("yi-34b", "a100-80gb", 2),

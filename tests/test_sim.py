@@ -271,3 +271,39 @@ def test_step_jitter_from_the_cli(tmp_path):
     assert runs["jitter"]["settings"]["executor"]["step_jitter"] == 0.2
     assert runs["jitter"]["num_finished"] == runs["plain"]["num_finished"] == 30
     assert runs["jitter"]["tbt"]["p99"] != runs["plain"]["tbt"]["p99"]
+
+
+def test_sarathi_on_the_roofline_skips_chunked_prefills_without_changing_the_run():
+    # prompts of 100-1500 tokens under a 256-token budget in a cache that preempts (12 times):
+    # chunk runs stop at arrivals, at waiting requests, at finishes and at KV growth
+    from sarathi_lab.engine import Engine
+    from sarathi_lab.runner import build
+    rng = np.random.default_rng(3)
+    cfg = {"scheduler": {"name": "sarathi", "token_budget": 256, "max_num_seqs": 8,
+                         "block_size": 16, "num_kv_blocks": 200},
+           "executor": preset("executor", "sim"), "model": preset("model", "llama-2-7b"),
+           "hardware": preset("hardware", "a100-80gb"), "progress": False}
+    spec = [(float(t), int(p), int(o)) for t, p, o in zip(
+        np.cumsum(rng.exponential(0.15, 60)), rng.integers(100, 1500, 60),
+        rng.integers(1, 400, 60))]
+    runs = {}
+    for ff in (True, False):
+        policy, ex = build(cfg)
+        reqs = [Request(i, t, p, o) for i, (t, p, o) in enumerate(spec)]
+        n_chunked = [0]
+        advance = policy.advance_chunks
+
+        def counted(times, r, chunks, _a=advance, _n=n_chunked):
+            _n[0] += len(chunks)
+            return _a(times, r, chunks)
+        policy.advance_chunks = counted
+        eng = Engine(policy, ex, fast_forward=ff)
+        eng.run(reqs)
+        runs[ff] = (eng, reqs, n_chunked[0])
+    (eng, reqs, n), (ref_eng, ref, n_ref) = runs[True], runs[False]
+    assert n > 20 and n_ref == 0
+    np.testing.assert_array_equal(eng.iterations(), ref_eng.iterations())
+    assert [r.token_times for r in reqs] == [r.token_times for r in ref]
+    assert [(r.finish_time, r.status, r.num_preemptions) for r in reqs] == \
+        [(r.finish_time, r.status, r.num_preemptions) for r in ref]
+    assert sum(r.num_preemptions for r in reqs) > 0

@@ -59,6 +59,14 @@ class CostModel(abc.ABC):
         ctx = np.asarray(contexts, dtype=np.int64)
         return np.array([self.iteration_time([], (ctx + j).tolist()) for j in range(k)])
 
+    def chunk_run(self, contexts: list[int], computed: int, chunks: list[int],
+                  samples_last: bool) -> list[float] | None:
+        """Durations of batches of the same decodes (`contexts`, +1 per batch) and one prompt
+        chunk each (`chunks[j]` tokens after `computed` + the chunks before it; the last one
+        samples if `samples_last`), exactly as step_time would price them; None: not offered
+        (the engine then steps these batches)."""
+        return None
+
     # -- pipeline stages (executor.pipeline_parallel > 1) ------------------------------------
     def iteration_parts(self, prefills, decode_contexts,
                         num_sampled: int | None = None) -> tuple[float, float, float]:

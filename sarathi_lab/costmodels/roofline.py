@@ -463,6 +463,34 @@ class RooflineCostModel(CostModel):
             dec = prefix[below] + steps * below + w * (B - below)
         return fixed + (0.0 + dec * self.decode_per_kv_token)
 
+    def chunk_run(self, contexts: list[int], computed: int, chunks: list[int],
+                  samples_last: bool) -> list[float] | None:
+        """Durations of len(chunks) batches of the same decodes (`contexts`, +1 per batch) and
+        one prompt chunk each (`chunks[j]` tokens after `computed` + the chunks before it; the
+        last one samples if `samples_last`): the same floating-point operations as step_time
+        on each batch. None for what step_time prices otherwise (a sliding window, a subclass
+        that reprices a step)."""
+        if self.window != _NO_WINDOW or type(self).step_time is not RooflineCostModel.step_time \
+                or type(self)._fixed is not RooflineCostModel._fixed:
+            return None
+        B = len(contexts)
+        total = sum(contexts)
+        a_pair, a_kv, rate = self.attn_per_pair, self.attn_per_kv_token, self.decode_per_kv_token
+        fixed, out, k = self._fixed, [], computed
+        last = len(chunks) - 1
+        for j, c in enumerate(chunks):
+            dec = total + B * (j + 1)   # each decode's end, summed, as step_time adds them
+            end = k + c
+            pre = 0.0
+            if c == 1:
+                dec += end
+            else:
+                pre += (c * k + c * (c + 1) // 2) * a_pair + end * a_kv
+            S = B + 1 if samples_last and j == last else B
+            out.append(fixed(B + c, S, B + 1) + (pre + dec * rate))
+            k = end
+        return out
+
     # ---- pipeline stages (executor.pipeline_parallel) -----------------------------------------
     def iteration_parts(self, prefills, decode_contexts, num_sampled: int | None = None):
         """iteration_time in three parts (they add up to it): the CPU side, the L layers (a stage

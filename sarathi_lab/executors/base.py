@@ -170,3 +170,11 @@ class Executor(abc.ABC):
         """Durations of k consecutive decode-only iterations of the same requests, whose
         contexts (tokens already in KV) start at `contexts` and grow by one each step."""
         raise NotImplementedError(f"{type(self).__name__} does not predict decode runs")
+
+    def chunk_run(self, contexts: list[int], computed: int, chunks: list[int],
+                  samples_last: bool) -> list[float] | None:
+        """Durations of len(chunks) consecutive batches of the same decodes (`contexts`, tokens
+        in KV before the first, +1 each batch) and one prompt chunk each (`chunks[j]` tokens
+        after `computed` + the chunks before it; the last samples a token if `samples_last`),
+        as `execute` would time them; None: not predicted (the engine steps such batches)."""
+        return None

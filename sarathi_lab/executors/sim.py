@@ -218,6 +218,9 @@ class SimExecutor(Executor):
     def decode_run(self, contexts: np.ndarray, k: int) -> np.ndarray:
         return self.cost_model.decode_run(contexts, k)
 
+    def chunk_run(self, contexts, computed, chunks, samples_last):
+        return self.cost_model.chunk_run(contexts, computed, chunks, samples_last)
+
     def num_kv_blocks(self, block_size: int) -> int:
         """The KV blocks of this executor's policy: with pipeline stages, its virtual engine's
         share (1 / pipeline_parallel, as vLLM v0 divides them) of what every stage holds."""

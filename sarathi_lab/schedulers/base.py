@@ -72,12 +72,14 @@ class Policy(abc.ABC):
       whole_prompts   True: prompts are never chunked
       oracle          True: may read true output lengths (`self.oracle_output_len(req)`)
 
-    Hooks a policy may override: `schedule` (must), `steady_decode` (lets the simulator skip
-    ahead), `rejection_reason`, `preemption_victim`, `preemption_mode_for` (recompute or swap,
-    per victim). `update` and `advance_decodes` change
-    request progress; a policy that overrides `update` without `advance_decodes` (or `schedule`
-    without `steady_decode`) runs with the simulator's fast-forward off, so skipping can never
-    bypass it.
+    Hooks a policy may override: `schedule` (must), `steady_decode` and `steady_chunks` (let
+    the simulator skip ahead through decode runs and chunked prefills), `rejection_reason`,
+    `preemption_victim`, `preemption_mode_for` (recompute or swap, per victim). `update`,
+    `advance_decodes` and `advance_chunks` change request progress; a policy that overrides
+    `update` without `advance_decodes` (or `schedule` without `steady_decode`) runs with the
+    simulator's fast-forward off, and one that overrides `update` or `schedule` below the class
+    that wrote its `steady_chunks` and `advance_chunks` is stepped through its prefills, so
+    skipping can never bypass it.
     """
 
     name: ClassVar[str] = "base"
@@ -162,6 +164,15 @@ class Policy(abc.ABC):
         in which requests finished, or one that completed prompts. Lets the simulator skip
         ahead; False is always safe."""
         return False
+
+    def steady_chunks(self) -> tuple[Request, int] | None:
+        """(req, chunk) if, while nothing arrives, nothing finishes and KV suffices, the next
+        `schedule()` calls would each be one decode of every other running request plus `chunk`
+        tokens of the running `req`'s prompt (what is left of it, if fewer), and admit nothing
+        while it lasts, the last chunk included if no request waits; else None. Asked after
+        batches that left a prompt under way. Lets the simulator skip ahead through a chunked
+        prefill (`advance_chunks`); None is always safe."""
+        return None
 
     def rejection_reason(self, req: Request) -> str | None:
         """Why `req` can never be served under this configuration, or None."""
@@ -478,6 +489,28 @@ class Policy(abc.ABC):
         if total and seconds:
             for r, pairs in moves:
                 r.swap_time_s += seconds * len(pairs) / total
+
+    def advance_chunks(self, times: list[float], req: Request, chunks: list[int]) -> None:
+        """What len(times) `update()` calls would do for the batches `steady_chunks` offered:
+        one decode of every running request but `req` and `chunks[j]` tokens of `req`'s prompt
+        in batch j, which ends at times[j]. If the last chunk completes the prompt, `req` emits
+        its first token then. Nothing ends."""
+        decodes = [r for r in self.running if r is not req]
+        k = len(times)
+        kv = self.kv
+        ok = kv.allocate_decodes(decodes, k)
+        assert ok, "fast-forward checked the KV blocks first"
+        for r in decodes:
+            r.num_computed_tokens += k
+            r.num_output_tokens += k
+            r.token_times.extend(times)
+        for c in chunks:
+            new = kv.allocate_blocks(req, c)
+            assert new == [], "prompt blocks are held from admission"
+            req.num_computed_tokens += c
+        if req.num_computed_tokens == req.num_prompt_tokens + req.num_output_tokens:
+            req.num_output_tokens += 1
+            req.token_times.append(times[-1])
 
     def advance_decodes(self, times: list[float], ended: list[Request] = ()) -> list[Request]:
         """What len(times) `update()` calls would do for as many decode-only batches of every

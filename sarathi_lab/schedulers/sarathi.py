@@ -46,6 +46,27 @@ class Sarathi(Policy):
     def token_limit(self):
         return self.cfg.token_budget
 
+    def steady_chunks(self):
+        # one prompt under way beside decodes only: each batch is every decode plus the chunk
+        # that fills the budget, which leaves none to admit with until the prompt's last chunk
+        # (the engine stops before that one while a request waits); a waiting head that can
+        # never fit would be rejected by the next schedule(), so that one is stepped
+        running, budget = self.running, self.cfg.token_budget
+        if self.admission is not None or self.swapped or self.kv.enable_prefix_caching \
+                or len(running) > budget:
+            return None
+        pre = None
+        for req in running:
+            out_n = req.num_output_tokens
+            if not out_n or req.num_computed_tokens != req.num_prompt_tokens + out_n - 1:
+                if pre is not None:
+                    return None
+                pre = req
+        if pre is None or pre.status is not Status.RUNNING \
+                or (self.waiting and self._never_fits(self.waiting.peek()) is not None):
+            return None
+        return pre, budget - (len(running) - 1)
+
     def steady_decode(self):
         # decodes never outnumber the budget (each request's prompt went through it first);
         # checked anyway, as the engine no longer sees the last batch decode them all

@@ -398,17 +398,19 @@ class Engine:
         if offer is None:
             return False
         req, chunk = offer
-        running = policy.running
-        decodes = [r for r in running if r is not req]
         stops = self._stops
-        # batch j (from 1) ends a decode with j or fewer tokens left: none may end
         computed = req.num_computed_tokens
         todo = req.num_prompt_tokens + req.num_output_tokens - computed
         n_chunks = -(-todo // chunk)
         last_ok = not policy.waiting and req.num_output_tokens + 1 < stops[req.request_id]
-        k = min([stops[r.request_id] - r.num_output_tokens - 1 for r in decodes],
-                default=n_chunks)
-        k = min(k, n_chunks if last_ok else n_chunks - 1)
+        k = n_chunks if last_ok else n_chunks - 1
+        if k < 1:
+            return False
+        decodes = [r for r in policy.running if r is not req]
+        for r in decodes:   # batch j (from 1) ends a decode with j tokens left: none may end
+            left = stops[r.request_id] - r.num_output_tokens
+            if left <= k:
+                k = left - 1
         if k < 1:
             return False
         chunks = [chunk] * k

@@ -402,7 +402,11 @@ class Engine:
         computed = req.num_computed_tokens
         todo = req.num_prompt_tokens + req.num_output_tokens - computed
         n_chunks = -(-todo // chunk)
-        last_ok = not policy.waiting and req.num_output_tokens + 1 < stops[req.request_id]
+        # the last chunk is stepped: while a request waits (its leftover budget could admit
+        # it), if the first token ends the request, and if it is a recomputed request's last
+        # token alone (a batch counts that entry as a decode)
+        last_ok = not policy.waiting and req.num_output_tokens + 1 < stops[req.request_id] \
+            and not (req.num_output_tokens and todo - chunk * (n_chunks - 1) == 1)
         k = n_chunks if last_ok else n_chunks - 1
         if k < 1:
             return False

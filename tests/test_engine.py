@@ -318,3 +318,46 @@ def test_a_chunk_run_that_advance_chunks_gets_wrong_is_an_error():
     eng = Engine(Lazy(base.cfg, base.kv), LinearCost(base=0.01, per_token=1e-4))
     with pytest.raises(AssertionError, match="advance_chunks did not do what k batches would"):
         eng.run([req(0, 4, 30), req(1, 30, 5, t=0.05)])
+
+
+def test_a_recomputed_requests_last_token_is_stepped_as_the_decode_a_batch_counts_it():
+    # 9 blocks of 4, one kept free at admission, budget 8: c (7 + 26) is preempted after 10
+    # tokens and recomputes 17 = 8 + 8 + 1; its last token alone is, for a batch, a decode
+    # (it is the last emitted one), so that batch is stepped and recorded with 1 decode token
+    chunks, runs = [], {}
+    for ff in (True, False):
+        p = make_policy("sarathi", token_budget=8, max_model_len=64, num_blocks=9,
+                        kv_watermark=0.2)
+        rs = [req(0, 23, 3), req(1, 5, 16), req(2, 7, 26, t=0.02)]
+        advance = p.advance_chunks
+        p.advance_chunks = lambda times, r, c, _a=advance: (chunks.append((r.request_id, c)),
+                                                            _a(times, r, c))[1]
+        eng = Engine(p, LinearCost(base=0.01, per_token=1e-3), fast_forward=ff)
+        eng.run(rs)
+        runs[ff] = (eng, rs)
+    (eng, rs), (ref_eng, ref) = runs[True], runs[False]
+    assert [r.num_preemptions for r in rs] == [0, 0, 1]
+    assert chunks == [(0, [8]), (2, [8])]
+    assert (eng.iterations() == ref_eng.iterations()).all()
+    assert [r.token_times for r in rs] == [r.token_times for r in ref]
+
+
+def test_a_chunk_run_stops_before_the_batch_that_ends_a_decode():
+    # as the first chunk test, with a's output 10: after its prompt, 4 skipped decodes and the
+    # admission batch it has 4 tokens left, so the run takes 7, 7, 7 and the batch with b's
+    # last 2 tokens, which ends a, is a decode run's (fold) or a step of its own
+    chunks, runs = [], {}
+    for ff in (True, False):
+        p = make_policy("sarathi", token_budget=8, max_model_len=64)
+        rs = [req(0, 4, 10), req(1, 30, 5, t=0.05)]
+        advance = p.advance_chunks
+        p.advance_chunks = lambda times, r, c, _a=advance: (chunks.append((r.request_id, c)),
+                                                            _a(times, r, c))[1]
+        eng = Engine(p, LinearCost(base=0.01, per_token=1e-4), fast_forward=ff)
+        eng.run(rs)
+        runs[ff] = (eng, rs)
+    (eng, rs), (ref_eng, ref) = runs[True], runs[False]
+    assert chunks == [(1, [7, 7, 7])]
+    assert (eng.iterations() == ref_eng.iterations()).all()
+    assert [len(r.token_times) for r in rs] == [10, 5]
+    assert [r.token_times for r in rs] == [r.token_times for r in ref]

@@ -49,8 +49,8 @@ class Sarathi(Policy):
     def steady_chunks(self):
         # one prompt under way beside decodes only: each batch is every decode plus the chunk
         # that fills the budget, which leaves none to admit with until the prompt's last chunk
-        # (the engine stops before that one while a request waits); a waiting head that can
-        # never fit would be rejected by the next schedule(), so that one is stepped
+        # (the engine stops before that one while a request waits). A waiting head that could
+        # never fit is not left behind by any schedule(): admit_waiting rejects it there
         running, budget = self.running, self.cfg.token_budget
         if self.admission is not None or self.swapped or self.kv.enable_prefix_caching \
                 or len(running) > budget:
@@ -62,8 +62,7 @@ class Sarathi(Policy):
                 if pre is not None:
                     return None
                 pre = req
-        if pre is None or pre.status is not Status.RUNNING \
-                or (self.waiting and self._never_fits(self.waiting.peek()) is not None):
+        if pre is None or pre.status is not Status.RUNNING:
             return None
         return pre, budget - (len(running) - 1)
 

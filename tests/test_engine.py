@@ -361,3 +361,24 @@ def test_a_chunk_run_stops_before_the_batch_that_ends_a_decode():
     assert (eng.iterations() == ref_eng.iterations()).all()
     assert [len(r.token_times) for r in rs] == [10, 5]
     assert [r.token_times for r in rs] == [r.token_times for r in ref]
+
+
+def test_sarathi_with_deadline_admission_steps_its_prefills_so_the_rate_sees_every_chunk():
+    # admission control measures the prefill rate from every batch's prefill tokens and time;
+    # a chunk run would hide b's chunks from it, and c's predicted TTFT would differ
+    from sarathi_lab.request import Request
+    chunks, runs = [], {}
+    for ff in (True, False):
+        p = make_policy("sarathi", token_budget=8, max_model_len=64, deadline_admission=True)
+        rs = [req(0, 4, 30), Request(1, 0.05, 30, 5, deadline=10.0),
+              Request(2, 0.12, 4, 3, deadline=10.0)]
+        advance = p.advance_chunks
+        p.advance_chunks = lambda times, r, c, _a=advance: (chunks.append((r.request_id, c)),
+                                                            _a(times, r, c))[1]
+        eng = Engine(p, LinearCost(base=0.01, per_token=1e-4), fast_forward=ff)
+        eng.run(rs)
+        runs[ff] = (eng, rs)
+    (eng, rs), (ref_eng, ref) = runs[True], runs[False]
+    assert chunks == [] and eng.fast_forward
+    assert rs[2].extra["predicted_ttft"] == ref[2].extra["predicted_ttft"] > 0
+    assert (eng.iterations() == ref_eng.iterations()).all()

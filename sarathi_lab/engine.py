@@ -386,6 +386,19 @@ class Engine:
         return bool(policy.running) and policy.steady_decode() \
             and not (policy.swapped and policy.swap_in_possible())
 
+    def _ends(self, durs: list[float], next_arrival: float) -> list[float]:
+        """The clocks at which iterations of durations `durs` end, left to right from `now` as
+        single steps add them (the same rounding). Iteration j starts at the end of j - 1, and
+        arrivals at or before a start are admitted first: a run stops at the first end at or
+        after the next arrival."""
+        times, t = [], self.now
+        for d in durs:
+            t += d
+            times.append(t)
+            if t >= next_arrival:
+                break
+        return times
+
     def _skip_chunks(self, next_arrival: float) -> bool:
         """Run k batches at once of one decode of every running request but one and a chunk of
         that one's prompt, as the policy's `steady_chunks` offers them, stopping before an
@@ -424,12 +437,7 @@ class Engine:
         durs = self.executor.chunk_run(ctx, computed, chunks, k == n_chunks)
         if durs is None:
             return False
-        times, t = [], self.now   # as in _skip_decodes: stop at the first end at or after
-        for d in durs:            # the next arrival
-            t += d
-            times.append(t)
-            if t >= next_arrival:
-                break
+        times = self._ends(durs, next_arrival)
         k = len(times)
         extra = kv.decode_growth_list(decodes, ctx, k)
         free = kv.pool.num_free
@@ -486,16 +494,7 @@ class Engine:
         # a run is a few dozen steps of a few dozen requests: past the executor's prices, it is
         # counted in lists, where numpy's per-call cost would be most of the work
         durs = ex.decode_run(ctx, k).tolist()
-        # the clocks at which the iterations end, left to right from `now` as k single steps
-        # add them (the same rounding); iteration j starts at the end of j - 1, and arrivals
-        # at or before a start are admitted first: the run stops at the first end at or after
-        # the next arrival
-        times, t = [], self.now
-        for d in durs:
-            t += d
-            times.append(t)
-            if t >= next_arrival:
-                break
+        times = self._ends(durs, next_arrival)
         k = len(times)
         # blocks beyond today's after each step (non-decreasing)
         extra = kv.decode_growth_list(running, ctx.tolist(), k)

@@ -213,28 +213,34 @@ def test_iteration_columns_are_the_iterations_typed_and_new_at_each_call():
     assert runs[True][0]._n_skipped > 0 and not runs[False][0]._n_skipped
 
 
-def test_a_chunked_prefill_beside_decodes_is_skipped_as_stepping_runs_it():
-    # budget 8: a (4 + 30) decodes alone until b (30 + 5) arrives at 0.05; b's admission batch
-    # takes a's decode and 7 of b's tokens, then 7, 7, 7 and 2 with a's decodes: one skipped
-    # chunk run of 4 batches, the last of which gives b its first token; then plain decodes
-    def reqs():
-        return [req(0, 4, 30), req(1, 30, 5, t=0.05)]
-    chunks = []
-    runs, calls = {}, {}
+def _chunk_pair(reqs_of, cost=None, **kw):
+    """Sarathi (budget 8) with fast-forward on and off: {ff: (engine, requests)}, the
+    (request id, chunks) of every skipped chunked prefill, and {ff: schedule() calls}."""
+    chunks, runs, calls = [], {}, {True: 0, False: 0}
     for ff in (True, False):
-        p, rs = make_policy("sarathi", token_budget=8, max_model_len=64), reqs()
-        advance = p.advance_chunks
-        p.advance_chunks = lambda times, r, c, _a=advance: (chunks.append((r.request_id, c)),
-                                                            _a(times, r, c))[1]
-        calls[ff] = 0
+        p, rs = make_policy("sarathi", **{"token_budget": 8, "max_model_len": 64, **kw}), reqs_of()
+
+        def recorded(times, r, c, _advance=p.advance_chunks):
+            chunks.append((r.request_id, c))
+            return _advance(times, r, c)
 
         def counted(now, _schedule=p.schedule, _ff=ff):
             calls[_ff] += 1
             return _schedule(now)
-        p.schedule = counted
-        eng = Engine(p, LinearCost(base=0.01, per_token=1e-4, per_ctx=1e-6), fast_forward=ff)
+        p.advance_chunks, p.schedule = recorded, counted
+        eng = Engine(p, LinearCost(**(cost or {"base": 0.01, "per_token": 1e-4})),
+                     fast_forward=ff)
         eng.run(rs)
         runs[ff] = (eng, rs)
+    return runs, chunks, calls
+
+
+def test_a_chunked_prefill_beside_decodes_is_skipped_as_stepping_runs_it():
+    # budget 8: a (4 + 30) decodes alone until b (30 + 5) arrives at 0.05; b's admission batch
+    # takes a's decode and 7 of b's tokens, then 7, 7, 7 and 2 with a's decodes: one skipped
+    # chunk run of 4 batches, the last of which gives b its first token; then plain decodes
+    runs, chunks, calls = _chunk_pair(lambda: [req(0, 4, 30), req(1, 30, 5, t=0.05)],
+                                      {"base": 0.01, "per_token": 1e-4, "per_ctx": 1e-6})
     (eng, rs), (ref_eng, ref) = runs[True], runs[False]
     assert eng._chunks and not ref_eng._chunks
     assert chunks == [(1, [7, 7, 7, 2])]
@@ -254,17 +260,8 @@ def test_a_chunk_run_stops_at_an_arrival_and_steps_the_last_chunk_while_a_reques
     # as above, and c (4 + 3) arrives at 0.07, during b's first skipped chunk (0.0616-0.0724):
     # the run stops after it; with c waiting, b's 7 and 7 are skipped but its last chunk is
     # stepped, which leaves 8 - 1 - 2 = 5 tokens of budget to admit c in the same batch
-    chunks = []
-    runs = {}
-    for ff in (True, False):
-        p = make_policy("sarathi", token_budget=8, max_model_len=64)
-        rs = [req(0, 4, 30), req(1, 30, 5, t=0.05), req(2, 4, 3, t=0.07)]
-        advance = p.advance_chunks
-        p.advance_chunks = lambda times, r, c, _a=advance: (chunks.append((r.request_id, c)),
-                                                            _a(times, r, c))[1]
-        eng = Engine(p, LinearCost(base=0.01, per_token=1e-4), fast_forward=ff)
-        eng.run(rs)
-        runs[ff] = (eng, rs)
+    runs, chunks, _ = _chunk_pair(
+        lambda: [req(0, 4, 30), req(1, 30, 5, t=0.05), req(2, 4, 3, t=0.07)])
     (eng, rs), (ref_eng, ref) = runs[True], runs[False]
     assert chunks == [(1, [7]), (1, [7, 7])]
     assert (eng.iterations() == ref_eng.iterations()).all()
@@ -324,17 +321,9 @@ def test_a_recomputed_requests_last_token_is_stepped_as_the_decode_a_batch_count
     # 9 blocks of 4, one kept free at admission, budget 8: c (7 + 26) is preempted after 10
     # tokens and recomputes 17 = 8 + 8 + 1; its last token alone is, for a batch, a decode
     # (it is the last emitted one), so that batch is stepped and recorded with 1 decode token
-    chunks, runs = [], {}
-    for ff in (True, False):
-        p = make_policy("sarathi", token_budget=8, max_model_len=64, num_blocks=9,
-                        kv_watermark=0.2)
-        rs = [req(0, 23, 3), req(1, 5, 16), req(2, 7, 26, t=0.02)]
-        advance = p.advance_chunks
-        p.advance_chunks = lambda times, r, c, _a=advance: (chunks.append((r.request_id, c)),
-                                                            _a(times, r, c))[1]
-        eng = Engine(p, LinearCost(base=0.01, per_token=1e-3), fast_forward=ff)
-        eng.run(rs)
-        runs[ff] = (eng, rs)
+    runs, chunks, _ = _chunk_pair(
+        lambda: [req(0, 23, 3), req(1, 5, 16), req(2, 7, 26, t=0.02)],
+        {"base": 0.01, "per_token": 1e-3}, num_blocks=9, kv_watermark=0.2)
     (eng, rs), (ref_eng, ref) = runs[True], runs[False]
     assert [r.num_preemptions for r in rs] == [0, 0, 1]
     assert chunks == [(0, [8]), (2, [8])]
@@ -346,16 +335,7 @@ def test_a_chunk_run_stops_before_the_batch_that_ends_a_decode():
     # as the first chunk test, with a's output 10: after its prompt, 4 skipped decodes and the
     # admission batch it has 4 tokens left, so the run takes 7, 7, 7 and the batch with b's
     # last 2 tokens, which ends a, is a decode run's (fold) or a step of its own
-    chunks, runs = [], {}
-    for ff in (True, False):
-        p = make_policy("sarathi", token_budget=8, max_model_len=64)
-        rs = [req(0, 4, 10), req(1, 30, 5, t=0.05)]
-        advance = p.advance_chunks
-        p.advance_chunks = lambda times, r, c, _a=advance: (chunks.append((r.request_id, c)),
-                                                            _a(times, r, c))[1]
-        eng = Engine(p, LinearCost(base=0.01, per_token=1e-4), fast_forward=ff)
-        eng.run(rs)
-        runs[ff] = (eng, rs)
+    runs, chunks, _ = _chunk_pair(lambda: [req(0, 4, 10), req(1, 30, 5, t=0.05)])
     (eng, rs), (ref_eng, ref) = runs[True], runs[False]
     assert chunks == [(1, [7, 7, 7])]
     assert (eng.iterations() == ref_eng.iterations()).all()
@@ -367,17 +347,9 @@ def test_sarathi_with_deadline_admission_steps_its_prefills_so_the_rate_sees_eve
     # admission control measures the prefill rate from every batch's prefill tokens and time;
     # a chunk run would hide b's chunks from it, and c's predicted TTFT would differ
     from sarathi_lab.request import Request
-    chunks, runs = [], {}
-    for ff in (True, False):
-        p = make_policy("sarathi", token_budget=8, max_model_len=64, deadline_admission=True)
-        rs = [req(0, 4, 30), Request(1, 0.05, 30, 5, deadline=10.0),
-              Request(2, 0.12, 4, 3, deadline=10.0)]
-        advance = p.advance_chunks
-        p.advance_chunks = lambda times, r, c, _a=advance: (chunks.append((r.request_id, c)),
-                                                            _a(times, r, c))[1]
-        eng = Engine(p, LinearCost(base=0.01, per_token=1e-4), fast_forward=ff)
-        eng.run(rs)
-        runs[ff] = (eng, rs)
+    runs, chunks, _ = _chunk_pair(
+        lambda: [req(0, 4, 30), Request(1, 0.05, 30, 5, deadline=10.0),
+                 Request(2, 0.12, 4, 3, deadline=10.0)], deadline_admission=True)
     (eng, rs), (ref_eng, ref) = runs[True], runs[False]
     assert chunks == [] and eng.fast_forward
     assert rs[2].extra["predicted_ttft"] == ref[2].extra["predicted_ttft"] > 0

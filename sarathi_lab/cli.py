@@ -7,6 +7,7 @@ Start-up stays light: pandas, matplotlib, torch and wandb are imported only when
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -198,6 +199,32 @@ def _main(cfg: DictConfig):
     return result
 
 
+def _mode_is_known(argv: list[str]) -> bool:
+    """Whether `hydra.mode` is surely unset for this command line: no override names it, and
+    no option or override brings in configs from elsewhere (another config path, directory or
+    name, a search path), which only ours are checked for (tests/test_cli.py: none sets it)."""
+    return not any(a.startswith("-") and a not in ("-m", "--multirun")
+                   or "hydra.mode" in a or "searchpath" in a for a in argv)
+
+
+@contextlib.contextmanager
+def _no_mode_probe(argv: list[str]):
+    """Hydra composes the whole configuration twice per command: once only to read
+    `hydra.mode` (Hydra.get_mode), then for the run; each takes about 0.3 s. Where the mode is
+    surely unset, the probe's answer is known: None, which Hydra reads as "what the -m flag
+    says". Any other command line (or a Hydra without this method) keeps the probe."""
+    from hydra._internal.hydra import Hydra
+    probe = getattr(Hydra, "get_mode", None)
+    if probe is None or not _mode_is_known(argv):
+        yield
+        return
+    Hydra.get_mode = lambda self, config_name, overrides: None
+    try:
+        yield
+    finally:
+        Hydra.get_mode = probe
+
+
 def main() -> None:
     """`sarathi-lab`. Exit status 0: every job done; 1: a job failed, or the command could not
     start (one line says why); 128 + N: stopped by signal N, with the sweep's workers."""
@@ -214,7 +241,7 @@ def main() -> None:
     warnings.filterwarnings("ignore", message="\n'hydra/launcher/ray' is validated against "
                             "ConfigStore schema with the same name", category=UserWarning)
     try:
-        with stop_on_signals() as received:
+        with stop_on_signals() as received, _no_mode_probe(sys.argv[1:]):
             _main()
     except KeyboardInterrupt:   # Interrupted, or what a launcher (Ray) made of it
         stopped = Interrupted(received.signum or signal.SIGINT)

@@ -120,6 +120,47 @@ def test_startup_imports_no_heavy_packages(tmp_path):
     assert "HEAVY []" in r.stdout
 
 
+@pytest.mark.filterwarnings(r"ignore:\s*'hydra/launcher/ray' is validated")
+def test_no_packaged_config_sets_the_hydra_mode():
+    """What lets the command skip Hydra's mode probe (cli._no_mode_probe): whatever preset or
+    launcher is chosen, the composed hydra.mode is unset, as the probe would find it."""
+    presets = sorted(p.stem for p in (ROOT / "configs" / "experiment").glob("*.yaml"))
+    launchers = sorted(p.stem for p in (ROOT / "configs" / "hydra" / "launcher").glob("*.yaml"))
+    assert len(presets) >= 10 and "parallel" in launchers
+    with initialize_config_module("sarathi_lab.configs", version_base="1.3"):
+        for ov in [[]] + [[f"experiment={p}"] for p in presets] \
+                + [[f"hydra/launcher={x}"] for x in launchers if x != "ray" or _has("ray")]:
+            cfg = compose("config", overrides=ov, return_hydra_config=True)
+            assert cfg.hydra.mode is None, ov
+
+
+def _has(extra):
+    import importlib.util
+    return importlib.util.find_spec(f"hydra_plugins.hydra_{extra}_launcher") is not None
+
+
+@pytest.mark.parametrize("argv,known", [
+    (["scheduler=vllm", "trace.num_requests=10", "+experiment=capacity"], True),
+    (["-m", "scheduler=vllm,sarathi", "hydra/launcher=parallel"], True),
+    (["hydra.mode=MULTIRUN", "scheduler=vllm,sarathi"], False),
+    (["++hydra.mode=RUN"], False),
+    (["--config-dir", "/my/configs", "experiment=mine"], False),
+    (["-cn", "other"], False),
+    (["hydra.searchpath=[file:///my/configs]"], False),
+])
+def test_the_mode_probe_is_skipped_only_where_its_answer_is_known(argv, known):
+    from sarathi_lab.cli import _mode_is_known
+    assert _mode_is_known(argv) is known
+
+
+def test_a_mode_given_on_the_command_line_still_rules(tmp_path):
+    # no -m: the override alone makes it a multirun, as in plain Hydra (the probe is kept)
+    r = cli("hydra.mode=MULTIRUN", f"results_root={tmp_path}", "name=s", "trace=synthetic",
+            "trace.num_requests=5", "scheduler=vllm,orca", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert len(list((tmp_path / "sweeps" / "s").glob("*/summary.json"))) == 2
+
+
 def test_run_directory_names_stay_short_and_flat():
     from sarathi_lab.sweeps import dirname
     long = ",".join(f"scheduler.knob_{i}=value_{i}" for i in range(20))

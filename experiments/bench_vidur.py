@@ -17,7 +17,11 @@ measured run after that loads it.
         [--work DIR]
 
 Each repeat runs Vidur's command and ours alternately (the order flipped every repeat);
-medians, ratios (Vidur / ours) and each side's count of finished requests are printed.
+medians, ratios (Vidur / ours) and each side's count of finished requests are printed. Ours
+runs once untimed per policy first, as Vidur's first run is untimed. `--bytecode cached` gives
+each side a bytecode cache of its own (PYTHONPYCACHEPREFIX, filled by those first runs), as an
+installed package has, where the machine sets PYTHONDONTWRITEBYTECODE (this one does: both
+Vidur's checkout and an editable install then recompile every module at each start).
 """
 from __future__ import annotations
 
@@ -89,6 +93,8 @@ def main():
     ap.add_argument("--qps", type=float, default=1.0)
     ap.add_argument("--policies", default="sarathi,vllm")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--bytecode", choices=("env", "cached"), default="env",
+                    help="env: as the environment says; cached: a bytecode cache per side")
     ap.add_argument("--work", type=Path, help="working folder, kept (Vidur's trained predictor "
                     "is cached in its cache/: a second run skips the training); default: new")
     args = ap.parse_args()
@@ -101,14 +107,23 @@ def main():
     n = export_trace(trace, args.requests, args.qps)
     vidur_env = {**os.environ, "PYTHONPATH": str(args.vidur.absolute()), "WANDB_MODE": "disabled"}
     ours_env = {**os.environ, "WANDB_MODE": "disabled"}
+    if args.bytecode == "cached":
+        for side, env in (("vidur", vidur_env), ("ours", ours_env)):
+            env.pop("PYTHONDONTWRITEBYTECODE", None)
+            env["PYTHONPYCACHEPREFIX"] = tempfile.mkdtemp(dir=work, prefix=f"pyc-{side}-")
     print(f"{n} requests -> {trace}; Vidur {args.vidur} ({args.vidur_python}), "
-          f"ours {args.new.absolute()}; {args.repeats} repeats")
+          f"ours {args.new.absolute()}; {args.repeats} repeats; bytecode: "
+          + ("a cache per side" if args.bytecode == "cached" else
+             f"PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE')!r}"))
     policies = args.policies.split(",")
     for policy in policies:   # trains (or loads) Vidur's predictor: its cache is in `work`
         wall, rss, _ = timed_run(vidur_command(args.vidur_python, policy, trace, work / "warm"),
                               vidur_env, str(work))
         print(f"Vidur {policy} first run (predictor trained or loaded): {wall:.1f} s, "
               f"{rss:.0f} MiB", flush=True)
+        wall, rss, _ = timed_run(command(args.new.absolute(), policy, args.requests, args.qps,
+                                         str(work / "warm-ours")), ours_env, str(work))
+        print(f"ours {policy} first run: {wall:.1f} s, {rss:.0f} MiB", flush=True)
     res = {(p, k): {"wall": [], "rss": []} for p in policies for k in ("vidur", "ours")}
     done = {}
     for i in range(args.repeats):

@@ -168,11 +168,11 @@ def test_request_p99_tbt_is_each_requests_own_percentile():
 
 
 def test_request_p99_tbt_matches_numpy_for_every_length():
-    """Requests with few gaps are sorted together, longer ones one by one (metrics.
-    _SORT_TOGETHER): lengths on both sides of that line, in a shuffled order, each checked
-    against numpy's percentile of its own gaps; exact, not approximately."""
+    """Requests with as many gaps as each other are partitioned as the rows of one matrix:
+    lengths shared by three requests and one alone, in a shuffled order, each checked against
+    numpy's percentile of its own gaps; exact, not approximately."""
     rng = np.random.default_rng(1)
-    lengths = rng.permutation([0, 1, 2, 3, 63, 64, 65, 66, 130, 300] * 3)
+    lengths = rng.permutation([0, 1, 2, 3, 63, 64, 65, 66, 130, 300] * 3 + [1001])
     # few distinct values: ties, as a steady decode batch gives them
     times = [np.cumsum(rng.choice([0.01, 0.02, 0.5, rng.uniform(0, 2)], n)).tolist()
              for n in lengths]

@@ -214,11 +214,11 @@ def _no_mode_probe(argv: list[str]):
     surely unset, the probe's answer is known: None, which Hydra reads as "what the -m flag
     says". Any other command line keeps the probe, and so does any Hydra but 1.3 (the one place
     the project touches a private Hydra module, checked in tests/test_sweeps.py)."""
-    from hydra._internal.hydra import Hydra
-    probe = getattr(Hydra, "get_mode", None)
-    if probe is None or not hydra.__version__.startswith("1.3.") or not _mode_is_known(argv):
+    if not hydra.__version__.startswith("1.3.") or not _mode_is_known(argv):
         yield
         return
+    from hydra._internal.hydra import Hydra
+    probe = Hydra.get_mode
 
     def unset(self, *args, **kwargs):
         return None

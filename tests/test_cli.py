@@ -129,14 +129,15 @@ def test_no_packaged_config_sets_the_hydra_mode():
     assert len(presets) >= 10 and "parallel" in launchers
     with initialize_config_module("sarathi_lab.configs", version_base="1.3"):
         for ov in [[]] + [[f"experiment={p}"] for p in presets] \
-                + [[f"hydra/launcher={x}"] for x in launchers if x != "ray" or _has("ray")]:
+                + [[f"hydra/launcher={x}"] for x in launchers if _plugin_installed(x)]:
             cfg = compose("config", overrides=ov, return_hydra_config=True)
             assert cfg.hydra.mode is None, ov
 
 
-def _has(extra):
-    import importlib.util
-    return importlib.util.find_spec(f"hydra_plugins.hydra_{extra}_launcher") is not None
+def _plugin_installed(launcher):
+    from sarathi_lab.extras import NEEDS, installed
+    need = NEEDS.get(("hydra/launcher", launcher))
+    return need is None or installed(need[0])
 
 
 @pytest.mark.parametrize("argv,known", [

@@ -14,14 +14,17 @@ measured run after that loads it.
 
     python experiments/bench_vidur.py --vidur /path/to/vidur --vidur-python VENV/bin/python \\
         [--profiles /work/shared/profiles/vidur] [--policies sarathi,vllm] [--repeats 3] \\
-        [--work DIR]
+        [--work DIR] [--new VENV]
 
-Each repeat runs Vidur's command and ours alternately (the order flipped every repeat);
-medians, ratios (Vidur / ours) and each side's count of finished requests are printed. Ours
-runs once untimed per policy first, as Vidur's first run is untimed. `--bytecode cached` gives
-each side a bytecode cache of its own (PYTHONPYCACHEPREFIX, filled by those first runs), as an
-installed package has, where the machine sets PYTHONDONTWRITEBYTECODE (this one does: both
-Vidur's checkout and an editable install then recompile every module at each start).
+`--new` is the virtual environment whose `sarathi-lab` is timed (default: the one running this
+script); the README's plain install has none of Hydra's launcher plug-ins, which Hydra imports
+at every start of a development install. Each repeat runs Vidur's command and ours alternately
+(the order flipped every repeat); medians, ratios (Vidur / ours) and each side's count of
+finished requests are printed. Ours runs once untimed per policy first, as Vidur's first run
+is untimed. `--bytecode cached` gives each side a bytecode cache of its own
+(PYTHONPYCACHEPREFIX, filled by those first runs), as an installed package has, where the
+machine sets PYTHONDONTWRITEBYTECODE (this one does: both Vidur's checkout and an editable
+install then recompile every module at each start).
 """
 from __future__ import annotations
 

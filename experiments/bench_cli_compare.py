@@ -61,6 +61,23 @@ def timed_run(cmd: list[str], env: dict, cwd: str) -> tuple[float, float, float]
     return wall, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
 
 
+def bytecode_env(env: dict, mode: str, folder, name: str) -> dict:
+    """`env` for one side of a comparison: with mode "cached", a bytecode cache of its own
+    (PYTHONPYCACHEPREFIX under `folder`), written whatever PYTHONDONTWRITEBYTECODE says; with
+    "env", as it is."""
+    if mode == "cached":
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = tempfile.mkdtemp(dir=folder, prefix=f"pyc-{name}-")
+    return env
+
+
+def bytecode_label(mode: str, cached: str) -> str:
+    """How the bytecode is treated, for the heading: `cached`'s words, or the environment's
+    setting."""
+    return cached if mode == "cached" else \
+        f"PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r}"
+
+
 def phase_run(cmd: list[str], env: dict, cwd: str) -> dict[str, float]:
     """The phases of one command, run through this file as a wrapper."""
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
@@ -182,15 +199,10 @@ def main():
         ap.error("--bytecode cached needs a warm-up run to fill the caches (--warmup >= 1)")
     installs = {"base": args.base.absolute(), "new": args.new.absolute()}
     cwd = tempfile.mkdtemp()   # not a checkout: `sarathi_lab` comes from each install
-    envs = {}
-    for kind in installs:
-        envs[kind] = {**os.environ, "WANDB_MODE": "disabled"}
-        if args.bytecode == "cached":
-            envs[kind].pop("PYTHONDONTWRITEBYTECODE", None)
-            envs[kind]["PYTHONPYCACHEPREFIX"] = tempfile.mkdtemp(dir=cwd, prefix=f"pyc-{kind}-")
+    envs = {kind: bytecode_env({**os.environ, "WANDB_MODE": "disabled"}, args.bytecode, cwd, kind)
+            for kind in installs}
     print(f"base {installs['base']}, new {installs['new']}; bytecode: "
-          + ("a cache per install" if args.bytecode == "cached" else
-             f"PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r}")
+          + bytecode_label(args.bytecode, "a cache per install")
           + f"; {args.warmup} warm-up run(s), {args.repeats} repeats")
     for _ in range(args.warmup):
         for policy in args.policies.split(","):

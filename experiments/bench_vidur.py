@@ -36,7 +36,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_cli_compare import command, timed_run
+from bench_cli_compare import bytecode_env, bytecode_label, command, timed_run
 
 VIDUR_POLICY = {   # ours -> Vidur's scheduler and its settings for the same batch rules
     "sarathi": ["--replica_scheduler_config_type", "sarathi",
@@ -108,16 +108,12 @@ def main():
         link.symlink_to(args.profiles.absolute())
     trace = work / "trace.csv"
     n = export_trace(trace, args.requests, args.qps)
-    vidur_env = {**os.environ, "PYTHONPATH": str(args.vidur.absolute()), "WANDB_MODE": "disabled"}
-    ours_env = {**os.environ, "WANDB_MODE": "disabled"}
-    if args.bytecode == "cached":
-        for side, env in (("vidur", vidur_env), ("ours", ours_env)):
-            env.pop("PYTHONDONTWRITEBYTECODE", None)
-            env["PYTHONPYCACHEPREFIX"] = tempfile.mkdtemp(dir=work, prefix=f"pyc-{side}-")
+    vidur_env = bytecode_env({**os.environ, "PYTHONPATH": str(args.vidur.absolute()),
+                              "WANDB_MODE": "disabled"}, args.bytecode, work, "vidur")
+    ours_env = bytecode_env({**os.environ, "WANDB_MODE": "disabled"}, args.bytecode, work, "ours")
     print(f"{n} requests -> {trace}; Vidur {args.vidur} ({args.vidur_python}), "
           f"ours {args.new.absolute()}; {args.repeats} repeats; bytecode: "
-          + ("a cache per side" if args.bytecode == "cached" else
-             f"PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE')!r}"))
+          + bytecode_label(args.bytecode, "a cache per side"))
     policies = args.policies.split(",")
     for policy in policies:   # trains (or loads) Vidur's predictor: its cache is in `work`
         wall, rss, _ = timed_run(vidur_command(args.vidur_python, policy, trace, work / "warm"),

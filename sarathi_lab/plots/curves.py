@@ -150,10 +150,17 @@ def budget_tradeoff(table, max_lines=MAX_LINES):
 
 def _with_ceiling(table):
     """Each run's goodput if every request met the SLO: its requests / its makespan."""
+    if "_ceiling" in table:   # already added (load_curves hands its runs to diagonal_holds)
+        return table
     if "num_requests" not in table or "makespan_s" not in table:
-        return table.assign(_ceiling=np.nan)
-    span = table["makespan_s"].where(table["makespan_s"] > 0)
-    return table.assign(_ceiling=table["num_requests"] / span)
+        ceiling = pd.Series(np.nan, index=table.index)
+    else:
+        ceiling = table["num_requests"] / table["makespan_s"].where(table["makespan_s"] > 0)
+    # joined, not assigned: a report table has many string columns (a block each in pandas),
+    # and assigning a column to it copies it block by block and warns
+    out = pd.concat([table, ceiling.rename("_ceiling")], axis=1)
+    out.attrs = dict(table.attrs)
+    return out
 
 
 def diagonal_holds(table, tolerance=DIAGONAL_TOLERANCE) -> bool:

@@ -141,17 +141,19 @@ def labelled(df: pd.DataFrame) -> pd.DataFrame:
                                   if c in df] + [k for k in keys if is_seed_key(k)]
     df = df.sort_values(sort, kind="stable").drop(columns="_rank").reset_index(drop=True)
     varying = [k for k in keys if k not in _POLICY_KEYS and df[k].map(str).nunique() > 1]
-    df.insert(0, "label", _labels(df, varying))
+    label = _labels(df, varying)
     # the same label for different runs (a capacity search has a row per criterion)
-    dup = df.groupby("label")["run_dir"].transform("nunique") > 1
-    df.loc[dup, "label"] = df.loc[dup, "label"] + " [" + \
-        df.loc[dup, "run_dir"].map(lambda p: Path(p).name) + "]"
-    df.insert(1, "config", _labels(df, [k for k in varying if not is_seed_key(k)]))
+    dup = df.groupby(label)["run_dir"].transform("nunique") > 1
+    label[dup] = label[dup] + " [" + df.loc[dup, "run_dir"].map(lambda p: Path(p).name) + "]"
+    config = _labels(df, [k for k in varying if not is_seed_key(k)])
     ids = config_ids(df)
-    clash = ids.groupby(df["config"]).transform("nunique") > 1
-    df.loc[clash, "config"] = df.loc[clash, "config"] + " [#" + (ids[clash] + 1).astype(str) + "]"
-    df.attrs["varying"] = varying
-    return df
+    clash = ids.groupby(config).transform("nunique") > 1
+    config[clash] = config[clash] + " [#" + (ids[clash] + 1).astype(str) + "]"
+    # joined in one step, not inserted: pandas keeps each string column in a block of its own,
+    # and inserting into a table of many (a run's settings and metrics) copies it and warns
+    out = pd.concat([pd.DataFrame({"label": label, "config": config}), df], axis=1)
+    out.attrs = {**df.attrs, "varying": varying}
+    return out
 
 
 def run_table(paths) -> pd.DataFrame:

@@ -156,8 +156,8 @@ def _with_ceiling(table):
         ceiling = pd.Series(np.nan, index=table.index)
     else:
         ceiling = table["num_requests"] / table["makespan_s"].where(table["makespan_s"] > 0)
-    # joined, not assigned: a report table has many string columns (a block each in pandas),
-    # and assigning a column to it copies it block by block and warns
+    # joined, not assigned: a report table is in over 100 pandas blocks (see
+    # report.tables.labelled), and adding a column to such a frame warns (fragmented)
     out = pd.concat([table, ceiling.rename("_ceiling")], axis=1)
     out.attrs = dict(table.attrs)
     return out

@@ -149,8 +149,8 @@ def labelled(df: pd.DataFrame) -> pd.DataFrame:
     ids = config_ids(df)
     clash = ids.groupby(config).transform("nunique") > 1
     config[clash] = config[clash] + " [#" + (ids[clash] + 1).astype(str) + "]"
-    # joined in one step, not inserted: pandas keeps each string column in a block of its own,
-    # and inserting into a table of many (a run's settings and metrics) copies it and warns
+    # joined in one step, not inserted: a sorted table of a run's ~550 settings and metrics is
+    # in over 100 pandas blocks, and inserting a column into such a frame warns (fragmented)
     out = pd.concat([pd.DataFrame({"label": label, "config": config}), df], axis=1)
     out.attrs = {**df.attrs, "varying": varying}
     return out

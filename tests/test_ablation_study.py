@@ -7,12 +7,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from study_scripts import REPO, load_study
-from test_metrics import INSTANT_HW, TINY_MODEL
+from helpers import INSTANT_HW, TINY_MODEL
 
 from sarathi_lab.engine import Engine
 from sarathi_lab.metrics import iterations_table
 from sarathi_lab.request import Request
 from sarathi_lab.runner import build
+
+pytestmark = pytest.mark.slow   # a study at toy scale
 
 approx = pytest.approx
 

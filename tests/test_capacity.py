@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from sarathi_lab.capacity import bisect, unit_arrivals
 
@@ -50,6 +51,7 @@ def test_unit_arrivals_have_rate_one():
     assert np.allclose(u, [0, 0, 1.5, 3.0])
 
 
+@pytest.mark.slow   # a CLI subprocess
 def test_capacity_search_brackets_the_known_answer(tmp_path):
     env = {**os.environ, "WANDB_MODE": "disabled",
            "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}

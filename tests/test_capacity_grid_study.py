@@ -8,6 +8,8 @@ import pandas as pd
 import pytest
 from study_scripts import load_study
 
+pytestmark = pytest.mark.slow   # a study at toy scale
+
 
 def result(probes, fails_at, p99_tbt=0.1):
     return {"slo": {"p99_tbt": p99_tbt, "max_median_scheduling_delay": 2.0},

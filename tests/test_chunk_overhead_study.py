@@ -10,6 +10,8 @@ import torch
 
 from study_scripts import load_study
 
+pytestmark = pytest.mark.slow   # a study at toy scale
+
 C = load_study("chunk_overhead")
 
 

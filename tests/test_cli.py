@@ -4,19 +4,15 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers import ROOT, cli, composed
 from hydra import compose, initialize_config_module
-from omegaconf import OmegaConf
 
 from sarathi_lab.cli import check_config
 from sarathi_lab.schedulers.sarathi import Sarathi, SarathiConfig
 from sarathi_lab.settings import setting
-
-TESTS = Path(__file__).resolve().parent
-ROOT = TESTS.parent
 
 
 @dataclasses.dataclass
@@ -35,22 +31,7 @@ class TinyChunks(Sarathi):
                          kv, queue)
 
 
-def cli(*args, cwd=None, env=None, timeout=120):
-    """Run `sarathi-lab` in a subprocess (the test modules importable, wandb off)."""
-    e = {**os.environ, "WANDB_MODE": "disabled",
-         "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT), os.environ.get("PYTHONPATH", "")]),
-         **(env or {})}
-    return subprocess.run([sys.executable, "-c", "from sarathi_lab.cli import main; main()", *args],
-                          cwd=cwd, env=e,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def composed(*overrides) -> dict:
-    with initialize_config_module("sarathi_lab.configs", version_base="1.3"):
-        cfg = compose("config", overrides=list(overrides))
-    return OmegaConf.to_container(cfg, resolve=True)
-
-
+@pytest.mark.slow   # a CLI subprocess
 def test_default_run_writes_the_three_files(tmp_path):
     r = cli(f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -83,6 +64,7 @@ def test_capacity_settings_are_checked():
     check_config(composed("experiment=capacity"))   # the preset itself is valid
 
 
+@pytest.mark.slow   # a CLI subprocess
 def test_bad_run_exits_nonzero_with_a_clear_message(tmp_path):
     r = cli(f"hydra.run.dir={tmp_path}/bad", "trace.qps=-2", cwd=tmp_path)
     assert r.returncode != 0
@@ -94,6 +76,7 @@ def test_bad_run_exits_nonzero_with_a_clear_message(tmp_path):
     assert r.returncode != 0 and "scheduler/no_such_policy" in r.stderr
 
 
+@pytest.mark.slow   # a CLI subprocess
 def test_plugin_policy_by_dotted_path(tmp_path):
     r = cli(f"hydra.run.dir={tmp_path}/run", "scheduler.name=test_cli:TinyChunks",
             "+scheduler.chunk=48", "trace=synthetic", "trace.num_requests=20", cwd=tmp_path)
@@ -107,6 +90,7 @@ def test_plugin_policy_by_dotted_path(tmp_path):
     assert it["prefill_tokens"].max() > 0
 
 
+@pytest.mark.slow   # a CLI subprocess
 def test_startup_imports_no_heavy_packages(tmp_path):
     """A sim run never imports torch, wandb or matplotlib (start-up stays fast)."""
     code = ("import sys; import sarathi_lab.cli as c; "
@@ -154,6 +138,7 @@ def test_the_mode_probe_is_skipped_only_where_its_answer_is_known(argv, known):
     assert _mode_is_known(argv) is known
 
 
+@pytest.mark.slow   # a sweep in CLI subprocesses
 def test_a_mode_given_on_the_command_line_still_rules(tmp_path):
     # no -m: the override alone makes it a multirun, as in plain Hydra (the probe is kept)
     r = cli("hydra.mode=MULTIRUN", f"results_root={tmp_path}", "name=s", "trace=synthetic",
@@ -171,6 +156,7 @@ def test_run_directory_names_stay_short_and_flat():
     assert dirname("") == "defaults"
 
 
+@pytest.mark.slow   # a CLI subprocess
 @pytest.mark.parametrize("args,key", [
     (["scheduler=vllm", "scheduler.token_budget=128"], "scheduler.token_budget"),
     (["+scheduler.budget=512"], "scheduler.budget"),
@@ -202,6 +188,7 @@ def test_unknown_key_lists_what_the_policy_accepts():
     assert "not a setting of policy 'vllm'" in msg and "max_num_batched_tokens" in msg
 
 
+@pytest.mark.slow   # a sweep in CLI subprocesses
 def test_multirun_merges_combinations_that_differ_only_in_unread_settings(tmp_path):
     r = cli("-m", f"results_root={tmp_path}", "name=m", "trace=synthetic",
             "trace.num_requests=10", "scheduler=vllm,sarathi", "scheduler.token_budget=256,512",
@@ -222,6 +209,7 @@ def test_multirun_merges_combinations_that_differ_only_in_unread_settings(tmp_pa
     assert "token_budget" not in vllm["settings"]["scheduler"]
 
 
+@pytest.mark.slow   # a CLI subprocess
 def test_executor_and_cost_model_by_dotted_path(tmp_path):
     # one request at a time: the same iterations whatever they cost
     one = ("trace=synthetic", "trace.num_requests=10", "scheduler.max_num_seqs=1")

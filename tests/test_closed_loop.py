@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import LinearCost, make_policy, req
-from test_cli import cli
+from helpers import cli
 
 from sarathi_lab.closed_loop import ThinkTime, run_closed_loop
 from sarathi_lab.config import resolve
@@ -163,6 +163,7 @@ def test_config_rules():
     resolve(base_cfg(clients=2, think_time={"dist": "exponential", "mean": 1.0}))
 
 
+@pytest.mark.slow   # a CLI subprocess
 def test_cli_closed_loop_run(tmp_path):
     """The same three files as an open-loop run, with the user of each request."""
     r = cli("trace.num_requests=40", "trace.clients=4", "trace.think_time={dist:constant,mean:0.5}",

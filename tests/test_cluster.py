@@ -9,8 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import LinearCost, make_policy, req
-from test_cli import cli, composed
-from test_contracts import defaults
+from helpers import cli, composed, defaults
 
 from sarathi_lab.cli import check_config
 from sarathi_lab.cluster import Cluster
@@ -409,6 +408,7 @@ def test_cluster_file_mirrors_the_config_classes():
 
 
 # -- the command line -----------------------------------------------------------------------------
+@pytest.mark.slow   # a CLI subprocess
 def test_cli_runs_a_fleet_and_writes_the_run_contract(tmp_path):
     r = cli(f"hydra.run.dir={tmp_path}/run", "trace=synthetic", "trace.num_requests=40",
             "trace.qps=8", "cluster.num_replicas=2", "cluster.router=round_robin", cwd=tmp_path)
@@ -432,6 +432,7 @@ def test_cli_runs_a_fleet_and_writes_the_run_contract(tmp_path):
     assert s["kv"]["blocks_total"] == 2 * one["kv"]["blocks_total"]
 
 
+@pytest.mark.slow   # a CLI subprocess
 def test_cli_refuses_a_fleet_of_none(tmp_path):
     r = cli(f"hydra.run.dir={tmp_path}/run", "cluster.num_replicas=0", cwd=tmp_path)
     assert r.returncode == 1

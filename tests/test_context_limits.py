@@ -62,6 +62,7 @@ def test_capacity_refuses_requests_beyond_the_context_and_says_what_to_do():
         check_context(cap, trace)
 
 
+@pytest.mark.slow   # a CLI subprocess
 def test_capacity_search_from_the_cli_fails_fast_and_records_drops(tmp_path):
     base = [*CLI, "mode=capacity", "model=yi-34b", "executor.tensor_parallel=2",
             "slo=yi-34b-strict", "trace.num_requests=40", "capacity.max_probes=2",
@@ -117,6 +118,7 @@ def test_shuffle_is_refused_where_it_means_nothing():
                             "output_len": 4, "shuffle": True})
 
 
+@pytest.mark.slow   # a sweep in CLI subprocesses
 def test_a_seed_sweep_samples_different_requests_from_the_cli(tmp_path):
     lens = []
     for seed in (0, 1):
@@ -143,6 +145,7 @@ def test_without_unread_removes_exactly_the_noted_settings():
     assert c["scheduler"]["token_budget"] == 512   # the original is untouched
 
 
+@pytest.mark.slow   # a sweep in CLI subprocesses
 def test_capacity_multirun_over_policies_with_a_budget_only_sarathi_reads(tmp_path):
     r = subprocess.run([*CLI, "-m", f"results_root={tmp_path}", "name=cap", "mode=capacity",
                         "scheduler=vllm,sarathi", "scheduler.token_budget=256",

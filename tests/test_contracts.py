@@ -3,7 +3,6 @@ fast-forward is switched off for it, or goes through its `advance_decodes`); no 
 a request's true output length unless it declares itself an oracle; the config files mirror the
 settings classes."""
 import collections
-import dataclasses
 import random
 import types
 from pathlib import Path
@@ -12,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import LinearCost, make_policy
-from test_cli import composed
+from helpers import composed, defaults
 
 from sarathi_lab.config import CapacityConfig, RunConfig, SLOConfig
 from sarathi_lab.engine import Engine, fast_forward_safe
@@ -324,15 +323,6 @@ def test_no_policy_can_read_the_true_output_length(name):
 
 
 # -- the config files mirror the settings classes ------------------------------------------------
-def defaults(cls) -> dict:
-    out = {}
-    for f in dataclasses.fields(cls):
-        if f.metadata.get("internal"):
-            continue
-        out[f.name] = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-    return out
-
-
 def options(group):
     return sorted(p.stem for p in (CONFIGS / group).glob("*.yaml")
                   if p.stem not in ("custom", "common"))

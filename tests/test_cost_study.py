@@ -9,6 +9,8 @@ from sarathi_lab.metrics import cost_at_rate
 from sarathi_lab.traces import load_trace
 from study_scripts import load_study
 
+pytestmark = pytest.mark.slow   # a study at toy scale
+
 
 def test_the_trace_shares_exactly_the_system_prompt(tmp_path):
     path = load_study("cost").write_trace(tmp_path / "t.jsonl", 5, 32)

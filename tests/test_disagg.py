@@ -78,7 +78,7 @@ def test_layerwise_hides_what_the_last_prefill_iteration_overlaps():
 
 
 def test_links_come_from_the_hardware_preset():
-    from test_cli import composed
+    from helpers import composed
     hw = composed("hardware=a100-80gb")["hardware"]
     net = Link.from_hardware(hw, "net")
     assert (net.bandwidth, net.eff, net.latency_s) == (25e9, 0.9, 1e-5)

@@ -6,8 +6,7 @@ import json
 
 import pandas as pd
 import pytest
-from test_cli import cli, composed
-from test_contracts import defaults
+from helpers import cli, composed, defaults
 
 from sarathi_lab.cli import check_config
 from sarathi_lab.config import ClusterConfig
@@ -20,6 +19,7 @@ ROUTERS = ["round_robin", "least_loaded", "power_of_two", "prefix_affinity"]
 SMALL = ("trace=synthetic", "trace.num_requests=40", "trace.qps=8", "progress=false")
 
 
+@pytest.mark.slow   # a CLI subprocess
 def test_cli_runs_disaggregated_pools_and_writes_the_run_contract(tmp_path):
     r = cli(f"hydra.run.dir={tmp_path}/run", *SMALL, "cluster=disagg", "slo=distserve-chat-13b",
             "cluster.prefill.num_replicas=2", "cluster.prefill.router=least_loaded",

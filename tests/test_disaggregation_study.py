@@ -5,6 +5,8 @@ import pandas as pd
 import pytest
 from study_scripts import load_study
 
+pytestmark = pytest.mark.slow   # a study at toy scale
+
 
 def test_disaggregation_study_at_toy_scale(tmp_path):
     study = load_study("disaggregation")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import LinearCost, req
-from test_cli import cli as sarathi_lab_cli
+from helpers import cli as sarathi_lab_cli
 
 from sarathi_lab.engine import Engine
 from sarathi_lab.kv import KVCacheManager
@@ -72,6 +72,7 @@ def test_readme_marks_every_plugin_example():
         assert cmd in text, cmd
 
 
+@pytest.mark.slow   # a CLI subprocess
 def test_policy_example_runs_and_its_setting_caps_prefills(plugins, tmp_path):
     policy = ("scheduler=custom", "scheduler.name=my_policy:DecodeFirst", *SMALL)
     s, reqs, it = cli(plugins, tmp_path / "capped", *policy, "+scheduler.prefill_chunk=48")
@@ -88,6 +89,7 @@ def test_policy_example_runs_and_its_setting_caps_prefills(plugins, tmp_path):
         assert reqs_slow[col].to_numpy() == pytest.approx(reqs[col].to_numpy(), rel=1e-12)
 
 
+@pytest.mark.slow   # a CLI subprocess
 def test_fair_policy_example_runs_with_its_queue(plugins, tmp_path):
     s, reqs, _ = cli(plugins, tmp_path / "run", "scheduler=custom",
                      "scheduler.name=my_fair:LeastServedTenant",
@@ -141,6 +143,7 @@ def test_fair_policy_example_hooks(plugins, monkeypatch):
     assert policy.preemption_victim([a1, b, a2]) is b
 
 
+@pytest.mark.slow   # a CLI subprocess
 def test_cost_model_example_sets_every_iteration_time(plugins, tmp_path):
     s, _, it = cli(plugins, tmp_path / "run",
                    "executor.cost_model=my_costs:LinearCost", "+executor.base_s=0.05",
@@ -152,6 +155,7 @@ def test_cost_model_example_sets_every_iteration_time(plugins, tmp_path):
     assert s["kv"]["blocks_total"] > 1000    # the roofline's memory sizing, delegated to
 
 
+@pytest.mark.slow   # a CLI subprocess
 def test_executor_example_decides_durations_and_ends(plugins, tmp_path):
     s, reqs, it = cli(plugins, tmp_path / "run", "executor=custom",
                       "executor.name=my_executor:TokenRate", "+executor.stop_after=3",
@@ -163,6 +167,7 @@ def test_executor_example_decides_durations_and_ends(plugins, tmp_path):
     assert it["duration"].to_numpy() == pytest.approx((0.002 + tokens / 1000).to_numpy())
 
 
+@pytest.mark.slow   # a CLI subprocess
 def test_readme_entry_points_register_the_examples(plugins, tmp_path):
     s, _, _ = cli(plugins, tmp_path / "run", "scheduler=custom", "scheduler.name=decode_first",
                   "executor=custom", "executor.name=sim", "+executor.cost_model=linear",

@@ -44,6 +44,7 @@ def toy(tmp_path_factory):
     return out, table
 
 
+@pytest.mark.slow   # a study at toy scale
 def test_toy_study_writes_its_table_and_plots(toy):
     out, table = toy
     assert set(table["policy"]) == set(F.POLICIES)
@@ -68,6 +69,7 @@ def test_toy_study_writes_its_table_and_plots(toy):
     assert len(checks) > 0 and (checks["predicted_s"] > 0).all()
 
 
+@pytest.mark.slow   # a study at toy scale
 def test_toy_study_compares_like_with_like(toy):
     out, table = toy
     for policy in F.POLICIES:
@@ -108,6 +110,7 @@ def test_decode_ratios_use_the_batches_mean_context(tmp_path):
     assert F.decode_ratios([tmp_path], Cost()).tolist() == pytest.approx([2.0])
 
 
+@pytest.mark.slow   # a study at toy scale
 def test_a_profile_of_another_model_stops_the_study_before_the_real_runs(toy, tmp_path):
     out, _ = toy
     scale = dict(F.SCALES["toy"], model=["model=tiny-llama", "model.hidden_size=128"])

@@ -209,6 +209,7 @@ def test_get_backend(monkeypatch):
         K.get_backend("triton")
 
 
+@pytest.mark.slow   # a CLI subprocess
 def test_import_needs_no_triton():
     code = ("import sys, sarathi_lab.kernels as K; K.get_backend('torch'); "
             "assert 'triton' not in sys.modules, 'triton imported'")
@@ -289,6 +290,7 @@ def compile_all_for_hopper() -> None:
     print("compiled write_kv", flush=True)
 
 
+@pytest.mark.slow   # a CLI subprocess
 def test_kernels_compile_for_hopper():
     try:
         from triton.backends.compiler import GPUTarget  # noqa: F401

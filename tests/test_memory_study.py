@@ -4,8 +4,11 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from study_scripts import load_study
+
+pytestmark = pytest.mark.slow   # a study at toy scale
 
 
 def test_memory_study_at_toy_scale(tmp_path):

@@ -5,19 +5,17 @@ Two kinds of scenario: request and iteration tables built by hand (each formula 
 simple enough to add up on paper (what the engine records is checked too). Runs go through public
 paths only: `runner.build` / `runner.run` with a config dict, and `Engine(policy, executor).run`.
 """
-import dataclasses
 
 import numpy as np
 import pytest
-from conftest import LinearCost, only_read
+from conftest import only_read
+from helpers import SARATHI_8, instant_sim_cfg, three_sarathi_requests
 
 from sarathi_lab.engine import FLOAT_COLUMNS, ITER_COLUMNS, Engine
-from sarathi_lab.executors.base import Executor, ExecutorConfig, StepResult
 from sarathi_lab.metrics import (iterations_table, request_p99_tbt, requests_table, summarize,
                                  tbt_gaps)
 from sarathi_lab.request import Request, Status
 from sarathi_lab.runner import build, run
-from sarathi_lab.settings import setting
 
 approx = pytest.approx
 
@@ -229,7 +227,6 @@ def test_tbt_pools_gaps_within_requests_only():
     assert s["tbt"] == approx({"mean": 1.8, "p50": 1.0, "p90": 4.0, "p99": 5.8, "max": 6.0})
 
 
-
 def test_summary_does_not_depend_on_when_the_run_starts():
     def shifted(dt):
         return requests_table([
@@ -262,7 +259,6 @@ def test_stalls_without_decode_only_iterations_use_all():
     assert st == {"threshold_s": 2.4, "count": 1, "worst_s": 6.0}   # median 1.2
 
 
-
 def test_stalls_when_iterations_take_no_time():
     # an executor that reports zero durations: every positive gap exceeds 5 x 0
     free = iterations_table([it_row(0.0, prefill=4), it_row(0.0, prefill=4)])
@@ -290,7 +286,6 @@ def test_kv_waste_clipped_when_shared_prefixes_store_more_than_the_slots():
     it = iterations_table([it_row(1.0, blocks=2, stored=12), it_row(1.0, blocks=2, stored=4)])
     kv = summarize(four_requests(), it, kv_blocks_total=4, block_size=4)["kv"]
     assert kv["internal_waste_mean"] == approx((0 + 0.5) / 2)
-
 
 
 def test_kv_waste_of_one_token_blocks_and_the_default_block_size():
@@ -327,7 +322,6 @@ def test_slo_attainment_and_goodput_count_only_requests_meeting_it():
     # no per-request limit set: every finished request meets it, a rejected one never does
     slo = summarize(rq, ITERS, slo={"p99_tbt": 100.0})["slo"]
     assert slo["attainment"] == 0.75 and slo["goodput_rps"] == approx(3 / 9)
-
 
 
 def test_slo_limits_are_inclusive_and_missing_tpot_or_tbt_cannot_miss():
@@ -397,54 +391,12 @@ def test_no_requests_at_all():
 
 # ---- runs through the engine ------------------------------------------------------------------
 
-@dataclasses.dataclass
-class TokenCostConfig(ExecutorConfig):
-    base: float = setting(0.01, ge=0)
-    per_token: float = setting(0.001, ge=0)
-    per_ctx: float = setting(0.0, ge=0)
-
-
-class TokenCost(Executor):
-    """A plug-in executor (loaded by dotted path, as a user's would be): an iteration costs
-    `base` + `per_token` x its scheduled tokens (+ `per_ctx` x the tokens already in KV), so
-    durations add up by hand."""
-    config_class = TokenCostConfig
-    simulated = True
-    supports_fast_forward = True
-
-    def __init__(self, cfg, model, hardware=None):
-        self.base, self.per_token, self.per_ctx = cfg.base, cfg.per_token, cfg.per_ctx
-
-    def execute(self, out):
-        ctx = sum(r.num_computed_tokens for r in out.reqs)
-        return StepResult(self.base + self.per_token * out.total_tokens + self.per_ctx * ctx)
-
-    def decode_run(self, contexts, k):
-        B = len(contexts)
-        return self.base + self.per_token * B + self.per_ctx * (contexts.sum() + B * np.arange(k))
-
-    chunk_run = LinearCost.chunk_run   # the same prices
-
 
 def token_cost_cfg(scheduler, *, base=0.01, per_token=0.001, max_model_len=64, **top):
     return {"scheduler": only_read(scheduler),
-            "executor": {"name": f"{__name__}:TokenCost", "base": base, "per_token": per_token},
+            "executor": {"name": "helpers:TokenCost", "base": base, "per_token": per_token},
             "model": {"name": "toy", "max_model_len": max_model_len},
             "progress": False, **top}
-
-
-# The roofline simulator on hardware so fast that an iteration costs only its fixed overhead.
-INSTANT_HW = {"name": "instant", "peak_flops": 1e30, "mem_bandwidth": 1e30, "memory_bytes": 80e9,
-              "link_bandwidth": 1e30, "link_latency_s": 0.0, "iteration_overhead_s": 0.01,
-              "layer_overhead_s": 0.0}
-TINY_MODEL = {"name": "tiny", "num_layers": 2, "hidden_size": 64, "intermediate_size": 128,
-              "num_heads": 4, "num_kv_heads": 2, "head_dim": 16, "vocab_size": 512,
-              "max_model_len": 64, "dtype": "float32"}
-
-
-def instant_sim_cfg(scheduler, **top):
-    return {"scheduler": scheduler, "executor": {"name": "sim"}, "model": dict(TINY_MODEL),
-            "hardware": dict(INSTANT_HW), "progress": False, **top}
 
 
 def engine_run(cfg, requests, fast_forward=True):
@@ -452,13 +404,6 @@ def engine_run(cfg, requests, fast_forward=True):
     eng = Engine(policy, executor, fast_forward=fast_forward)
     eng.run(requests)
     return policy, iterations_table(eng.iterations())
-
-
-def three_sarathi_requests():
-    return [Request(0, 0.0, 6, 3), Request(1, 0.0, 6, 2), Request(2, 0.025, 3, 2)]
-
-
-SARATHI_8 = {"name": "sarathi", "token_budget": 8, "block_size": 4, "num_kv_blocks": 16}
 
 
 def test_sim_durations_are_the_fixed_overhead_on_instant_hardware():

@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from hf_oracle import TINY, make_hf_model
 
 from sarathi_lab.kernels import get_backend
 from sarathi_lab.models.llama import AttnMetadata
@@ -17,34 +18,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
-
-
-TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-            rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-
-
-def make_hf_model(path, kind="llama", seed=0, std=0.1, max_shard_size=None, **overrides):
-    """A tiny random Hugging Face model saved as safetensors in `path`; returns it (fp32, eval).
-
-    Weights are larger than HF's default init (std 0.1, not 0.02) so logits spread out and greedy
-    decoding has no near-ties; norms and biases are random too, so a misloaded one shows."""
-    cfg_cls, model_cls = {
-        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
-    }[kind]
-    torch.manual_seed(seed)
-    model = model_cls(cfg_cls(**{**TINY, "initializer_range": std, **overrides})).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-            elif name.endswith("bias"):
-                p.normal_(0.0, std)
-    kw = {"max_shard_size": max_shard_size} if max_shard_size else {}
-    model.save_pretrained(path, **kw)
-    return model
 
 
 def paged_logits(model, seqs, block_size=4, chunks=2, backend="torch"):

@@ -2,7 +2,7 @@
 pins down a behaviour of the engine or the policies that no other test checked."""
 import pytest
 from conftest import LinearCost, make_policy, req
-from test_policies import add, engine, step
+from helpers import add, engine, step
 
 from sarathi_lab.engine import Engine
 from sarathi_lab.guard import RuleViolation

@@ -5,7 +5,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 from study_scripts import load_study
+
+pytestmark = pytest.mark.slow   # a study at toy scale
 
 
 def test_open_vs_closed_at_toy_scale(tmp_path):

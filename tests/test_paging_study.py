@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from study_scripts import load_study
-from test_metrics import INSTANT_HW, TINY_MODEL
+from helpers import INSTANT_HW, TINY_MODEL
 
 from sarathi_lab.engine import ITER_COLUMNS
 from sarathi_lab.metrics import iterations_table, requests_table, summarize
@@ -77,6 +77,7 @@ def toy(tmp_path_factory):
     return study, tmp, res, cells, pre, effect
 
 
+@pytest.mark.slow   # a study at toy scale
 def test_reservation_arms_at_the_same_kv_memory(toy):
     study, tmp, res, cells, _, _ = toy
     assert len(res) == len(study.ARMS) * 2 * 2 and (res["num_finished"] == 30).all()
@@ -111,6 +112,7 @@ def test_reservation_arms_at_the_same_kv_memory(toy):
     assert (tmp / "out" / "paging.png").stat().st_size > 1000
 
 
+@pytest.mark.slow   # a study at toy scale
 def test_prefix_caching_on_a_shared_system_prompt(toy):
     study, tmp, _, _, pre, effect = toy
     from sarathi_lab.traces import build_trace

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import req
-from test_cli import cli, composed
+from helpers import cli, composed
 
 from sarathi_lab.cli import check_config
 from sarathi_lab.costmodels.base import CostModel, split_step
@@ -187,6 +187,7 @@ def _run(tmp_path, reqs, *extra):
             pd.read_parquet(tmp_path / "iterations.parquet"))
 
 
+@pytest.mark.slow   # tiny-llama on an A100: 9.3M KV blocks built per engine (~25 s)
 def test_virtual_engines_timeline_by_hand(tmp_path):
     """Two requests at 0, prompt 4 and 3 output tokens each, every iteration 10 ms (5 ms per
     stage), no CPU side: A goes to virtual engine 0 and B to 1; once B's prefill follows A's
@@ -267,6 +268,7 @@ def test_pp1_is_todays_run(tmp_path):
     assert len(eng.rows) < eng.num_iterations    # decode runs skipped, as before
 
 
+@pytest.mark.slow   # tiny-llama on an A100: 9.3M KV blocks built per engine (~25 s)
 def test_fast_forward_setting_does_not_change_a_pipelined_run(tmp_path):
     reqs = lambda: [req(i, 50 + 13 * i, 20 + 7 * i, t=0.1 * i) for i in range(10)]   # noqa
     _, r1, i1 = _run(tmp_path / "ff", reqs(), "fast_forward=true")
@@ -296,6 +298,7 @@ def test_cost_counts_every_gpu(tmp_path):
                                                             rel=1e-12)
 
 
+@pytest.mark.slow   # tiny-llama on an A100: 9.3M KV blocks built per engine (~25 s)
 def test_stage_boundary_across_nodes_is_priced_on_the_nic():
     def links(*extra):
         c = composed("model=llama-2-70b", "executor.pipeline_parallel=2", *extra)
@@ -308,6 +311,7 @@ def test_stage_boundary_across_nodes_is_priced_on_the_nic():
         links("executor.tensor_parallel=4", "hardware.gpus_per_node=6")
 
 
+@pytest.mark.slow   # tiny-llama on an A100: 9.3M KV blocks built per engine (~25 s)
 def test_the_replica_checks_its_engines():
     c = _config()
     r = check_config(c)
@@ -344,6 +348,7 @@ def test_more_stages_than_layers_is_refused():
         build(c, check_config(c))
 
 
+@pytest.mark.slow   # a CLI subprocess
 def test_cli_runs_pipeline_stages(tmp_path):
     r = cli(f"hydra.run.dir={tmp_path}/run", "model=llama-2-70b", "executor.tensor_parallel=2",
             "executor.pipeline_parallel=2", "trace.num_requests=40", "trace.qps=4",

@@ -1,7 +1,10 @@
 """experiments/pipeline at toy scale: one command writes the table and the plots, every layout
 and policy runs, and the figures say what the design implies."""
 import pandas as pd
+import pytest
 from study_scripts import load_study
+
+pytestmark = pytest.mark.slow   # a study at toy scale
 
 
 def test_pipeline_study_at_toy_scale(tmp_path):

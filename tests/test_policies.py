@@ -3,27 +3,12 @@ import random
 import numpy as np
 import pytest
 from conftest import LinearCost, make_policy, req
+from helpers import add, step
 
 from sarathi_lab.engine import Engine
 from sarathi_lab.request import Status
 
 POLICIES = ["request_level", "orca", "vllm", "sarathi"]
-
-
-def engine(policy, ex):
-    """One engine per policy under test, made on first use."""
-    if not hasattr(policy, "_test_engine"):
-        policy._test_engine = Engine(policy, ex, fast_forward=False)
-    return policy._test_engine
-
-
-def add(policy, ex, r):
-    return engine(policy, ex).add_request(r)
-
-
-def step(policy, ex):
-    out = engine(policy, ex).step()[0]
-    return [(r.request_id, n) for r, n in zip(out.reqs, out.num_new_tokens)]
 
 
 def test_sarathi_decodes_first_then_partial_then_new_chunk():
@@ -132,9 +117,10 @@ def test_output_stops_at_max_model_len_and_max_tokens():
     assert (s["num_finished"], s["num_length_capped"], s["num_rejected"]) == (1, 1, 0)
 
 
+@pytest.mark.slow   # a CLI subprocess
 def test_overlong_reject_through_the_cli_is_counted_and_capped_runs_say_so(tmp_path):
     import json
-    from test_cli import cli
+    from helpers import cli
     args = ("trace=synthetic", "trace.num_requests=10", "trace.prompt_len=100",
             "trace.output_len=50", "scheduler.max_model_len=120")
     r = cli(f"hydra.run.dir={tmp_path}/a", *args, cwd=tmp_path)

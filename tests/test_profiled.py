@@ -13,7 +13,7 @@ import yaml
 from sarathi_lab.costmodels.profiled import ProfiledConfig, ProfiledCostModel
 from sarathi_lab.costmodels.profiles import Curve, ProfileError, Surface, monotone
 from sarathi_lab.costmodels.roofline import RooflineCostModel
-from test_cli import cli
+from helpers import cli
 
 TESTS = Path(__file__).resolve().parent
 CONFIGS = TESTS.parent / "configs"
@@ -230,6 +230,7 @@ def test_chunking_a_prompt_never_predicts_less_than_one_piece(which, synthetic):
             assert total >= whole, (n, chunk, total, whole)
 
 
+@pytest.mark.slow   # a CLI subprocess
 def test_cli_runs_the_profiled_cost_model_on_the_vidur_fixture(tmp_path):
     common = ("trace=synthetic", "trace.num_requests=20", "model=llama-2-70b",
               "executor.tensor_parallel=2", "hardware=a100-80gb")

@@ -15,8 +15,7 @@ import yaml
 from sarathi_lab import profiler as P
 from sarathi_lab.costmodels.profiled import ProfiledConfig, ProfiledCostModel
 from sarathi_lab.costmodels.profiles import ProfileError
-from test_cli import cli
-from test_profiled import CONFIGS
+from helpers import CONFIGS, cli
 
 # Held-out iterations (shapes the fit never uses) are predicted within this share of their
 # measured time, as the median over the shapes. They are measured as the profile's `mixed` rows,
@@ -144,6 +143,7 @@ def test_profile_for_another_model_dtype_or_shape_fails_clearly(measured):
                           ProfiledConfig(profile=str(path)))
 
 
+@pytest.mark.slow   # a sweep in CLI subprocesses
 def test_cli_writes_the_parquet_with_its_metadata(tmp_path):
     out = tmp_path / "p.parquet"
     r = subprocess.run([sys.executable, "-m", "sarathi_lab.profiler", *TINY, "executor.clock=cpu",

@@ -4,7 +4,7 @@ import sys
 import pytest
 import tqdm
 from conftest import LinearCost, make_policy, req
-from test_cli import composed
+from helpers import composed
 
 from sarathi_lab import runner
 from sarathi_lab.engine import Engine

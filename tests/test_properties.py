@@ -9,7 +9,7 @@ import numpy as np
 from conftest import only_read
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from test_metrics import TokenCost
+from helpers import TokenCost
 
 from sarathi_lab.engine import Engine
 from sarathi_lab.metrics import iterations_table

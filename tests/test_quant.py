@@ -4,7 +4,7 @@ where the hardware or the executor cannot run them."""
 import json
 
 import pytest
-from test_cli import cli, composed
+from helpers import cli, composed
 
 from sarathi_lab import runner
 from sarathi_lab.cli import check_config
@@ -113,6 +113,7 @@ def test_fp8_kv_halves_the_bytes_a_swap_moves():
     assert ex.swap_time(10) == pytest.approx(1e-5 + 10 * 2**20 / (32e9 * 0.8))
 
 
+@pytest.mark.slow   # a CLI subprocess
 def test_cli_records_the_quantization_and_the_capacity(tmp_path):
     runs = {}
     for name, args in (("bf16", []), ("fp8", ["executor.kv_cache_dtype=fp8",

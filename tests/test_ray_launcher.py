@@ -18,6 +18,8 @@ import pytest
 
 from sarathi_lab.report import incomplete_jobs, make_report, run_table
 
+pytestmark = pytest.mark.slow   # Ray clusters and sweeps on them
+
 TESTS = Path(__file__).resolve().parent
 TINY = ["trace=synthetic", "trace.num_requests=40"]
 # sarathi with a budget of 0 fails; vllm does not read the budget, so its two jobs are one run:

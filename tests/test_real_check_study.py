@@ -14,6 +14,8 @@ from sarathi_lab.metrics import tbt_gaps
 
 from study_scripts import load_study
 
+pytestmark = pytest.mark.slow   # a study at toy scale
+
 S = load_study("real_check")
 
 

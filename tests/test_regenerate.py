@@ -7,7 +7,7 @@ import sys
 import pandas as pd
 import pytest
 from study_scripts import REPO
-from test_cli import cli
+from helpers import cli
 
 sys.path.insert(0, str(REPO / "experiments"))
 import regenerate as R  # noqa: E402
@@ -27,6 +27,7 @@ def test_every_committed_result_has_a_study_and_every_output_exists():
     assert len({s.name for s in R.STUDIES}) == len(R.STUDIES)
 
 
+@pytest.mark.slow   # a CLI subprocess
 def test_list_select_and_bad_names():
     r = subprocess.run([sys.executable, str(REPO / "experiments" / "regenerate.py"), "--dry-run",
                         "--only", "budget_sweep,capacity"], capture_output=True, text=True)
@@ -66,6 +67,7 @@ def toy(name, tmp_path, *overrides):
     return out
 
 
+@pytest.mark.slow   # a study at toy scale
 def test_policy_compare_at_toy_scale(tmp_path):
     """60 ShareGPT-4 requests: whole-prompt vLLM stalls decodes behind prompts, Sarathi-Serve's
     512-token chunks do not (P99 TBT), and the reserving policies run fewer requests at once."""
@@ -77,6 +79,7 @@ def test_policy_compare_at_toy_scale(tmp_path):
     assert (out / "ttft_cdf.png").stat().st_size > 0 and (out / "report.md").is_file()
 
 
+@pytest.mark.slow   # a study at toy scale
 def test_capacity_at_toy_scale(tmp_path):
     """Two policies, the strict SLO, 80 requests a probe: Sarathi-Serve's capacity under its
     strict TBT SLO is above vLLM's (which stalls decodes for whole prompts)."""

@@ -41,6 +41,7 @@ def report(inputs, tmp_path_factory):
     return make_report(list(inputs), out, pdf=True)
 
 
+@pytest.mark.slow   # its module fixture runs a sweep in CLI subprocesses
 def test_table_has_a_row_per_run_and_the_swept_columns(report):
     t = report.table
     assert len(t) == 6
@@ -58,6 +59,7 @@ def test_table_has_a_row_per_run_and_the_swept_columns(report):
     assert len(pd.read_parquet(report.out / "summary.parquet")) == 6
 
 
+@pytest.mark.slow   # its module fixture runs a sweep in CLI subprocesses
 def test_every_supported_plot_is_made(report):
     assert set(report.plots) == {"ttft_cdf", "tbt_cdf", "budget_tradeoff", "load", "capacity"}
     for name, (files, data) in report.plots.items():
@@ -72,6 +74,7 @@ def _at(data, label, q):
     return d.loc[np.isclose(d["q"], q), "value"].iloc[0]
 
 
+@pytest.mark.slow   # its module fixture runs a sweep in CLI subprocesses
 def test_cdfs_draw_the_table_percentiles(report):
     t = report.table.set_index("label")
     ttft, tbt = report.plots["ttft_cdf"][1], report.plots["tbt_cdf"][1]
@@ -82,6 +85,7 @@ def test_cdfs_draw_the_table_percentiles(report):
             assert np.isclose(_at(tbt, label, q), row[f"tbt_{col}"])
 
 
+@pytest.mark.slow   # its module fixture runs a sweep in CLI subprocesses
 def test_budget_and_load_plots_draw_the_table(report):
     t = report.table.set_index("label")
     budget = report.plots["budget_tradeoff"][1]
@@ -102,6 +106,7 @@ def test_budget_and_load_plots_draw_the_table(report):
         assert np.isclose(r["attainment"], t.loc[r["label"], "slo_attainment"])
 
 
+@pytest.mark.slow   # its module fixture runs a sweep in CLI subprocesses
 def test_capacity_plot_draws_the_searches(report):
     cap, data = report.capacity, report.plots["capacity"][1]
     assert set(cap["policy"]) == {"vllm", "sarathi"}
@@ -111,6 +116,7 @@ def test_capacity_plot_draws_the_searches(report):
     assert np.allclose(merged["capacity_qps"], merged["capacity_qps_t"])
 
 
+@pytest.mark.slow   # its module fixture runs a sweep in CLI subprocesses
 def test_single_run_timeline_and_honest_skips(inputs, tmp_path):
     run = sorted(p.parent for p in inputs[0].rglob("summary.json"))[0]
     rep = make_report([run], tmp_path)
@@ -130,6 +136,7 @@ def test_single_run_timeline_and_honest_skips(inputs, tmp_path):
     assert len(pre) == len(shown) and pre["value"].sum() == shown["prefill_tokens"].sum()
 
 
+@pytest.mark.slow   # its module fixture runs a sweep in CLI subprocesses
 def test_report_command(inputs, tmp_path, capsys):
     main([str(inputs[0]), "--out", str(tmp_path / "r"), "--timeline", "none"])
     out = capsys.readouterr().out
@@ -157,6 +164,7 @@ def test_tbt_gaps_with_times_by_hand():
     assert all(len(a) == 0 for a in tbt_gaps(req.iloc[1:3], with_times=True))
 
 
+@pytest.mark.slow   # its module fixture runs a sweep in CLI subprocesses
 def test_drawing_leaves_the_matplotlib_backend_alone(inputs, tmp_path):
     """Importing the plots and drawing select no backend and open no pyplot figures."""
     run = sorted(p.parent for p in inputs[0].rglob("summary.json"))[0]

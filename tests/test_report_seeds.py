@@ -91,6 +91,7 @@ def seeded(tmp_path_factory):
     return sweep, make_report([sweep], tmp_path_factory.mktemp("out"))
 
 
+@pytest.mark.slow   # its module fixture runs a sweep in CLI subprocesses
 def test_the_aggregate_table_over_seeds(seeded):
     sweep, rep = seeded
     t, agg = rep.table, rep.by_config
@@ -113,6 +114,7 @@ def test_the_aggregate_table_over_seeds(seeded):
     assert "## Configurations over seeds (6)" in md
 
 
+@pytest.mark.slow   # its module fixture runs a sweep in CLI subprocesses
 def test_plots_draw_the_aggregate(seeded):
     _, rep = seeded
     agg = rep.by_config.set_index("config")
@@ -136,6 +138,7 @@ def test_plots_draw_the_aggregate(seeded):
     assert load.attrs["reference"] == "ceiling"
 
 
+@pytest.mark.slow   # its module fixture runs a sweep in CLI subprocesses
 def test_report_from_an_earlier_reports_tables(seeded, tmp_path, capsys):
     """A directory with only a report's tables (the runs deleted, or committed results) is
     re-drawn from them: the same table, the plots that need no run file."""
@@ -157,6 +160,7 @@ def test_report_from_an_earlier_reports_tables(seeded, tmp_path, capsys):
     assert "earlier report" in (tmp_path / "again2" / "report.md").read_text()
 
 
+@pytest.mark.slow   # its module fixture runs a sweep in CLI subprocesses
 def test_report_options_are_checked(seeded, tmp_path, capsys):
     sweep, _ = seeded
     for bad in (["--max-lines", "0"], ["--max-lines", "x"], ["--capacity-scale", "logs"]):

@@ -30,6 +30,7 @@ def _at(d, q):
     return d.loc[np.isclose(d["q"], q), "value"].iloc[0]
 
 
+@pytest.mark.slow   # its module fixture runs a sweep in CLI subprocesses
 def test_class_cdfs_draw_each_class_percentiles(report):
     files, data = report.plots["class_cdf"]
     assert files[0].stat().st_size > 1000
@@ -44,6 +45,7 @@ def test_class_cdfs_draw_each_class_percentiles(report):
                     assert _at(c, q) == pytest.approx(g[metric][p])
 
 
+@pytest.mark.slow   # its module fixture runs a sweep in CLI subprocesses
 def test_class_goodput_draws_each_class_against_load(report):
     files, data = report.plots["class_goodput"]
     assert files[0].stat().st_size > 1000
@@ -57,6 +59,7 @@ def test_class_goodput_draws_each_class_against_load(report):
     assert np.allclose(total, t.loc[total.index, "slo_goodput_rps"])
 
 
+@pytest.mark.slow   # its module fixture runs a sweep in CLI subprocesses
 def test_tenant_service_ends_at_each_tenant_service(report):
     names = [n for n in report.plots if n.startswith("tenant_service")]
     assert len(names) == 2   # one per run: both have 11 tenants
@@ -94,6 +97,7 @@ def test_tenant_service_by_hand(tmp_path):
         tenant_service(row, tmp_path / "ts")
 
 
+@pytest.mark.slow   # a sweep in CLI subprocesses
 def test_single_class_runs_skip_the_class_plots(tmp_path):
     r = subprocess.run([sys.executable, "-c", "from sarathi_lab.cli import main; main()",
                         f"hydra.run.dir={tmp_path}/run", "trace=synthetic",

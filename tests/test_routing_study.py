@@ -4,6 +4,9 @@ import importlib.util
 from pathlib import Path
 
 import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.slow   # a study at toy scale
 
 RUN = Path(__file__).resolve().parents[1] / "experiments" / "routing" / "run.py"
 

@@ -3,7 +3,7 @@ cost, each computed by hand on a small scenario."""
 import numpy as np
 import pytest
 from conftest import LinearCost, make_policy, req
-from test_metrics import SARATHI_8, instant_sim_cfg, three_sarathi_requests
+from helpers import SARATHI_8, instant_sim_cfg, three_sarathi_requests
 
 from sarathi_lab.config import SLOConfig, SLOTargets
 from sarathi_lab.engine import Engine

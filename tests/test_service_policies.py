@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import LinearCost, make_policy
-from test_cli import TESTS, cli
+from helpers import TESTS, cli
 
 from sarathi_lab.engine import Engine
 from sarathi_lab.executors.base import StepResult
@@ -283,6 +283,7 @@ def test_admission_control_is_exact_under_fast_forward(name):
 
 
 # -- the command line ------------------------------------------------------------------------------
+@pytest.mark.slow   # a CLI subprocess
 @pytest.mark.parametrize("name", ["sarathi_priority", "edf", "vtc"])
 def test_each_policy_runs_from_the_cli_on_a_trace_with_service_columns(tmp_path, name):
     r = cli(f"hydra.run.dir={tmp_path}/run", f"scheduler={name}", f"trace.path={SERVICE_TRACE}",
@@ -303,7 +304,7 @@ def test_each_policy_runs_from_the_cli_on_a_trace_with_service_columns(tmp_path,
 
 @pytest.mark.parametrize("name, queue", [("edf", "DeadlineQueue"), ("sarathi", "RequestQueue")])
 def test_without_a_queue_key_the_policy_default_queue_is_resolved(name, queue):
-    from test_cli import composed
+    from helpers import composed
 
     from sarathi_lab.config import resolve
     from sarathi_lab.runner import build
@@ -314,6 +315,7 @@ def test_without_a_queue_key_the_policy_default_queue_is_resolved(name, queue):
     assert type(build(c, r)[0].waiting).__name__ == queue
 
 
+@pytest.mark.slow   # a CLI subprocess
 def test_a_policy_knob_of_another_policy_is_an_error(tmp_path):
     r = cli(f"hydra.run.dir={tmp_path}/run", "scheduler=edf", "scheduler.aging_rate=0.5",
             cwd=tmp_path)

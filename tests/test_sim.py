@@ -257,10 +257,11 @@ def test_step_jitter_settings_are_checked(over, match):
         sim(**over)
 
 
+@pytest.mark.slow   # a CLI subprocess
 def test_step_jitter_from_the_cli(tmp_path):
     import json
 
-    from test_cli import cli
+    from helpers import cli
     runs = {}
     for name, extra in (("plain", []), ("jitter", ["executor.step_jitter=0.2"])):
         r = cli(f"hydra.run.dir={tmp_path}/{name}", "model=tiny-llama", "hardware=a100-80gb",

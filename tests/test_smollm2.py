@@ -16,7 +16,7 @@ import torch
 from sarathi_lab.extras import MissingExtra
 from sarathi_lab.models import prepare as P
 
-from test_cli import cli
+from helpers import cli
 
 transformers = pytest.importorskip("transformers")
 
@@ -95,6 +95,7 @@ def test_missing_gguf_fails_before_downloading_with_the_pip_line(tmp_path, monke
     assert not (tmp_path / "m").exists()
 
 
+@pytest.mark.slow   # a CLI subprocess
 def test_pip_failure_is_reported_and_leaves_nothing(tmp_path):
     """Real pip, with no index to reach: what a machine without a network sees."""
     empty = tmp_path / "no-index"
@@ -134,6 +135,7 @@ def test_cli_exits_with_the_error(tmp_path, monkeypatch, capsys):
 
 # --- the rebuild -------------------------------------------------------------------------------
 
+@pytest.mark.slow   # the real trained model
 @pytest.mark.parametrize("tie", [True, False])
 def test_rebuilt_plain_llama_computes_what_the_loaded_one_did(tmp_path, tie):
     """What `convert` does after the GGUF load: a state dict (tied models may lack lm_head)
@@ -222,6 +224,7 @@ def served(model_dir, tmp_path_factory):
         list(df["finish_reason"])
 
 
+@pytest.mark.slow   # the real trained model
 def test_greedy_output_equals_full_forward_decoding(model_dir, served, one_thread):
     """executor.stop_at_eos is null: on, for a trace that carries its prompts; each output
     ends at the model's EOS (<|im_end|>) or at the trace's length, whichever comes first."""
@@ -234,6 +237,7 @@ def test_greedy_output_equals_full_forward_decoding(model_dir, served, one_threa
     assert reasons == ["eos" if o[-1] in eos else "length" for o in want]
 
 
+@pytest.mark.slow   # the real trained model
 def test_chat_prompt_gets_a_sensible_answer_that_ends_at_eos(served):
     tok, _, outs, reasons = served
     answer = tok.decode(outs[0], skip_special_tokens=True)

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from sarathi_lab.cli import check_config
-from test_cli import ROOT, cli, composed
+from helpers import ROOT, cli, composed
 
 STUDIES = ("admission", "priorities", "fairness")
 
@@ -48,6 +48,7 @@ def test_admission_rule_labels_and_capacity_by_hand():
     assert adm.capacity(df.assign(attainment=0.1)) is None
 
 
+@pytest.mark.slow   # a study at toy scale
 def test_admission_study_toy(tmp_path):
     d = sweep(tmp_path, "admission", "trace.num_requests=60", "trace.qps=1.0,8.0",
               "scheduler.max_queue_len=null", "scheduler.deadline_admission=false,true")
@@ -73,6 +74,7 @@ def test_admission_study_toy(tmp_path):
         req.loc[req["status"] == "rejected", "num_prompt_tokens"].mean())
 
 
+@pytest.mark.slow   # a study at toy scale
 def test_priorities_study_toy(tmp_path):
     d = sweep(tmp_path, "priorities", "trace.num_requests=80", "scheduler=sarathi,sarathi_priority",
               "trace.components.batch.qps=3.0", "scheduler.aging_rate=0.0")
@@ -100,6 +102,7 @@ def test_service_over_time_by_hand(tmp_path):
     assert got["c"].tolist() == [0, 0, 0, 0]
 
 
+@pytest.mark.slow   # a study at toy scale
 def test_fairness_study_toy(tmp_path):
     d = sweep(tmp_path, "fairness", "trace.num_requests=150", "trace.qps=4.0")
     out = tmp_path / "res"

@@ -4,7 +4,7 @@ import json
 
 import pytest
 from conftest import LinearCost, make_policy, req
-from test_cli import cli, composed
+from helpers import cli, composed
 
 from sarathi_lab.engine import Engine
 from sarathi_lab.kv import KVCacheManager
@@ -233,6 +233,7 @@ def test_check_served():
     assert json.loads(json.dumps(s, allow_nan=False))["stalls"]["threshold_s"] == 0.0
 
 
+@pytest.mark.slow   # a CLI subprocess
 def test_cli_run_where_every_request_is_rejected_fails_loudly(tmp_path):
     r = cli(f"hydra.run.dir={tmp_path}/run", "trace.num_requests=5", "scheduler.max_model_len=8",
             cwd=tmp_path)

@@ -8,7 +8,7 @@ import pandas as pd
 import numpy as np
 import pytest
 from conftest import LinearCost, make_policy, req
-from test_cli import cli, composed
+from helpers import cli, composed
 
 from sarathi_lab import runner
 from sarathi_lab.cli import check_config
@@ -413,6 +413,7 @@ def test_multirun_notes_a_swap_space_that_recompute_does_not_read():
     assert r.policy_cfg.swap_space_gib is None
 
 
+@pytest.mark.slow   # a CLI subprocess
 def test_cli_swap_run_records_the_swap_metrics(tmp_path):
     # Mistral-7B with 40 blocks of 16 tokens: ShareGPT's long requests preempt each other
     r = cli(f"hydra.run.dir={tmp_path}/run", "scheduler=vllm", "trace.num_requests=40",

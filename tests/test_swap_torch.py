@@ -4,7 +4,7 @@ swap-in restores holds, bit for bit, what its swap-out copied."""
 import pytest
 import torch
 # the fixtures too: one thread, and the tiny HF model with its greedy outputs
-from test_torch_executor import one_thread, oracle, run_engine  # noqa: F401
+from hf_oracle import one_thread, oracle, run_engine  # noqa: F401
 
 pytest.importorskip("transformers")
 

@@ -109,6 +109,7 @@ def test_a_killed_sweep_leaves_no_stale_lock(tmp_path):
         p.kill()
 
 
+@pytest.mark.slow   # a sweep in CLI subprocesses
 def test_a_second_sweep_with_the_same_name_is_refused(tmp_path):
     mark = uuid.uuid4().hex
     first = start("-m", f"results_root={tmp_path}", "name=same", *SLOW, cwd=tmp_path,
@@ -140,6 +141,7 @@ def test_a_second_sweep_with_the_same_name_is_refused(tmp_path):
 # killing a sweep
 # ------------------------------------------------------------------------------------------
 
+@pytest.mark.slow   # a sweep in CLI subprocesses
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_killing_a_parallel_sweep_stops_its_workers(tmp_path, sig):
     mark = uuid.uuid4().hex
@@ -221,6 +223,7 @@ def no_partial_results(d: Path):
     assert left == [], left
 
 
+@pytest.mark.slow   # a CLI subprocess
 def test_a_full_disk_in_a_single_run_is_one_error_and_no_partial_result(tmp_path):
     run = tmp_path / "run"
     r = subprocess.run([sys.executable, "-c", FULL_DISK + CLI, f"hydra.run.dir={run}", *TINY],
@@ -236,6 +239,7 @@ def test_a_full_disk_in_a_single_run_is_one_error_and_no_partial_result(tmp_path
     no_partial_results(run)            # no summary.json, parquet, error.txt or temporary file
 
 
+@pytest.mark.slow   # a sweep in CLI subprocesses
 def test_a_full_disk_in_a_sweep_is_recorded_and_listed(tmp_path):
     r = subprocess.run([sys.executable, "-c", FULL_DISK + CLI, "-m", f"results_root={tmp_path}",
                         "name=full", *TINY], cwd=tmp_path, env=_env(FULL="error.txt"),
@@ -255,6 +259,7 @@ def test_a_full_disk_in_a_sweep_is_recorded_and_listed(tmp_path):
     assert rows["detail"][0].startswith("OSError: [Errno 28] No space left on device")
 
 
+@pytest.mark.slow   # a sweep in CLI subprocesses
 def test_a_job_whose_line_cannot_reach_sweep_log_fails_the_sweep(tmp_path):
     code = ("import errno, sarathi_lab.sweeps as s\n"
             "def full(*a): raise OSError(errno.ENOSPC, 'No space left on device')\n"
@@ -267,6 +272,7 @@ def test_a_job_whose_line_cannot_reach_sweep_log_fails_the_sweep(tmp_path):
     assert len(list((tmp_path / "sweeps" / "nolog").rglob("summary.json"))) == 2
 
 
+@pytest.mark.slow   # a sweep in CLI subprocesses
 @pytest.mark.parametrize("multirun", [False, True])
 def test_a_results_root_that_cannot_be_made_is_one_line(tmp_path, multirun):
     """Tests run as root, whom permissions do not stop: a results root below a regular file
@@ -287,6 +293,7 @@ def test_a_results_root_that_cannot_be_made_is_one_line(tmp_path, multirun):
 # the report lists the jobs without a result
 # ------------------------------------------------------------------------------------------
 
+@pytest.mark.slow   # a sweep in CLI subprocesses
 def test_report_lists_failed_unfinished_and_missing_jobs(tmp_path, capsys, monkeypatch):
     r = cli("-m", f"results_root={tmp_path}", "name=mixed", *TINY,
             "scheduler.token_budget=256,0", cwd=tmp_path)
@@ -342,6 +349,7 @@ def test_report_lists_failed_unfinished_and_missing_jobs(tmp_path, capsys, monke
         list(rows["detail"])
 
 
+@pytest.mark.slow   # a sweep in CLI subprocesses
 def test_report_without_results_still_lists_the_failures(tmp_path):
     r = cli("-m", f"results_root={tmp_path}", "name=allbad", *TINY, "scheduler.token_budget=0",
             cwd=tmp_path)

@@ -35,6 +35,7 @@ def sweep(tmp_path_factory):
     return root / "sweeps" / "grid", r
 
 
+@pytest.mark.slow   # a sweep in CLI subprocesses
 def test_every_combination_has_its_run_directory(sweep):
     d, r = sweep
     table = run_table([d])
@@ -51,6 +52,7 @@ def test_every_combination_has_its_run_directory(sweep):
                         "trace=synthetic")
 
 
+@pytest.mark.slow   # a sweep in CLI subprocesses
 def test_sweep_progress_is_plain_lines(sweep):
     d, r = sweep
     assert json.loads((d / "sweep.json").read_text())["total"] == 4
@@ -62,6 +64,7 @@ def test_sweep_progress_is_plain_lines(sweep):
     assert "4 done, 0 skipped, 0 failed" in r.stdout
 
 
+@pytest.mark.slow   # a sweep in CLI subprocesses
 def test_resume_skips_finished_jobs(sweep):
     d, _ = sweep
     before = {p: p.stat().st_mtime_ns for p in d.rglob("summary.json")}
@@ -74,6 +77,7 @@ def test_resume_skips_finished_jobs(sweep):
     assert [f[2] for f in log_lines(d)][-4:] == ["skipped"] * 4
 
 
+@pytest.mark.slow   # a sweep in CLI subprocesses
 def test_a_failing_job_is_recorded_and_the_others_finish(tmp_path):
     r = cli("-m", f"results_root={tmp_path}", "name=bad", *TINY, "scheduler.token_budget=256,0,512",
             cwd=tmp_path)
@@ -92,6 +96,7 @@ def test_a_failing_job_is_recorded_and_the_others_finish(tmp_path):
     assert "0 done, 2 skipped, 1 failed" in r.stdout
 
 
+@pytest.mark.slow   # a sweep in CLI subprocesses
 def test_parallel_launcher(tmp_path):
     r = cli("-m", f"results_root={tmp_path}", "name=par", "hydra/launcher=parallel",
             "hydra.launcher.n_jobs=2", *TINY, "scheduler=vllm,sarathi", cwd=tmp_path)
@@ -100,6 +105,7 @@ def test_parallel_launcher(tmp_path):
     assert "2 done" in r.stdout
 
 
+@pytest.mark.slow   # a sweep in CLI subprocesses
 def test_submitit_local_launcher(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     r = cli("-m", f"results_root={tmp_path}", "name=sub", "hydra/launcher=submitit_local",
@@ -110,6 +116,7 @@ def test_submitit_local_launcher(tmp_path):
     assert sorted(f[2] for f in log_lines(d)) == ["done", "done"]
 
 
+@pytest.mark.slow   # a sweep in CLI subprocesses
 def test_the_announced_job_count_is_the_number_of_jobs_run(tmp_path):
     """The preset sweeps scheduler (1 value), token budget and load under hydra.sweeper.params;
     the command line replaces two of those sweeps (one by a range): 1 x 2 x 3 jobs."""
@@ -148,6 +155,7 @@ def test_count_jobs_does_not_guess_for_another_sweeper():
     assert count_jobs(_sweep_config(["a=1,2"], sweeper="hydra_plugins.x.OptunaSweeper")) is None
 
 
+@pytest.mark.slow   # a CLI subprocess
 def test_no_resolver_state_or_private_hydra_at_import():
     """Importing the package registers nothing; the CLI and register_resolvers() do, and Hydra's
     compose API can then resolve the run and sweep directories."""
@@ -197,6 +205,7 @@ def test_start_collecting_sets_start_up_aside_once_and_turns_the_collector_on():
         (gc.enable if was else gc.disable)()
 
 
+@pytest.mark.slow   # a sweep in CLI subprocesses
 def test_a_run_and_a_sweep_collect_garbage_while_their_jobs_run(tmp_path):
     # runner.run reports the collector's state as the job sees it
     probe = ("import gc, sys, sarathi_lab.runner as r\n"

@@ -18,6 +18,7 @@ def tiny_config(*overrides) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)
 
 
+@pytest.mark.slow   # a CLI subprocess
 def test_wandb_offline_writes_its_run_files(tmp_path):
     pytest.importorskip("wandb")
     wdir = tmp_path / "wandb_dir"

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from test_cli import cli, composed
+from helpers import cli, composed
 
 from sarathi_lab.settings import ConfigError, parse
 from sarathi_lab.traces import build_trace, load_trace, synthetic_trace, to_requests
@@ -143,6 +143,7 @@ def test_the_mix_preset_builds():
     assert by["heavy"] > 2 * by[[f"chat{i}" for i in range(9)]].mean()
 
 
+@pytest.mark.slow   # a CLI subprocess
 def test_cli_mix_with_per_class_slos(tmp_path):
     r = cli("trace=mix", "slo=chat-batch", "trace.num_requests=60", "trace.qps=1.0",
             f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)

@@ -19,7 +19,7 @@ from sarathi_lab.kv import KVCacheManager
 from sarathi_lab.request import Request
 from sarathi_lab.schedulers.admission import AdmissionControl
 from sarathi_lab.schedulers.mechanics.admit import Admission
-from sarathi_lab.schedulers.mechanics.fast_forward import FastForward, declared
+from sarathi_lab.schedulers.mechanics.fast_forward import FastForward, bind
 from sarathi_lab.schedulers.mechanics.preemption import DEFAULT_SWAP_SPACE_GIB, Preemption
 from sarathi_lab.schedulers.mechanics.progress import Progress
 from sarathi_lab.schedulers.output import SchedulerOutput
@@ -106,11 +106,11 @@ class Policy(Admission, Preemption, Progress, abc.ABC):
     whole_prompts: ClassVar[bool] = False
     oracle: ClassVar[bool] = False
     fast_forward: ClassVar[FastForward | None] = None
+    _fast_forward_for: ClassVar[tuple] = ()   # the schedule and update it was declared for
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
-        # the opt-in is bound to what it was declared for (mechanics/fast_forward.py)
-        cls.fast_forward = declared(cls, cls.fast_forward)
+        bind(cls)   # the opt-in holds only for what it was declared for (fast_forward.py)
 
     def __init__(self, cfg: SchedulerConfig, kv: KVCacheManager, queue: RequestQueue | None = None):
         self.cfg = cfg

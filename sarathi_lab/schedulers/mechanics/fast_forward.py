@@ -31,13 +31,16 @@ which methods a class defines). Its parts, each a function of the policy instanc
       `advance_chunks` below.
 
 The rule for subclasses (`Policy.__init_subclass__` applies it when the class is created): a
-subclass inherits its parent's declaration only if it overrides neither `schedule` nor `update`
--- the two methods whose calls a skipped run stands for. One that overrides either without
-declaring `fast_forward` in its own body has none: it is stepped one iteration at a time
-(exact, only slower). It may re-declare, e.g. `fast_forward = Sarathi.fast_forward` when its
-new `schedule` keeps the parent's steady runs (it vouches for that), or `fast_forward = None`
-to say so explicitly. The old per-method hooks (`steady_decode()`, `advance_decodes()`, ...
-as methods) are refused at class creation, so none is silently ignored.
+declaration vouches for the `schedule` and `update` in force in the class that declares it --
+the two methods whose calls a skipped run stands for -- and is bound to them. A subclass keeps
+it only while both are still those very functions; one that changes either (in its body or
+through a mixin) and declares nothing itself has no declaration: it is stepped one iteration
+at a time (exact, only slower). It may re-declare, e.g. `fast_forward = Sarathi.fast_forward`
+when its new `schedule` keeps the parent's steady runs (it vouches for that), or `fast_forward =
+None` to say so explicitly. Overriding other methods (a victim rule, a token limit) keeps the
+declaration: they act inside `schedule`, which the declaration's predicates consult through
+the policy. The old per-method hooks (`steady_decode()`, `advance_decodes()`, ... as methods)
+are refused at class creation, so none is silently ignored.
 
 Every skipped run is checked by the engine against what the KV manager holds after it, and
 `tests/test_reference_runs.py` and the policy tests run every built-in with fast-forward on and
@@ -121,30 +124,32 @@ class FastForward:
                             "function of the policy, or None (no chunk runs)")
 
 
-# the methods a skipped run stands for: overriding one withdraws an inherited declaration
+# the methods a skipped run stands for: a declaration vouches for the ones in force where it is
+# made, and holds for no class where either is another function
 STOOD_FOR = ("schedule", "update")
 # the per-method hooks of the contract before FastForward: refused, never silently ignored
 OLD_HOOKS = ("steady_decode", "steady_chunks", "advance_decodes", "advance_chunks")
 
 
-def declared(cls: type, inherited: FastForward | None) -> FastForward | None:
-    """The declaration in force for the policy class `cls` being created, whose parent's is
-    `inherited` (the rule in the module's docstring). Raises TypeError for an old-style hook or
-    a declaration that is not a FastForward."""
-    own = vars(cls)
-    old = [m for m in OLD_HOOKS if m in own]
+def bind(cls: type) -> None:
+    """Set the declaration in force for the policy class `cls` being created (the rule in the
+    module's docstring): its own `fast_forward`, bound to its `schedule` and `update`
+    (`cls._fast_forward_for`); else its parent's if both are still the ones that declaration
+    was bound to; else None. Raises TypeError for an old-style hook (defined anywhere in its
+    bases, mixins included) or a declaration that is not a FastForward."""
+    where = f"policy class {cls.__module__}.{cls.__qualname__}"
+    old = [m for m in OLD_HOOKS if hasattr(cls, m)]
     if old:
         raise TypeError(
-            f"policy class {cls.__module__}.{cls.__qualname__} defines {', '.join(old)}(): "
-            "the fast-forward hooks are no longer methods (nothing would call them); declare "
-            "`fast_forward = FastForward(steady_decode=...)` in the class body "
-            "(sarathi_lab.schedulers.mechanics.fast_forward), or drop them to be stepped")
-    if "fast_forward" in own:
-        ff = own["fast_forward"]
+            f"{where} defines {', '.join(old)}(): the fast-forward hooks are no longer methods "
+            "(nothing would call them); declare `fast_forward = FastForward(steady_decode=...)` "
+            "in the class body (sarathi_lab.schedulers.mechanics.fast_forward), or drop them "
+            "to be stepped")
+    methods = tuple(getattr(cls, m) for m in STOOD_FOR)
+    if "fast_forward" in vars(cls):
+        ff = vars(cls)["fast_forward"]
         if ff is not None and not isinstance(ff, FastForward):
-            raise TypeError(f"policy class {cls.__module__}.{cls.__qualname__}: fast_forward="
-                            f"{ff!r} must be a FastForward or None")
-        return ff
-    if any(m in own for m in STOOD_FOR):
-        return None
-    return inherited
+            raise TypeError(f"{where}: fast_forward={ff!r} must be a FastForward or None")
+        cls._fast_forward_for = methods
+    elif cls.fast_forward is not None and methods != cls._fast_forward_for:
+        cls.fast_forward = None   # its schedule() or update() is not what was vouched for

@@ -245,8 +245,8 @@ def test_an_old_style_fast_forward_hook_or_a_wrong_declaration_is_refused():
 
     with pytest.raises(TypeError, match=r"defines advance_decodes\(\)"):
         type("Mixed", (Hooks, Sarathi), {})
-    with pytest.raises(TypeError, match=r"^policy class test_contracts\..*<locals>\.Flag: fast_forward=True "
-                       r"must be a FastForward or None$"):
+    with pytest.raises(TypeError, match=r"^policy class test_contracts\..*<locals>\.Flag: "
+                       r"fast_forward=True must be a FastForward or None$"):
         class Flag(Sarathi):
             fast_forward = True
     with pytest.raises(TypeError, match=r"^FastForward\(steady_decode=True\): must be a "

@@ -414,6 +414,6 @@ class SkipFails(Sarathi):
 def test_a_failing_fast_forward_hook_is_named():
     base = make_policy("sarathi")
     p = SkipFails(base.cfg, base.kv)
-    with pytest.raises(ValueError, match=r"^test_mutants\.SkipFails\.fast_forward\.advance_decodes\(\) "
-                       r"at t=0\.\d+s \(iteration 1\): cannot skip 9 steps$"):
+    with pytest.raises(ValueError, match=r"^test_mutants\.SkipFails\.fast_forward\."
+                       r"advance_decodes\(\) at t=0\.\d+s \(iteration 1\): cannot skip 9 steps$"):
         Engine(p, LinearCost()).run([req(0, 4, 10)])

@@ -300,6 +300,14 @@ def test_readme_and_index_link_every_page():
                 f"README.md omits {page.name}"
 
 
+def test_every_experiment_readme_is_linked_from_the_pages():
+    linked = {(page.parent / target).resolve() for page in (DOCS / "studies.md", DOCS / "README.md")
+              for target in LINK.findall(page.read_text())}
+    unlinked = [r.parent.name for r in sorted((ROOT / "experiments").glob("*/README.md"))
+                if r.resolve() not in linked]
+    assert not unlinked, f"studies.md (or the index) links no README of {unlinked}"
+
+
 def _mentioned(page: Path) -> set[str]:
     """Every name written in backticks on the page, and each dotted or slashed part of it."""
     words = set()

@@ -186,6 +186,7 @@ def test_page_entry_points_register_the_examples(plugins, tmp_path):
     assert s["settings"]["executor"]["class"] == "my_executor:TokenRate"
 
 
+@pytest.mark.slow    # a CLI subprocess (issue 21: those are the slow tier)
 def test_router_example_keeps_each_tenant_on_one_replica(plugins, tmp_path):
     s, reqs, _ = cli(plugins, tmp_path / "run", "cluster.num_replicas=3",
                      "cluster.router=my_router:Sticky", "trace=mix", "trace.num_requests=40")

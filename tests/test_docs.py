@@ -344,11 +344,23 @@ def test_settings_page_names_every_group_option_and_key():
     assert not missing, f"{page.relative_to(ROOT)} does not name {missing}"
 
 
-def test_metrics_page_names_every_column_and_summary_key(tmp_path):
-    run(composed("trace=synthetic", "trace.num_requests=12"), tmp_path)
-    named = _mentioned(DOCS / "metrics.md")
+@pytest.mark.parametrize("overrides, page", [
+    ((), "metrics.md"),
+    (("cluster.num_replicas=2",), "topologies.md"),
+    (("executor.pipeline_parallel=2",), "topologies.md"),
+    (("cluster=disagg",), "topologies.md"),
+    pytest.param(("executor=torch", "model=tiny-llama", "trace.num_requests=3"),
+                 "real_model.md", marks=pytest.mark.slow),   # builds a model: 30 s when loaded
+])
+def test_pages_name_every_column_and_summary_key(overrides, page, tmp_path):
+    """A run's columns and summary keys are named on metrics.md, or (those a topology or the
+    real model adds) on the page that describes that setting."""
+    run(composed("trace=synthetic", "trace.num_requests=12", *overrides), tmp_path)
+    named = _mentioned(DOCS / "metrics.md") | _mentioned(DOCS / page)
     found = {*pd.read_parquet(tmp_path / "requests.parquet").columns,
              *pd.read_parquet(tmp_path / "iterations.parquet").columns,
              *json.loads((tmp_path / "summary.json").read_text())}
+    # a numbered family (bubble_stage0, bubble_stage1, ...) is named by its first member
+    found = {re.sub(r"\d+$", "0", name) for name in found}
     assert len(found) > 60
-    assert not found - named, f"metrics.md does not name {sorted(found - named)}"
+    assert not found - named, f"{page} and metrics.md do not name {sorted(found - named)}"

@@ -5,6 +5,7 @@ metrics page every column of a run, and every reference to the design document l
 import json
 import os
 import re
+import shlex
 import tomllib
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from conftest import LinearCost, req
 from test_cli import cli as sarathi_lab_cli
 from test_cli import composed
 
+from sarathi_lab.cli import check_config
 from sarathi_lab.engine import Engine
 from sarathi_lab.kv import KVCacheManager
 from sarathi_lab.metrics import iterations_table, requests_table, summarize
@@ -299,6 +301,42 @@ def test_readme_and_index_link_every_page():
             assert f"({page.name})" in index.read_text(), f"{index.name} omits {page.name}"
             assert f"(sarathi_lab/docs/{page.name})" in README.read_text(), \
                 f"README.md omits {page.name}"
+
+
+def _documented_runs():
+    """Every `sarathi-lab` command in the bash blocks of the README and the pages: (page,
+    multirun, overrides). A line with `...` is an elided sketch, not a command."""
+    for page in PAGES:
+        for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                m = re.match(r"(?:PYTHONPATH=\$PWD )?sarathi-lab (.*)", line.split(" #")[0].strip())
+                if m and "..." not in m.group(1):
+                    args = shlex.split(m.group(1))
+                    yield page.name, "-m" in args, [a for a in args if a != "-m"]
+
+
+@pytest.mark.slow    # about 50 compositions of the config: 30 s on a loaded machine
+def test_every_documented_command_has_valid_settings(plugins, monkeypatch):
+    """The commands the pages show compose and pass the start-up checks (types, ranges, names,
+    settings no component reads), every value of a sweep's lists; the plug-in examples
+    importable as the pages tell a user to make them."""
+    monkeypatch.syspath_prepend(str(plugins))
+    checked = 0
+    for page, multirun, args in _documented_runs():
+        # a sweep's comma lists (not inside {...} or [...] values), each value in one check:
+        # a sweep drops per job the settings its components do not read, so no value depends
+        # on another's; the launcher is Hydra's, not a setting
+        values = [[a] if not multirun or re.search(r"[{\[]", a) else
+                  [a.split("=", 1)[0] + "=" + v for v in a.split("=", 1)[1].split(",")]
+                  for a in args if not a.startswith("hydra")]
+        for i in range(max(map(len, values))):
+            combo = [v[min(i, len(v) - 1)] for v in values]
+            try:
+                check_config(composed(*combo), list(combo), multirun=multirun)
+            except Exception as e:
+                pytest.fail(f"{page}: sarathi-lab {' '.join(args)}: {e}")
+            checked += 1
+    assert checked > 45
 
 
 def test_every_experiment_readme_is_linked_from_the_pages():

@@ -72,6 +72,7 @@ def cli(run_dir: Path, *args):
             pd.read_parquet(run_dir / "iterations.parquet"))
 
 
+@pytest.mark.slow   # two CLI subprocesses
 def test_a_plugin_policy_runs_the_same_through_the_cli_with_and_without_fast_forward(tmp_path):
     args = ("scheduler=custom", "scheduler.name=plugin_policy:DecodeFirst",
             "+scheduler.prefill_chunk=48", "trace=synthetic", "trace.num_requests=30",

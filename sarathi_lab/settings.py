@@ -5,6 +5,9 @@ line of help. `parse` turns a plain dict (one config node, e.g. ``scheduler``) i
 checking names, types and ranges, and naming the setting as it is typed on the command line in
 every error. Nothing is coerced: ``512.5`` for an int, ``"1"`` for a number or ``1`` for a bool
 is an error, not a guess.
+
+`plain` is the one conversion of a config node (an OmegaConf node or a dict) to plain data; it
+lives here, at the bottom layer, because every layer that takes a config node uses it.
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import types
 import typing
 from dataclasses import MISSING, field
 
-__all__ = ["ConfigError", "setting", "parse", "describe", "to_dict"]
+__all__ = ["ConfigError", "setting", "parse", "describe", "to_dict", "plain"]
 
 
 class ConfigError(ValueError):
@@ -159,6 +162,19 @@ def parse(cls, values, where: str, component: str | None = None):
         except ValueError as e:
             raise ConfigError(key(str(e))) from None
     return obj
+
+
+def plain(cfg):
+    """A plain dict/list from an OmegaConf config, a copy of a dict, {} for None; any other
+    value (an int length spec, a string) unchanged. omegaconf is imported only when needed."""
+    if cfg is None:
+        return {}
+    if isinstance(cfg, dict):
+        return dict(cfg)
+    if type(cfg).__module__.startswith("omegaconf"):
+        from omegaconf import OmegaConf
+        return OmegaConf.to_container(cfg, resolve=True)
+    return cfg
 
 
 def to_dict(obj) -> dict:

@@ -20,10 +20,10 @@ GROUPS = {
     "router": "sarathi_lab.routers",
 }
 
-# The contract each kind of plug-in must subclass, named by dotted path like the plug-ins themselves:
-# the registry loads classes by name and imports no module of the project, so it sits at the bottom
-# of the layers (DESIGN.md, "Layers") and any layer may look a plug-in up, the policy contract
-# its queue and the simulator its cost model.
+# The contract each kind of plug-in must subclass, named by dotted path like the plug-ins
+# themselves: the registry loads classes by name and imports no module of the project, so it sits
+# at the bottom of the layers (sarathi_lab/DESIGN.md, "Layers") and any layer may look a plug-in
+# up: the policy contract its queue, the simulator its cost model.
 CONTRACTS = {
     "scheduler": "sarathi_lab.schedulers.base:Policy",
     "executor": "sarathi_lab.executors.base:Executor",

@@ -32,7 +32,8 @@ the line). Randomness comes from separate seeded streams (arrivals, prompt lengt
 lengths, token ids), so changing one knob, say the length distribution, leaves the arrival times
 of the same seed unchanged.
 
-One module per idea, each importing only those below it in this list:
+One module per idea, each importing only modules above it in this list (the `traces` contract of
+pyproject.toml, checked by tests/test_layers.py):
 
     streams      seeded random streams, one per knob
     frame        the frame's columns; to_requests

@@ -6,8 +6,9 @@ checking names, types and ranges, and naming the setting as it is typed on the c
 every error. Nothing is coerced: ``512.5`` for an int, ``"1"`` for a number or ``1`` for a bool
 is an error, not a guess.
 
-`plain` is the one conversion of a config node (an OmegaConf node or a dict) to plain data; it
-lives here, at the bottom layer, because every layer that takes a config node uses it.
+`plain` is the one conversion of a config node (an OmegaConf node or a dict) to plain data, and
+`missing` the one test for a value not given (None or NaN); they live here, at the bottom layer,
+because every layer uses them.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import types
 import typing
 from dataclasses import MISSING, field
 
-__all__ = ["ConfigError", "setting", "parse", "describe", "to_dict", "plain"]
+__all__ = ["ConfigError", "setting", "parse", "describe", "to_dict", "plain", "missing"]
 
 
 class ConfigError(ValueError):
@@ -175,6 +176,11 @@ def plain(cfg):
         from omegaconf import OmegaConf
         return OmegaConf.to_container(cfg, resolve=True)
     return cfg
+
+
+def missing(value) -> bool:
+    """A value not given: None (a config's null, a JSON null) or NaN (an empty cell of a frame)."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def to_dict(obj) -> dict:

@@ -30,9 +30,8 @@ def host_hardware(name: str) -> dict:
 def build_executor(overrides: list[str]):
     """The torch executor and model preset of `sarathi-lab executor=torch <overrides>`."""
     from hydra import compose, initialize_config_module
-    from omegaconf import OmegaConf
     from sarathi_lab.config import resolve
-    from sarathi_lab.settings import ConfigError
+    from sarathi_lab.settings import ConfigError, plain
     from sarathi_lab.sweeps import register_resolvers
     from hydra.errors import HydraException
     register_resolvers()
@@ -41,7 +40,7 @@ def build_executor(overrides: list[str]):
             cfg = compose("config", overrides=["executor=torch", *overrides])
     except HydraException as e:
         raise ConfigError(f"{' '.join(overrides)}: {e}") from None
-    c = OmegaConf.to_container(cfg, resolve=True)
+    c = plain(cfg)
     c.pop("hydra", None)
     r = resolve(c, ["executor=torch", *overrides])
     if r.executor_cls.__name__ != "TorchExecutor":

@@ -21,7 +21,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from sarathi_lab.report.cells import missing, plain
+from sarathi_lab.report.cells import plain
+from sarathi_lab.settings import missing
 
 LEVEL = 0.95
 T_MIN_SEEDS = 4          # from this many seeds on, the t interval; below it, min-max

@@ -14,6 +14,7 @@ import pandas as pd
 from sarathi_lab import rundir
 from sarathi_lab.report.cells import plain
 from sarathi_lab.report.seeds import config_ids, is_seed_key
+from sarathi_lab.settings import missing
 
 POLICY_ORDER = ("request_level", "orca", "vllm", "sarathi")
 # what is not a "setting that varies" when labelling runs: the policy is named anyway
@@ -200,8 +201,7 @@ def write_tables(df: pd.DataFrame, out: Path, stem: str, roots) -> list[Path]:
     # must be one type for Parquet
     for c in df.columns[df.dtypes == object]:
         if df[c].map(type).nunique() > 1:
-            df[c] = df[c].map(lambda v: None if v is None or (isinstance(v, float) and np.isnan(v))
-                              else str(v))
+            df[c] = df[c].map(lambda v: None if missing(v) else str(v))
     files = [out / f"{stem}.csv", out / f"{stem}.parquet"]
     rundir.atomic_write(files[0], lambda p: df.to_csv(p, index=False))
     rundir.atomic_write(files[1], lambda p: df.to_parquet(p, index=False))

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from sarathi_lab.request import Request
+from sarathi_lab.settings import missing
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def to_requests(df: pd.DataFrame, max_tokens=None) -> list[Request]:
     ids = df["prompt_token_ids"].tolist() if "prompt_token_ids" in df else [None] * len(df)
     service = {k: df[k].tolist() for k in SERVICE_DEFAULTS if k in df}
     if "deadline" in service:
-        service["deadline"] = [None if is_missing(d) else a + d
+        service["deadline"] = [None if missing(d) else a + d
                                for a, d in zip(arrival.tolist(), service["deadline"])]
     # rows as Python values, zipped: indexing numpy arrays element by element costs more than
     # building the requests themselves
@@ -60,13 +61,9 @@ def to_requests(df: pd.DataFrame, max_tokens=None) -> list[Request]:
                *(service[k] for k in keys))
     requests = []
     for i, (a, p, o, row_ids, *extra) in enumerate(rows):
-        tokens = None if is_missing(row_ids) else [int(t) for t in row_ids]
+        tokens = None if missing(row_ids) else [int(t) for t in row_ids]
         if tokens is not None and len(tokens) != p:
             raise ValueError(f"row {i}: {len(tokens)} prompt_token_ids but "
                              f"num_prompt_tokens={p}")
         requests.append(Request(i, a, p, o, tokens, max_tokens, **dict(zip(keys, extra))))
     return requests
-
-
-def is_missing(x) -> bool:
-    return x is None or (isinstance(x, float) and np.isnan(x))

@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pandas as pd
 
-from sarathi_lab.traces.frame import is_missing
+from sarathi_lab.settings import missing
 from sarathi_lab.traces.streams import IDS_STREAM, stream_rng
 
 logger = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ def attach_prompt_ids(df: pd.DataFrame, vocab_size: int, *, seed=0,
     if shared_prefix_len < 0:
         raise ValueError(f"shared_prefix_len must be >= 0, got {shared_prefix_len}")
     out = df.copy()
-    if "prompt_token_ids" in df and not df["prompt_token_ids"].map(is_missing).any():
+    if "prompt_token_ids" in df and not df["prompt_token_ids"].map(missing).any():
         top = max((max(ids) for ids in df["prompt_token_ids"] if len(ids)), default=-1)
         if top >= vocab_size:
             raise ValueError(f"the trace's own prompt_token_ids reach {top}, outside the "

@@ -14,7 +14,9 @@ from sarathi_lab.metrics import tbt_gaps
 
 from study_scripts import load_study
 
-pytestmark = pytest.mark.slow   # a study at toy scale
+# a study at toy scale; its tests share one toy run of real CPU-clock timings, made once on one
+# xdist worker (--dist loadgroup) rather than on two workers at once, each disturbing the other
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("real_check")]
 
 S = load_study("real_check")
 

@@ -39,7 +39,9 @@ def test_the_rule_sees_an_import_of_a_test_module(tmp_path):
 def test_every_marker_used_is_declared():
     declared = {m.split(":")[0] for m in tomllib.loads(
         (TESTS.parent / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]}
-    builtin = {"parametrize", "skip", "skipif", "xfail", "usefixtures", "filterwarnings"}
+    # pytest's own and pytest-xdist's (a dev extra) need no declaration
+    builtin = {"parametrize", "skip", "skipif", "xfail", "usefixtures", "filterwarnings",
+               "xdist_group"}
     used = {m for p in TESTS.glob("*.py")
             for m in re.findall(r"pytest\.mark\.(\w+)", p.read_text())}
     assert used - builtin <= declared, sorted(used - builtin - declared)

@@ -189,7 +189,7 @@ class ProfiledCostModel(CostModel):
                         "its times may be stale", self.profile.source, ", ".join(diff))
 
     def describe(self) -> dict:
-        return {"name": "profiled", "profile": self.profile.source,
+        return {"profile": self.profile.source,
                 "device": self.profile.device, "measured_with": self.measured_with(),
                 "from_roofline": dict(self.from_roofline),
                 "beyond_profile": {k: {"furthest": v, "profiled": float(self.limits[k])}

@@ -186,22 +186,32 @@ class Surface:
             return float(vals[-1] + s * (a - aa[-1]))
         return float(np.interp(a, aa, vals))
 
-    def first_column(self, a) -> np.ndarray:
-        """t(a, b) at the first b (b at most the first measured one), for an array of a."""
-        a = np.asarray(a, dtype=float)
-        aa = self.a
-        return np.where(a > aa[-1], self.table[-1, 0] + self.a_slopes[0] * (a - aa[-1]),
-                        np.interp(a, aa, self.table[:, 0]))
+    def at(self, a, b) -> np.ndarray:
+        """__call__ over arrays of a and b (broadcast together)."""
+        a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+        bs, aa, tab = self.b, self.a, self.table
+        j0, j1, w = _cell(bs, b)
+        s = self.a_slopes[j0] * (1 - w) + self.a_slopes[j1] * w     # flat beyond either end
+        over_b = np.maximum(b - bs[-1], 0.0)
+        i0, i1, v = _cell(aa, a)
 
-    def row_values(self, i: int, b) -> np.ndarray:
-        """Row i (the i-th measured a) at an array of b, extrapolated as __call__ does."""
-        b = np.asarray(b, dtype=float)
-        bs, row = self.b, self.table[i]
-        return np.where(b > bs[-1], row[-1] + self.b_slopes[i] * (b - bs[-1]),
-                        np.interp(b, bs, row))
+        def row(i):   # rows i at b: their blend of two columns, or their extrapolation
+            return tab[i, j0] * (1 - w) + tab[i, j1] * w + self.b_slopes[i] * over_b
+        return row(i0) * (1 - v) + row(i1) * v + s * np.maximum(a - aa[-1], 0.0)
 
     def beyond(self, a: float, b: float) -> bool:
         return a > self.a[-1] or b > self.b_max
+
+
+def _cell(grid, x):
+    """For each x: the grid cell (i0, i1 = i0 + 1) it falls in and its weight on i1, clamped
+    to the grid's ends (weight 0 below the first point, 1 beyond the last)."""
+    if grid.size == 1:
+        zero = np.zeros(np.shape(x), dtype=int)
+        return zero, zero, np.zeros(np.shape(x))
+    i1 = np.clip(np.searchsorted(grid, x, side="right"), 1, grid.size - 1)
+    i0 = i1 - 1
+    return i0, i1, np.clip((x - grid[i0]) / (grid[i1] - grid[i0]), 0.0, 1.0)
 
 
 def _edge_slopes(x, rows) -> np.ndarray:

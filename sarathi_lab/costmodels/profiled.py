@@ -124,7 +124,7 @@ class ProfiledCostModel(CostModel):
                                f"this run is {run} (differs in: {', '.join(wrong)})")
         missing = missing_operators(prof)
         if missing:
-            raise ProfileError(f"executor.profile={cfg.profile}: {missing}")
+            raise ProfileError(f"executor.profile: {missing}")
         self.profile = prof
         # What the roofline prices because the profile does not measure it: said in describe()
         # (the run's summary), so that a reader knows which terms are measured.

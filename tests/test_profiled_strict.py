@@ -140,3 +140,18 @@ def test_a_profile_measured_under_other_versions_warns_once(tmp_path, caplog):
     assert str(old) in lines[0]
     assert cm.describe()["measured_with"] == {"numpy": "0.0.1", "python": "2.7.0"}
     assert "Vidur" in profiled(VIDUR, "llama-2-70b", "a100-80gb", 2).describe()["measured_with"]
+
+
+def test_vectorized_surface_and_increment_floor_agree_with_their_definitions(models):
+    rng = np.random.default_rng(0)
+    for cm in models.values():
+        for surf in (cm.profile.prefill_attention, cm.profile.decode_attention):
+            a = rng.uniform(0, 3 * surf.a[-1], 200)
+            b = rng.uniform(0, 3 * surf.b[-1], 200)
+            assert surf.at(a, b) == pytest.approx([surf(x, y) for x, y in zip(a, b)], rel=1e-12)
+        # the floor: the largest whole-prompt increment over every earlier context (brute
+        # force over whole tokens; the maximum of a piecewise-linear difference is at a knot)
+        P = cm.profile.prefill_attention
+        for c, k in ((64, 700), (300, 2500), (1000, 5000)):
+            brute = max(P(kk + c, 0) - P(kk, 0) for kk in range(0, k + 1))
+            assert cm._increment(c, k) == pytest.approx(brute, rel=1e-9)

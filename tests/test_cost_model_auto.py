@@ -77,6 +77,9 @@ def test_profile_dirs_is_read_only_by_auto():
         SimExecutor.parse_config({"cost_model": "roofline", "profile_dirs": "/x"})
     cfg = SimExecutor.parse_config({"cost_model": "auto", "profile_dirs": "/x"})
     assert cfg.profile_dirs == "/x"
+    with pytest.raises(ConfigError, match=r"executor.profile=/p with executor.cost_model=auto: "
+                                          r".*set executor.cost_model=profiled"):
+        SimExecutor.parse_config({"cost_model": "auto", "profile": "/p"})
 
 
 def test_the_summary_records_the_cost_model(tmp_path):

@@ -88,6 +88,10 @@ class SimExecutor(Executor):
         theirs = {f.name for f in fields(cm_cls.config_class)}
         # sim.yaml lists the roofline's overrides as null: unset, whichever cost model is chosen
         values = {k: v for k, v in values.items() if v is not None or k in own or k in theirs}
+        if name == "auto" and values.get("profile") is not None:
+            raise ConfigError(f"{where}.profile={values['profile']} with {where}.cost_model=auto: "
+                              f"auto looks for a profile under {where}.profile_dirs; to name "
+                              f"one, set {where}.cost_model=profiled")
         unknown = sorted(set(values) - own - theirs)
         if unknown:
             raise ConfigError(

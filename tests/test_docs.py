@@ -93,7 +93,7 @@ def test_policy_example_runs_and_its_setting_caps_prefills(plugins, tmp_path):
     assert it["prefill_tokens"].max() == 48          # chunks of 48, never more
     _, _, it_default = cli(plugins, tmp_path / "default", *policy)
     assert it_default["prefill_tokens"].max() == 256   # the setting's default
-    # its steady_decode is exact: stepping every iteration gives the same run
+    # its fast-forward declaration is exact: stepping every iteration gives the same run
     _, reqs_slow, it_slow = cli(plugins, tmp_path / "stepped", *policy,
                                 "+scheduler.prefill_chunk=48", "fast_forward=false")
     assert len(it_slow) == len(it)
@@ -128,7 +128,7 @@ def test_fair_policy_example_counts_the_same_with_and_without_fast_forward(plugi
                                                                            monkeypatch):
     fast, eng, reqs = _fair_run(plugins, monkeypatch, True)
     slow, _, _ = _fair_run(plugins, monkeypatch, False)
-    assert eng.fast_forward    # update and advance_decodes overridden together: still on
+    assert eng.fast_forward    # update overridden, with a matching declaration: still on
     assert eng._fold           # and its advance_decodes ends requests inside skipped runs
     it = iterations_table(eng.iterations())
     assert it["preemptions"].sum() > 0     # the KV is small enough for its victim rule to act

@@ -204,6 +204,7 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
     summary["load"] = load
     summary["wall_time_s"] = wall
     summary["simulated"] = executor.simulated
+    summary["cost_model"] = executor.cost_model_record()
     summary["config"] = c
     summary["settings"] = used_settings(r, policy) if pools is None else \
         r.disagg.used_settings(policy, pools.decode[0].policy)

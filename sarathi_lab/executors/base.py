@@ -97,6 +97,11 @@ class Executor(abc.ABC):
         host swap space (scheduler.swap_space_gib) and the swap traffic."""
         return None
 
+    def cost_model_record(self) -> dict | None:
+        """Which cost model priced the run (the summary's ``cost_model``); None: none did (a
+        real executor's times are measured)."""
+        return None
+
     def check_kv_memory(self, num_blocks: int, block_size: int) -> None:
         """Raise if a KV cache of `num_blocks` blocks cannot be held (checked before anything
         is allocated); the message names the setting to change."""

@@ -42,12 +42,12 @@ class HardwareSpec:
     ridge_exponent: float = setting(
         1.5, ge=1, le=64, help="GEMM time = (F^n + M^n)^(1/n) of its compute time F and memory "
         "time M: 1 adds them, large n is the hard max(F, M)")
-    attn_eff: float = setting(0.42, gt=0, le=1, help="achieved share of peak_flops in attention "
+    attn_eff: float = setting(0.28, gt=0, le=1, help="achieved share of peak_flops in attention "
                               "over cached context (a chunk's queries x earlier tokens; decodes)")
-    attn_self_eff: float = setting(
-        0.17, gt=0, le=1, help="achieved share of peak_flops in attention within a prefill "
-        "chunk (its causal c (c + 1) / 2 query-key pairs)")
-    attn_kv_eff: float = setting(0.77, gt=0, le=1,
+    attn_self_eff: float | None = setting(
+        None, gt=0, le=1, help="achieved share of peak_flops in attention within a prefill "
+        "chunk (its causal c (c + 1) / 2 query-key pairs); null: attn_eff")
+    attn_kv_eff: float = setting(0.91, gt=0, le=1,
                                  help="achieved share of mem_bandwidth reading KV in attention")
     link_eff: float = setting(0.51, gt=0, le=1, help="share of link_bandwidth, ring all-reduce")
     ar_step_latency_s: float = setting(

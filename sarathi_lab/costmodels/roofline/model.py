@@ -147,7 +147,8 @@ class RooflineCostModel(RooflineMemory, CostModel):
         # attention: 4 d FLOPs per query-key pair and head (QK^T and PV); the pairs against
         # cached context and those within a prefill chunk at their own efficiencies (attention.py)
         self.attn_per_pair = L * 4 * d * self.heads / (flops * hw.attn_eff)
-        self.attn_per_self_pair = L * 4 * d * self.heads / (flops * hw.attn_self_eff)
+        self.attn_per_self_pair = L * 4 * d * self.heads / (flops * (hw.attn_self_eff
+                                                                      or hw.attn_eff))
         self.attn_per_kv_token = self.kv_bytes_per_token / (hw.mem_bandwidth * hw.attn_kv_eff)
         # a decode's k + 1 pairs are all priced as context pairs (its one pair with itself too)
         self.decode_per_kv_token = self.attn_per_pair + self.attn_per_kv_token

@@ -83,7 +83,7 @@ def test_links_come_from_the_hardware_preset():
     net = Link.from_hardware(hw, "net")
     assert (net.bandwidth, net.eff, net.latency_s) == (25e9, 0.9, 1e-5)
     nv = Link.from_hardware(hw, "nvlink")
-    assert (nv.bandwidth, nv.eff, nv.latency_s) == (300e9, 0.56, 3.3e-5)
+    assert (nv.bandwidth, nv.eff, nv.latency_s) == (300e9, 0.51, 3.1e-5)
     pcie = Link.from_hardware(hw, "pcie", bandwidth=4e9, latency_s=0.0)
     assert (pcie.bandwidth, pcie.eff, pcie.latency_s) == (4e9, 0.8, 0.0)
     # the KV of a token: layers x (K, V) x KV heads x head_dim x 2 bytes (bf16)

@@ -155,3 +155,22 @@ def test_vectorized_surface_and_increment_floor_agree_with_their_definitions(mod
         for c, k in ((64, 700), (300, 2500), (1000, 5000)):
             brute = max(P(kk + c, 0) - P(kk, 0) for kk in range(0, k + 1))
             assert cm._increment(c, k) == pytest.approx(brute, rel=1e-9)
+
+
+def test_subadditive_minorant_lowers_never_raises():
+    from sarathi_lab.costmodels.profiles import subadditive_minorant
+    # by hand: 3 tokens measured dearer than 1 + 2 (a tile step) drops to 1 + 2; 4 to 2 + 2
+    x = np.array([1.0, 2.0, 3.0, 4.0])
+    s = subadditive_minorant(x, [1.0, 1.5, 3.0, 3.5])
+    assert list(s) == [1.0, 1.5, 2.5, 3.0]
+    # random nondecreasing staircases: never above the points, subadditive and nondecreasing
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        x = np.unique(rng.integers(1, 300, 40)).astype(float)
+        y = np.maximum.accumulate(rng.uniform(0, 2, x.size) + 0.1 * x)
+        s = subadditive_minorant(x, y)
+        assert np.all(s <= y + 1e-12) and np.all(np.diff(s) >= -1e-12)
+        for i in range(x.size):
+            for j in range(i):
+                if x[0] <= x[i] - x[j] <= x[i - 1]:   # splits into points settled before
+                    assert s[i] <= s[j] + np.interp(x[i] - x[j], x, s) + 1e-9

@@ -59,10 +59,15 @@ def overhead(price, n: int, c: int) -> float:
     return 100 * (total(c) / total(n) - 1)
 
 
-def table(profiles: Path) -> pd.DataFrame:
+def presets() -> tuple[dict, dict]:
+    """Llama-2-70B (its length raised to the longest prompt) and the A100 preset."""
     model = yaml.safe_load((REPO / "configs/model/llama-2-70b.yaml").read_text())
     model["max_model_len"] = max(PROMPTS)
-    hw = yaml.safe_load((REPO / "configs/hardware/a100-80gb.yaml").read_text())
+    return model, yaml.safe_load((REPO / "configs/hardware/a100-80gb.yaml").read_text())
+
+
+def table(profiles: Path) -> pd.DataFrame:
+    model, hw = presets()
     roof = RooflineCostModel(model, hw, TP)
     prof = ProfiledCostModel(model, hw, TP, ProfiledConfig(profile=str(profiles / PROFILE),
                                                            iteration_overhead_s=0.0))
@@ -88,6 +93,37 @@ def table(profiles: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def extra_by_part(profiles: Path, n: int = 4096) -> pd.DataFrame:
+    """Where the n-token prompt's chunking overhead comes from, ms over one piece: the layers
+    but attention (the roofline's with its per-layer floors and elementwise terms, against the
+    raw linear points), prefill attention (the roofline against the raw points), and the terms
+    all three columns share (CPU side, all-reduce); and the roofline's linear time over the raw
+    point at the chunk's tokens."""
+    roof = RooflineCostModel(*presets(), TP)
+    linear, prefill = raw_points(profiles / PROFILE)
+
+    def parts(c):
+        ks = range(0, n, c)
+        lin_r = roof.layer_floors + roof.linear_time(c) + roof.elementwise_time(c)
+        return {"linear roofline": len(ks) * lin_r, "linear raw": len(ks) * linear[c],
+                "attention roofline": sum(roof.chunk_attention_time(c, k) for k in ks),
+                "attention raw": sum(prefill[(c, k)] for k in ks),
+                "shared": len(ks) * (roof.overhead + roof.req_overhead + roof.allreduce_time(c)),
+                "linear roofline/raw at c": lin_r / linear[c]}
+    one = parts(n)
+    rows = []
+    for c in CHUNKS:
+        if c < n:
+            p = parts(c)
+            rows.append({"chunk": c, **{k: round(1e3 * (v - one[k]), 1) for k, v in p.items()
+                                        if "/" not in k},
+                         "linear roofline/raw at c": round(p["linear roofline/raw at c"], 3)})
+    rows.append({"chunk": "one piece (ms)", **{k: round(1e3 * v, 1) for k, v in one.items()
+                                                if "/" not in k},
+                 "linear roofline/raw at c": round(one["linear roofline/raw at c"], 3)})
+    return pd.DataFrame(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     # the shared profiles sit beside the main checkout (../shared) or beside a worktree's parent
@@ -96,6 +132,8 @@ def main() -> None:
     args = ap.parse_args()
     with pd.option_context("display.width", 200):
         print(table(args.profiles).to_string(index=False))
+        print("\nms over one piece by part, 4096-token prompt:")
+        print(extra_by_part(args.profiles).to_string(index=False))
 
 
 if __name__ == "__main__":

@@ -124,6 +124,30 @@ def extra_by_part(profiles: Path, n: int = 4096) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def what_if(profiles: Path) -> pd.DataFrame:
+    """The roofline's overhead with one of its parts replaced: its linear layers by the raw
+    points (what is left is attention's), and its attention by the profile's two speeds (the
+    free fit of calibrate_roofline: own-chunk pairs at 0.17 of peak, cached-context pairs at
+    0.38; the presets keep one, 0.28)."""
+    model, hw = presets()
+    roof = RooflineCostModel(model, hw, TP)
+    two = RooflineCostModel(model, {**hw, "attn_self_eff": 0.17, "attn_eff": 0.38}, TP)
+    linear, _ = raw_points(profiles / PROFILE)
+
+    def raw_linear(c, k, S):
+        if c not in linear:
+            return float("nan")
+        return roof.iteration_time([(c, k)], [], S) - roof.layer_floors - roof.linear_time(c) \
+            - roof.elementwise_time(c) + linear[c]
+
+    prices = {"roofline, raw linear points": raw_linear,
+              "roofline, attention at 0.17/0.38": lambda c, k, S: two.iteration_time([(c, k)],
+                                                                                   [], S)}
+    return pd.DataFrame([{"prompt": n, "source": name,
+                          **{f"c={c}": round(overhead(price, n, c), 1) for c in CHUNKS if c < n}}
+                         for n in PROMPTS for name, price in prices.items()])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     # the shared profiles sit beside the main checkout (../shared) or beside a worktree's parent
@@ -134,6 +158,8 @@ def main() -> None:
         print(table(args.profiles).to_string(index=False))
         print("\nms over one piece by part, 4096-token prompt:")
         print(extra_by_part(args.profiles).to_string(index=False))
+        print("\nthe roofline with one part replaced:")
+        print(what_if(args.profiles).to_string(index=False))
 
 
 if __name__ == "__main__":

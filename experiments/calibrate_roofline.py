@@ -254,8 +254,8 @@ def cpu_overhead() -> tuple[float, float, pd.DataFrame]:
 
 CHUNKING_READING = """
    Reading. The profiled model is within 5 points of the raw points at chunks >= 256 (-1.7 to
-   +4.9; 8k has no raw points, and its 81.7 at 4096 is the surface extrapolated beyond context
-   4032 and chunk 4096 at once, not a measurement): what is left is its increment floor (a chunk costs at least what the one-piece prompt's attention gains
+   +4.9; 8k has no raw points, and its 81.7 at 4096 compares two extrapolations, the one piece
+   beyond chunk 4096 and the second chunk beyond context 4032, not measurements): what is left is its increment floor (a chunk costs at least what the one-piece prompt's attention gains
    by it), kept because the raw points have the 4k prompt in chunks of 2048 cheaper than one
    piece, which the project forbids; without the floor the model reads the raw points back on the
    grid. Its linear layers are subadditive by lowering a point to its cheapest measured split

@@ -65,6 +65,11 @@ class Topology:
         """(requests table, iterations table), with the topology's own columns."""
         raise NotImplementedError
 
+    def run(self, requests: list[Request]) -> list[Request]:
+        """Replay `requests` open-loop (their arrival times) on this topology: `drive` with
+        `OpenLoop`. Returns them in arrival order."""
+        return drive(self, OpenLoop(requests))
+
     def summarize(self, req_df, it_df, slo=None, price_per_gpu_hour=None,
                   num_gpus: int | None = None) -> dict:
         """summary.json's figures over the tables (`metrics.summarize`), with the topology's

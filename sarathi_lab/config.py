@@ -268,8 +268,9 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
     user = _override_keys(overrides)
     node = c.get("cluster")
     if isinstance(node, dict) and ("prefill" in node or "decode" in node):
-        from sarathi_lab.disagg_config import resolve_disagg   # two pools, each a run
-        return resolve_disagg(c, user, drop_unread=drop_unread)
+        # two pools, each resolved as a run: by this function, handed down (not imported back)
+        from sarathi_lab.disagg_config import resolve_disagg
+        return resolve_disagg(c, user, resolve, drop_unread=drop_unread)
 
     def unread(key: str, why: str) -> None:
         if drop_unread:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from sarathi_lab import registry
 from sarathi_lab.routers import Router, RoundRobin, RouterConfig
 from sarathi_lab.settings import ConfigError, parse
 from sarathi_lab.topology.disagg.settings import POOLS, DisaggConfig
@@ -62,14 +63,13 @@ class DisaggResolved:
 _POOL_NODES = ("scheduler", "executor")
 
 
-def resolve_disagg(c: dict, user: list[str], *, drop_unread: bool = False):
+def resolve_disagg(c: dict, user: list[str], resolve, *, drop_unread: bool = False):
     """`config.resolve` for ``cluster=disagg``: each pool is resolved as a run of its own (the
     run's scheduler and executor nodes with the pool's overrides, its fleet from the pool's
     node), so every setting is typed and checked by the code that checks a single run's. A
-    setting neither pool reads is an error (a multirun notes it). Returns the prefill pool's
-    `Resolved` with `disagg` set."""
-    from sarathi_lab import registry
-    from sarathi_lab.config import resolve
+    setting neither pool reads is an error (a multirun notes it). `resolve`: `config.resolve`,
+    passed in so that this module sits below `config`. Returns the prefill pool's `Resolved`
+    with `disagg` set."""
     node = _mapping(c, "cluster")
     pools = {p: node.pop(p, None) or {} for p in POOLS}
     for p, pn in pools.items():

@@ -445,8 +445,9 @@ class Engine:
         running request is now decoding (after a decode batch, a finish or the last chunk of a
         prompt), the last batch preempted nothing and the policy says the next batch is one
         decode of each of them, run the decode iterations before `next_arrival` at once, up to
-        (not including) the first that ends a request. For drivers of their own that call
-        `step` (closed-loop clients, fleets): every request still ends in a `step`."""
+        (not including) the first that ends a request. For a watched engine (`skip_after`: a
+        fleet, closed-loop clients, disaggregated pools): every request still ends in a
+        `step` the topology sees."""
         policy = self.policy
         if policy.running and not out.preempted \
                 and (n_pre == 0 and n_dec == len(out) == len(policy.running) + len(done)

@@ -17,6 +17,7 @@ and `summarize`, the load's `describe` and `columns`.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from operator import attrgetter
 
@@ -83,29 +84,29 @@ class Driver:
     def __init__(self, topology: Topology):
         self.topology = topology
         self.heap: list[tuple] = []   # (time, rank, order, seq, fn, arg)
-        self._seq = 0
+        self.seq = itertools.count()   # the order pushed, last among ties
         topology.attach(self)
 
     def push(self, t: float, fn, arg, rank: int = LOAD, order: int = 0) -> None:
-        heapq.heappush(self.heap, (t, rank, order, self._seq, fn, arg))
-        self._seq += 1
+        heapq.heappush(self.heap, (t, rank, order, next(self.seq), fn, arg))
 
     def next_time(self) -> float:
         return self.heap[0][0] if self.heap else math.inf
 
     def run(self) -> None:
         heap, topo = self.heap, self.topology
-        pop = heapq.heappop
+        pop, earliest, advance, event = heapq.heappop, topo.earliest, topo.advance, topo.event
+        inf = math.inf
         while True:
-            t_busy = topo.earliest()
+            t_busy = earliest()
             if heap and heap[0][0] <= t_busy:
                 t, _, _, _, fn, arg = pop(heap)
                 fn(arg, t)
-                topo.event(t)
+                event(t)
                 continue
-            if t_busy == math.inf:
+            if t_busy == inf:
                 break
-            topo.advance(heap[0][0] if heap else math.inf)
+            advance(heap[0][0] if heap else inf)
         topo.finish()
 
 
@@ -118,15 +119,19 @@ class OpenLoop:
 
     def start(self, driver: Driver) -> None:
         self._driver = driver
+        self._submit = driver.topology.submit
+        self._heap, self._seq = driver.heap, driver.seq
         if self.requests:
             driver.push(self.requests[0].arrival_time, self._arrive, None)
 
     def _arrive(self, _, t: float) -> None:
         reqs, i = self.requests, self._i
-        self._i = i + 1
-        if i + 1 < len(reqs):   # the next one waits on the heap; one entry, not all of them
-            self._driver.push(reqs[i + 1].arrival_time, self._arrive, None)
-        self._driver.topology.submit(reqs[i], t)
+        self._i = i = i + 1
+        if i < len(reqs):   # the next one waits on the heap; one entry, not all of them
+            # Driver.push, inlined: once per request
+            heapq.heappush(self._heap, (reqs[i].arrival_time, LOAD, 0, next(self._seq),
+                                        self._arrive, None))
+        self._submit(reqs[i - 1], t)
 
     def describe(self) -> dict:
         """summary.json's `load`."""

@@ -6,7 +6,6 @@ engine only moves the clock, hands arrivals over and records iterations.
 """
 from __future__ import annotations
 
-import inspect
 import itertools
 import logging
 from bisect import bisect_right
@@ -47,37 +46,6 @@ def _all_decoding(reqs: list[Request]) -> bool:
     return True
 
 
-def _takes_ended(method) -> bool:
-    """Whether an `advance_decodes` accepts `ended` (one written before it existed does not,
-    and is never asked to end requests)."""
-    params = inspect.signature(method).parameters
-    return "ended" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
-def _owner(cls: type, method: str) -> type:
-    return next(c for c in cls.__mro__ if method in vars(c))
-
-
-def fast_forward_safe(policy: Policy) -> bool:
-    """Whether skipping a steady decode run is exactly what this policy's own calls would do:
-    its `steady_decode` must be written for its `schedule`, and its `advance_decodes` for its
-    `update` (a subclass that overrides one of a pair but not the other is stepped one
-    iteration at a time)."""
-    cls = type(policy)
-    return all(issubclass(_owner(cls, hook), _owner(cls, base))
-               for hook, base in (("steady_decode", "schedule"), ("advance_decodes", "update")))
-
-
-def chunk_runs_safe(policy: Policy) -> bool:
-    """Whether skipping through a chunked prefill is exactly what this policy's own calls would
-    do: it offers it (`steady_chunks`), written for its `schedule`, with `advance_chunks`
-    written for its `update`."""
-    cls = type(policy)
-    offer = _owner(cls, "steady_chunks")
-    return offer is not Policy and issubclass(offer, _owner(cls, "schedule")) \
-        and issubclass(_owner(cls, "advance_chunks"), _owner(cls, "update"))
-
-
 class Engine:
     """Drives one policy and one executor on a virtual clock.
 
@@ -97,9 +65,11 @@ class Engine:
             policy._output_len = executor.output_len
         # skipping steady decode runs needs predicted durations and no real tokens
         self.fast_forward = fast_forward and executor.supports_fast_forward
-        if self.fast_forward and not fast_forward_safe(policy):
-            log.info("%s overrides schedule()/update() without steady_decode()/"
-                     "advance_decodes(): fast-forward off", type(policy).__qualname__)
+        # the policy's declaration of its steady runs, the only thing read to skip them
+        self._ff = policy.fast_forward
+        if self.fast_forward and self._ff is None:
+            log.info("%s declares no fast_forward (schedulers/mechanics/fast_forward.py): "
+                     "stepped one iteration at a time", type(policy).__qualname__)
             self.fast_forward = False
         # progress(num_done, num_tokens), or None: called once per executed iteration with the
         # requests done so far (finished or rejected) and the tokens computed so far in executed
@@ -113,12 +83,11 @@ class Engine:
         self._stops = executor.stop_lengths() if type(executor).finished is Executor.finished \
             else None
         # `run` ends requests inside a skipped run (its last iteration) where the engine applies
-        # the stop rule itself and the policy's advance_decodes takes `ended`
-        self._fold = self.fast_forward and self._stops is not None \
-            and _takes_ended(policy.advance_decodes)
-        # `run` skips through a prompt's chunks where the policy offers it, the engine applies
-        # the stop rule itself and the executor prices such batches (`chunk_run`)
-        self._chunks = self.fast_forward and self._stops is not None and chunk_runs_safe(policy)
+        # the stop rule itself
+        self._fold = self.fast_forward and self._stops is not None
+        # `run` skips through a prompt's chunks where the policy declares chunk runs, the
+        # engine applies the stop rule itself and the executor prices such batches (`chunk_run`)
+        self._chunks = self._fold and self._ff.steady_chunks is not None
         # iteration records, fields as ITER_COLUMNS: a tuple per stepped iteration, and per
         # skipped run its arrays and scalars, turned into rows only when asked (`iterations`)
         self.rows: list[tuple] = []
@@ -458,7 +427,7 @@ class Engine:
         """Whether the policy says its next batches are one decode of every running request;
         a swap-in that could happen now is the next batch's, which a run would skip."""
         policy = self.policy
-        return bool(policy.running) and policy.steady_decode() \
+        return bool(policy.running) and self._ff.steady_decode(policy) \
             and not (policy.swapped and policy.swap_in_possible())
 
     def _ends(self, durs: list[float], next_arrival: float) -> list[float]:
@@ -482,7 +451,7 @@ class Engine:
         exactly what k single steps would, through the policy's `advance_chunks`; each batch
         is recorded as `step` records it. True if it ran any."""
         policy, kv = self.policy, self.kv
-        offer = policy.steady_chunks()
+        offer = self._ff.steady_chunks(policy)
         if offer is None:
             return False
         req, chunk = offer
@@ -526,9 +495,9 @@ class Engine:
         used, stored = kv.pool.num_used, kv.num_stored_tokens
         waiting, host = len(policy.waiting), kv.num_used_host_blocks
         try:
-            policy.advance_chunks(times, req, chunks)
+            self._ff.advance_chunks(policy, times, req, chunks)
         except Exception as e:
-            raise self._blame(policy, "advance_chunks", e) from e
+            raise self._blame(policy, "fast_forward.advance_chunks", e) from e
         assert kv.num_used_blocks == used + extra[-1] \
             and kv.num_stored_tokens == stored + B * k + sum(chunks) \
             and req.num_computed_tokens == computed + sum(chunks), \
@@ -586,9 +555,9 @@ class Engine:
         used_before, stored_before = kv.pool.num_used, kv.num_stored_tokens
         waiting = len(policy.waiting)   # nothing arrives or is admitted inside the run
         try:
-            done = policy.advance_decodes(times, ended) if fold else policy.advance_decodes(times)
+            done = self._ff.advance_decodes(policy, times, ended)
         except Exception as e:
-            raise self._blame(policy, "advance_decodes", e) from e
+            raise self._blame(policy, "fast_forward.advance_decodes", e) from e
         if ended:
             holders = kv.block_counts()
             assert list(done or ()) == ended and all(

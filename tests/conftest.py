@@ -9,7 +9,7 @@ import pytest  # noqa: E402
 
 from sarathi_lab.executors.base import Executor, StepResult  # noqa: E402
 from sarathi_lab.kv import KVCacheManager  # noqa: E402
-from sarathi_lab.registry import policy_class  # noqa: E402
+from sarathi_lab.registry import policy_class, queue_class  # noqa: E402
 from sarathi_lab.request import Request  # noqa: E402
 
 
@@ -52,7 +52,8 @@ def make_policy(name, *, num_blocks=1000, block_size=4, max_model_len=256, stric
     sc = cls.parse_config({"block_size": block_size, **kw})
     kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=sc.enable_prefix_caching,
                         reserve=cls.reserves_kv, max_model_len=max_model_len)
-    return cls(sc, kv)
+    # the queue by name or dotted path, as the run layer finds it (a policy knows built-ins only)
+    return cls(sc, kv, queue_class(sc.queue)())
 
 
 def req(i, prompt, out, t=0.0, ids=None, max_tokens=None):

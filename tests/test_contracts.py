@@ -1,5 +1,7 @@
 """The plug-in contracts of issue 7: a policy that overrides `update` gets every update (the
-fast-forward is switched off for it, or goes through its `advance_decodes`); no policy can read
+fast-forward is switched off for it, or goes through the `advance_decodes` it declares); the
+fast-forward opt-in holds only for the schedule() and update() it was declared for (issue 21);
+no policy can read
 a request's true output length unless it declares itself an oracle; the config files mirror the
 settings classes."""
 import collections
@@ -15,11 +17,12 @@ from conftest import LinearCost, make_policy
 from test_cli import composed
 
 from sarathi_lab.config import CapacityConfig, RunConfig, SLOConfig
-from sarathi_lab.engine import Engine, fast_forward_safe
+from sarathi_lab.engine import Engine
 from sarathi_lab.executors.base import Executor
 from sarathi_lab.registry import BUILTIN, cost_model_class, executor_class, policy_class
 from sarathi_lab.request import Request, Status
 from sarathi_lab.schedulers.base import SchedulerConfig
+from sarathi_lab.schedulers.mechanics.fast_forward import FastForward
 from sarathi_lab.settings import parse
 from sarathi_lab.sweeps import register_resolvers
 from sarathi_lab.traces import to_requests
@@ -48,18 +51,30 @@ class CountsUpdates:
         return done
 
 
-class CountsAdvances(CountsUpdates):
-    """...and writes the matching advance_decodes (what k of its update() calls would do)."""
-
-    def advance_decodes(self, times):
-        self.advanced += len(times)
-        start = [(r.request_id, r.num_computed_tokens, r.num_output_tokens, r.status.name)
-                 for r in self.running]
-        super().advance_decodes(times)
+def counted_advance(inner):
+    """An advance_decodes that does what CountsUpdates.update would have done in each of the
+    skipped batches (`inner`: the built-in's), the requests in `ended` finishing in the last."""
+    def advance(policy, times, ended=()):
+        k = len(times)
+        policy.advanced += k
+        start = [(r, r.request_id, r.num_computed_tokens, r.num_output_tokens)
+                 for r in policy.running]
+        done = inner(policy, times, ended)
         for j, t in enumerate(times, 1):
-            self.log.append((t, tuple((i, c + j, o + j, s) for i, c, o, s in start), (), ()))
-        for r in self.running:
-            self.tokens[r.request_id] += len(times)
+            last = j == k
+            policy.log.append((t, tuple((i, c + j, o + j, r.status.name if last else "RUNNING")
+                                        for r, i, c, o in start),
+                               (), tuple(map(state, done)) if last else ()))
+        for r, *_ in start:
+            policy.tokens[r.request_id] += k
+        return done
+    return advance
+
+
+def counts_advances(ff):
+    """The class body of a CountsUpdates policy that declares the matching advance_decodes."""
+    return {"fast_forward": FastForward(steady_decode=ff.steady_decode,
+                                        advance_decodes=counted_advance(ff.advance_decodes))}
 
 
 class CountsSchedules:
@@ -68,15 +83,12 @@ class CountsSchedules:
         return super().schedule(now)
 
 
-class SteadyToo(CountsSchedules):
-    def steady_decode(self):
-        return super().steady_decode()
-
-
-def subclass(mixin, name, **kw):
-    """`mixin` over the built-in policy `name`, on a fresh KV cache."""
+def subclass(mixin, name, body=None, **kw):
+    """`mixin` over the built-in policy `name`, on a fresh KV cache; `body(fast_forward)`: the
+    class body, given the built-in's declaration (None: an empty body)."""
     base = make_policy(name, **kw)
-    cls = type(f"{mixin.__name__}{type(base).__name__}", (mixin, type(base)), {})
+    ns = body(type(base).fast_forward) if body is not None else {}
+    cls = type(f"{mixin.__name__}{type(base).__name__}", (mixin, type(base)), ns)
     p = cls(base.cfg, base.kv)
     p.updates = p.advanced = p.schedules = 0
     p.tokens, p.log = collections.Counter(), []
@@ -127,14 +139,14 @@ SCENARIOS = [dict(num_blocks=300, max_num_seqs=128),   # long steady decode runs
 def test_a_policy_overriding_update_gets_every_update(name, scenario):
     kw = dict(max_model_len=128, token_budget=32, max_num_batched_tokens=128, **scenario)
     builtin = make_policy(name, **kw)
-    assert fast_forward_safe(builtin)
+    assert builtin.fast_forward is not None
     reference = run(builtin, True)      # the built-in policy, fast-forwarded
 
     # update() overridden alone: fast-forward switched off, asked for or not
     logs = {}
     for ff in (True, False):
         p = subclass(CountsUpdates, name, **kw)
-        assert not fast_forward_safe(p)
+        assert p.fast_forward is None        # its update() is not the one vouched for
         eng, reqs = run(p, ff)
         assert eng.fast_forward is False
         assert p.updates == eng.num_iterations      # one update() per iteration, none skipped
@@ -143,10 +155,10 @@ def test_a_policy_overriding_update_gets_every_update(name, scenario):
         logs[ff] = p.log
     assert_same_log(logs[True], logs[False])
 
-    # update() and advance_decodes() overridden together: fast-forward stays on, goes through
-    # advance_decodes, and does what the skipped update() calls would have done
-    p = subclass(CountsAdvances, name, **kw)
-    assert fast_forward_safe(p)
+    # update() overridden and a matching advance_decodes declared: fast-forward stays on, goes
+    # through advance_decodes, and does what the skipped update() calls would have done
+    p = subclass(CountsUpdates, name, counts_advances, **kw)
+    assert p.fast_forward is not None
     eng, reqs = run(p, True)
     assert eng.fast_forward is True
     assert p.advanced > 0 and p.updates < eng.num_iterations     # it really skipped
@@ -155,56 +167,91 @@ def test_a_policy_overriding_update_gets_every_update(name, scenario):
     assert p.tokens == {r.request_id: r.num_output_tokens for r in reqs if r.num_output_tokens}
     assert_same_log(p.log, logs[False])
     # and without fast-forward it is stepped like the rest
-    q = subclass(CountsAdvances, name, **kw)
+    q = subclass(CountsUpdates, name, counts_advances, **kw)
     eng, reqs = run(q, False)
     assert q.advanced == 0 and q.updates == eng.num_iterations
     assert_same_log(q.log, logs[False])
 
 
 @pytest.mark.parametrize("name", POLICIES)
-def test_a_policy_overriding_schedule_without_steady_decode_is_stepped(name):
+def test_a_policy_overriding_schedule_without_declaring_is_stepped(name):
     kw = dict(num_blocks=300, max_model_len=128, token_budget=32, max_num_batched_tokens=128)
     reference = run(make_policy(name, **kw), True)
     p = subclass(CountsSchedules, name, **kw)
-    assert not fast_forward_safe(p)
+    assert p.fast_forward is None
     eng, reqs = run(p, True)
     assert eng.fast_forward is False
     assert p.schedules >= eng.num_iterations
     assert_same_run((eng, reqs), reference)
-    # with its own steady_decode (here: the built-in's answer, vouched for) it is skipped
-    q = subclass(SteadyToo, name, **kw)
-    assert fast_forward_safe(q)
+    # re-declared (here: the built-in's declaration, vouched for) it is skipped
+    q = subclass(CountsSchedules, name, lambda ff: {"fast_forward": ff}, **kw)
+    assert q.fast_forward is not None
     eng, reqs = run(q, True)
     assert eng.fast_forward is True and q.schedules < eng.num_iterations
     assert_same_run((eng, reqs), reference)
 
 
-def test_fast_forward_safe_follows_the_class_that_wrote_each_hook():
+def test_the_fast_forward_opt_in_holds_only_for_the_schedule_and_update_it_was_declared_for():
     from sarathi_lab.schedulers.sarathi import Sarathi
+    ours = FastForward(steady_decode=lambda policy: False)
 
-    class A(Sarathi):
+    class A(Sarathi):                # update changed, nothing declared: stepped
         def update(self, *a):
             return super().update(*a)
 
-    class B(A):                      # advance_decodes written after (below) update: safe
-        def advance_decodes(self, times):
-            return super().advance_decodes(times)
+    class B(A):                      # declares for A's update: its own declaration
+        fast_forward = ours
 
-    class C(B):                      # update rewritten again below advance_decodes: unsafe
+    class C(B):                      # update changed again below the declaration: stepped
         def update(self, *a):
             return super().update(*a)
 
-    class D(Sarathi):                # only steady_decode: written for the schedule it inherits
-        def steady_decode(self):
-            return False
+    class D(Sarathi):                # a victim rule, inside schedule(): Sarathi's declaration
+        def preemption_victim(self, candidates):
+            return candidates[0]
 
-    class E(Sarathi):                # only advance_decodes: written for the update it inherits
-        def advance_decodes(self, times):
-            return super().advance_decodes(times)
+    class E(B):                      # nothing changed: B's declaration
+        pass
 
+    class Mixin:                     # a mixin's schedule counts as the class's own
+        def schedule(self, now):
+            return super().schedule(now)
+
+    class F(Mixin, Sarathi):
+        pass
+
+    class G(Sarathi):                # says so explicitly
+        fast_forward = None
+
+    verdict = {c.__name__: c.fast_forward for c in (A, B, C, D, E, F, G)}
+    assert verdict == {"A": None, "B": ours, "C": None, "D": Sarathi.fast_forward, "E": ours,
+                       "F": None, "G": None}
     kv = make_policy("sarathi").kv
-    verdict = {c.__name__: fast_forward_safe(c(c.config_class(), kv)) for c in (A, B, C, D, E)}
-    assert verdict == {"A": False, "B": True, "C": False, "D": True, "E": True}
+    for cls, on in ((A, False), (B, True), (D, True), (F, False)):
+        assert Engine(cls(cls.config_class(), kv), LinearCost()).fast_forward is on, cls
+
+
+def test_an_old_style_fast_forward_hook_or_a_wrong_declaration_is_refused():
+    from sarathi_lab.schedulers.sarathi import Sarathi
+    with pytest.raises(TypeError, match=r"^policy class test_contracts\..*<locals>\.Old defines "
+                       r"steady_decode\(\): the fast-forward hooks are no longer methods"):
+        class Old(Sarathi):
+            def steady_decode(self):
+                return True
+
+    class Hooks:                     # in a mixin too: nothing would call it
+        def advance_decodes(self, times, ended=()):
+            return []
+
+    with pytest.raises(TypeError, match=r"defines advance_decodes\(\)"):
+        type("Mixed", (Hooks, Sarathi), {})
+    with pytest.raises(TypeError, match=r"^policy class test_contracts\..*<locals>\.Flag: "
+                       r"fast_forward=True must be a FastForward or None$"):
+        class Flag(Sarathi):
+            fast_forward = True
+    with pytest.raises(TypeError, match=r"^FastForward\(steady_decode=True\): must be a "
+                       r"function of the policy$"):
+        FastForward(steady_decode=True)
 
 
 # -- no policy reads the true output length -----------------------------------------------------
@@ -253,7 +300,7 @@ def leaks(root, secrets=SECRETS):
 
 class Inspects:
     """Looks at everything it can reach, and at every attribute of every request it is shown,
-    whenever the engine calls it (keeping every hook pair, so fast-forward stays on)."""
+    whenever the engine calls it (its fast-forward declaration too, so that stays on)."""
 
     def look(self, reqs=()):
         self.looks += 1
@@ -270,17 +317,21 @@ class Inspects:
         self.look(list(self.waiting) + self.running)
         return super().schedule(now)
 
-    def steady_decode(self):
-        self.look()
-        return super().steady_decode()
-
     def update(self, out, step, start, end):
         self.look(out.reqs)
         return super().update(out, step, start, end)
 
-    def advance_decodes(self, times):
-        self.look(self.running)
-        return super().advance_decodes(times)
+
+def inspected(ff):
+    """The class body of an Inspects policy: the built-in's declaration, looking first."""
+    def steady(policy):
+        policy.look()
+        return ff.steady_decode(policy)
+
+    def advance(policy, times, ended=()):
+        policy.look(policy.running)
+        return ff.advance_decodes(policy, times, ended)
+    return {"fast_forward": FastForward(steady_decode=steady, advance_decodes=advance)}
 
 
 class Oracle(CountsSchedules):
@@ -303,14 +354,15 @@ def test_no_policy_can_read_the_true_output_length(name):
     # long enough that nothing but the trace's length ends a request; blocks numbered below
     # the secrets (a block id is an int the walk sees)
     kw = dict(num_blocks=2600, block_size=32, max_model_len=40000, token_budget=256)
-    p = subclass(Inspects, name, **kw)
+    p = subclass(Inspects, name, inspected, **kw)
     p.looks = 0
     reqs = secret_trace()
     assert leaks(reqs) != []             # the walk finds them where they are
     eng = Engine(p, LinearCost(per_ctx=1e-7))
     assert eng.fast_forward
     eng.run(reqs)
-    assert p.looks > 10
+    # it looked at each stepped iteration's schedule() and update(), and at the declaration's
+    assert p.looks > 2 * len(eng.rows) > 0
     assert [r.num_output_tokens for r in reqs] == [31337, 4242]
     assert all(r.status is Status.FINISHED and r.finish_reason == "stop" for r in reqs)
     # the lengths were in the system all along: the executor holds them

@@ -1,8 +1,11 @@
-"""The documentation is true: the README's plug-in examples run through the CLI and do what
-their settings say, and every reference to the design document leads to a file."""
+"""The documentation is true: the plug-in examples of the reference pages (sarathi_lab/docs/) run
+through the CLI and do what their settings say, every relative link of the README and the pages
+leads to a file (and a heading), the settings page names every config group, option and key, the
+metrics page every column of a run, and every reference to the design document leads to a file."""
 import json
 import os
 import re
+import shlex
 import tomllib
 from pathlib import Path
 
@@ -10,30 +13,37 @@ import pandas as pd
 import pytest
 from conftest import LinearCost, req
 from test_cli import cli as sarathi_lab_cli
+from test_cli import composed
 
+from sarathi_lab.cli import check_config
 from sarathi_lab.engine import Engine
 from sarathi_lab.kv import KVCacheManager
 from sarathi_lab.metrics import iterations_table, requests_table, summarize
+from sarathi_lab.runner import run
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+DOCS = ROOT / "sarathi_lab" / "docs"
+PAGES = [README, *sorted(DOCS.glob("*.md"))]
+PLUGINS_PAGE = DOCS / "plugins.md"
 DESIGN_NAME = "DESIGN" + ".md"   # spelled apart: this file is among those scanned below
 EXAMPLE = re.compile(r"<!-- example: (\S+) -->\s*\n```(\w+)\n(.*?)\n```", re.S)
 SMALL = ("trace=synthetic", "trace.num_requests=20")
 
 
 def examples() -> dict[str, str]:
-    """The README's marked example blocks, by file name."""
+    """The marked example blocks of the README and the pages, by file name."""
     found = {}
-    for name, lang, code in EXAMPLE.findall(README.read_text()):
-        assert name not in found, f"README: example {name} given twice"
-        found[name] = code + "\n"
+    for page in PAGES:
+        for name, lang, code in EXAMPLE.findall(page.read_text()):
+            assert name not in found, f"{page.relative_to(ROOT)}: example {name} given twice"
+            found[name] = code + "\n"
     return found
 
 
 @pytest.fixture(scope="module")
 def plugins(tmp_path_factory) -> Path:
-    """The examples written as modules, and the README's entry points as an installed
+    """The examples written as modules, and the plug-in page's entry points as an installed
     distribution's metadata (what `pip install` of a package with that pyproject.toml leaves)."""
     d = tmp_path_factory.mktemp("plugins")
     for name, code in examples().items():
@@ -50,7 +60,7 @@ def plugins(tmp_path_factory) -> Path:
 
 
 def cli(plugins: Path, run_dir: Path, *args):
-    """`sarathi-lab` in a subprocess with the example modules on PYTHONPATH, as the README
+    """`sarathi-lab` in a subprocess with the example modules on PYTHONPATH, as the plug-in page
     tells a user to run them; the run's summary and tables."""
     path = os.pathsep.join([str(plugins), str(ROOT), os.environ.get("PYTHONPATH", "")])
     r = sarathi_lab_cli(f"hydra.run.dir={run_dir}", *args, cwd=run_dir.parent,
@@ -61,14 +71,17 @@ def cli(plugins: Path, run_dir: Path, *args):
             pd.read_parquet(run_dir / "iterations.parquet"))
 
 
-def test_readme_marks_every_plugin_example():
+def test_plugin_page_marks_every_plugin_example():
     assert set(examples()) == {"pyproject.toml", "my_policy.py", "my_fair.py", "my_costs.py",
-                               "my_executor.py"}
-    text = README.read_text()
-    # each module's run command, as printed in the README, names its class by dotted path
+                               "my_executor.py", "my_router.py"}
+    # all of them on the plug-in page, where a plug-in author looks
+    assert {name for name, _, _ in EXAMPLE.findall(PLUGINS_PAGE.read_text())} == set(examples())
+    text = PLUGINS_PAGE.read_text()
+    # each module's run command, as printed on the page, names its class by dotted path
     for cmd in ("scheduler.name=my_policy:DecodeFirst", "scheduler.name=my_fair:LeastServedTenant",
                 "scheduler.queue=my_fair:LongestPromptFirst",
-                "executor.cost_model=my_costs:LinearCost", "executor.name=my_executor:TokenRate"):
+                "executor.cost_model=my_costs:LinearCost", "executor.name=my_executor:TokenRate",
+                "cluster.router=my_router:Sticky"):
         assert cmd in text, cmd
 
 
@@ -80,7 +93,7 @@ def test_policy_example_runs_and_its_setting_caps_prefills(plugins, tmp_path):
     assert it["prefill_tokens"].max() == 48          # chunks of 48, never more
     _, _, it_default = cli(plugins, tmp_path / "default", *policy)
     assert it_default["prefill_tokens"].max() == 256   # the setting's default
-    # its steady_decode is exact: stepping every iteration gives the same run
+    # its fast-forward declaration is exact: stepping every iteration gives the same run
     _, reqs_slow, it_slow = cli(plugins, tmp_path / "stepped", *policy,
                                 "+scheduler.prefill_chunk=48", "fast_forward=false")
     assert len(it_slow) == len(it)
@@ -115,7 +128,7 @@ def test_fair_policy_example_counts_the_same_with_and_without_fast_forward(plugi
                                                                            monkeypatch):
     fast, eng, reqs = _fair_run(plugins, monkeypatch, True)
     slow, _, _ = _fair_run(plugins, monkeypatch, False)
-    assert eng.fast_forward    # update and advance_decodes overridden together: still on
+    assert eng.fast_forward    # update overridden, with a matching declaration: still on
     assert eng._fold           # and its advance_decodes ends requests inside skipped runs
     it = iterations_table(eng.iterations())
     assert it["preemptions"].sum() > 0     # the KV is small enough for its victim rule to act
@@ -163,7 +176,7 @@ def test_executor_example_decides_durations_and_ends(plugins, tmp_path):
     assert it["duration"].to_numpy() == pytest.approx((0.002 + tokens / 1000).to_numpy())
 
 
-def test_readme_entry_points_register_the_examples(plugins, tmp_path):
+def test_page_entry_points_register_the_examples(plugins, tmp_path):
     s, _, _ = cli(plugins, tmp_path / "run", "scheduler=custom", "scheduler.name=decode_first",
                   "executor=custom", "executor.name=sim", "+executor.cost_model=linear",
                   "+executor.base_s=0.02", "+executor.per_token_s=0",
@@ -173,6 +186,16 @@ def test_readme_entry_points_register_the_examples(plugins, tmp_path):
     s, _, it = cli(plugins, tmp_path / "run2", "executor=custom", "executor.name=token_rate",
                    *SMALL)
     assert s["settings"]["executor"]["class"] == "my_executor:TokenRate"
+
+
+@pytest.mark.slow    # a CLI subprocess (issue 21: those are the slow tier)
+def test_router_example_keeps_each_tenant_on_one_replica(plugins, tmp_path):
+    s, reqs, _ = cli(plugins, tmp_path / "run", "cluster.num_replicas=3",
+                     "cluster.router=my_router:Sticky", "trace=mix", "trace.num_requests=40")
+    assert s["num_finished"] == 40 and s["num_replicas"] == 3
+    per_tenant = reqs.groupby("tenant")["replica"].nunique()
+    assert len(per_tenant) >= 3 and (per_tenant == 1).all()
+    assert reqs["replica"].nunique() >= 2    # the tenants spread over the fleet
 
 
 # -- the design document ------------------------------------------------------------------------
@@ -227,3 +250,155 @@ def test_design_defines_every_summary_figure():
     keys |= set(s["slo"]) - {"p99_tbt", "ttft"}   # the SLO's own settings, echoed
     missing = sorted(k for k in keys if k not in words)
     assert not missing, f"sarathi_lab/{DESIGN_NAME} does not define {missing}"
+
+
+# -- the pages ----------------------------------------------------------------------------------
+
+FENCE = re.compile(r"```.*?```", re.S)
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+LINKED = [*PAGES, ROOT / "sarathi_lab" / DESIGN_NAME, ROOT / "experiments" / "README.md",
+          *sorted((ROOT / "experiments").glob("*/README.md"))]
+
+
+def _slug(heading: str) -> str:
+    """A heading's anchor as GitHub makes it: lower case, punctuation but - and _ dropped,
+    spaces to dashes."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    return {_slug(h) for h in re.findall(r"^#+ (.+)$", FENCE.sub("", page.read_text()), re.M)}
+
+
+def test_slug_is_githubs():
+    assert _slug("Pipeline stages (`executor.pipeline_parallel`)") == \
+        "pipeline-stages-executorpipeline_parallel"
+    assert _slug("Disaggregated prefill/decode (`cluster=disagg`)") == \
+        "disaggregated-prefilldecode-clusterdisagg"
+
+
+def test_every_relative_link_leads_to_a_file_and_heading():
+    broken, checked = [], 0
+    for page in LINKED:
+        for target in LINK.findall(FENCE.sub("", page.read_text())):
+            if re.match(r"[a-z]+:", target):          # http(s), mailto: not ours to check
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            checked += 1
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+    assert checked > 50      # the README and the index link every page
+
+
+def test_readme_and_index_link_every_page():
+    index = DOCS / "README.md"
+    for page in sorted(DOCS.glob("*.md")):
+        if page != index:
+            assert f"({page.name})" in index.read_text(), f"{index.name} omits {page.name}"
+            assert f"(sarathi_lab/docs/{page.name})" in README.read_text(), \
+                f"README.md omits {page.name}"
+
+
+def _documented_runs():
+    """Every `sarathi-lab` command in the bash blocks of the README and the pages: (page,
+    multirun, overrides). A line with `...` is an elided sketch, not a command."""
+    for page in PAGES:
+        for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                m = re.match(r"(?:PYTHONPATH=\$PWD )?sarathi-lab (.*)", line.split(" #")[0].strip())
+                if m and "..." not in m.group(1):
+                    args = shlex.split(m.group(1))
+                    yield page.name, "-m" in args, [a for a in args if a != "-m"]
+
+
+@pytest.mark.slow    # about 50 compositions of the config: 30 s on a loaded machine
+def test_every_documented_command_has_valid_settings(plugins, monkeypatch):
+    """The commands the pages show compose and pass the start-up checks (types, ranges, names,
+    settings no component reads), every value of a sweep's lists; the plug-in examples
+    importable as the pages tell a user to make them."""
+    monkeypatch.syspath_prepend(str(plugins))
+    checked = 0
+    for page, multirun, args in _documented_runs():
+        # a sweep's comma lists (not inside {...} or [...] values), each value in one check:
+        # a sweep drops per job the settings its components do not read, so no value depends
+        # on another's; the launcher is Hydra's, not a setting
+        values = [[a] if not multirun or re.search(r"[{\[]", a) else
+                  [a.split("=", 1)[0] + "=" + v for v in a.split("=", 1)[1].split(",")]
+                  for a in args if not a.startswith("hydra")]
+        for i in range(max(map(len, values))):
+            combo = [v[min(i, len(v) - 1)] for v in values]
+            try:
+                check_config(composed(*combo), list(combo), multirun=multirun)
+            except Exception as e:
+                pytest.fail(f"{page}: sarathi-lab {' '.join(args)}: {e}")
+            checked += 1
+    assert checked > 45
+
+
+def test_every_experiment_readme_is_linked_from_the_pages():
+    linked = {(page.parent / target).resolve() for page in (DOCS / "studies.md", DOCS / "README.md")
+              for target in LINK.findall(page.read_text())}
+    unlinked = [r.parent.name for r in sorted((ROOT / "experiments").glob("*/README.md"))
+                if r.resolve() not in linked]
+    assert not unlinked, f"studies.md (or the index) links no README of {unlinked}"
+
+
+def _mentioned(page: Path) -> set[str]:
+    """Every name written in backticks on the page, and each dotted or slashed part of it."""
+    words = set()
+    for span in re.findall(r"`([^`]+)`", FENCE.sub("", page.read_text())):
+        for w in re.findall(r"[\w][\w.\-/]*", span):
+            words |= {w, *re.split(r"[./]", w)}
+    return words
+
+
+def test_settings_page_names_every_group_option_and_key():
+    import yaml
+    configs = ROOT / "configs"
+    page = DOCS / "settings.md"
+    named = _mentioned(page)
+    missing = []
+    for group in sorted(p for p in configs.rglob("*") if p.is_dir() and "__" not in p.name):
+        files = sorted(group.glob("*.yaml"))
+        if not files:
+            continue                           # configs/hydra holds only the launcher group
+        name = group.relative_to(configs).as_posix()
+        missing += [f"group {name}"] * (name not in named)
+        missing += [f"option {name}={f.stem}" for f in files if f.stem not in named]
+        if name in ("experiment", "hydra/launcher"):
+            continue     # presets of other groups' keys; the launcher plug-ins' own settings
+        for f in files:
+            keys = (yaml.safe_load(f.read_text()) or {}).keys() - {"defaults"}
+            missing += [f"key {name}.{k} ({f.name})" for k in keys
+                        if not k.startswith("_") and k not in named]
+    top = yaml.safe_load((configs / "config.yaml").read_text())
+    keys = [k for k in top if k not in ("defaults", "hydra")]
+    keys += [f"capacity.{k}" for k in top["capacity"]]
+    missing += [f"top-level {k}" for k in keys if k not in named]
+    assert not missing, f"{page.relative_to(ROOT)} does not name {missing}"
+
+
+@pytest.mark.parametrize("overrides, page", [
+    ((), "metrics.md"),
+    (("cluster.num_replicas=2",), "topologies.md"),
+    (("executor.pipeline_parallel=2",), "topologies.md"),
+    (("cluster=disagg",), "topologies.md"),
+    pytest.param(("executor=torch", "model=tiny-llama", "trace.num_requests=3"),
+                 "real_model.md", marks=pytest.mark.slow),   # builds a model: 30 s when loaded
+])
+def test_pages_name_every_column_and_summary_key(overrides, page, tmp_path):
+    """A run's columns and summary keys are named on metrics.md, or (those a topology or the
+    real model adds) on the page that describes that setting."""
+    run(composed("trace=synthetic", "trace.num_requests=12", *overrides), tmp_path)
+    named = _mentioned(DOCS / "metrics.md") | _mentioned(DOCS / page)
+    found = {*pd.read_parquet(tmp_path / "requests.parquet").columns,
+             *pd.read_parquet(tmp_path / "iterations.parquet").columns,
+             *json.loads((tmp_path / "summary.json").read_text())}
+    # a numbered family (bubble_stage0, bubble_stage1, ...) is named by its first member
+    found = {re.sub(r"\d+$", "0", name) for name in found}
+    assert len(found) > 60
+    assert not found - named, f"{page} and metrics.md do not name {sorted(found - named)}"

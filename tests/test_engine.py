@@ -1,3 +1,5 @@
+import dataclasses
+
 import numpy as np
 import pytest
 from conftest import LinearCost, make_policy, req
@@ -5,6 +7,8 @@ from conftest import LinearCost, make_policy, req
 from sarathi_lab.engine import Engine
 from sarathi_lab.metrics import iterations_table, requests_table, summarize
 from sarathi_lab.runner import build
+from sarathi_lab.schedulers import steady
+from sarathi_lab.schedulers.mechanics.fast_forward import FastForward, advance_chunks
 from sarathi_lab.schedulers.output import SchedulerOutput
 from sarathi_lab.schedulers.sarathi import Sarathi
 
@@ -155,29 +159,6 @@ def test_fast_forward_starts_right_after_the_prefill_and_ends_requests_in_its_ru
     assert eng.kv.num_used_blocks == 0 and eng.num_done == 2
 
 
-def test_a_policy_whose_advance_decodes_takes_no_ended_steps_every_finish():
-    # an advance_decodes written before `ended` existed is never asked to end requests
-    class Old(type(make_policy("vllm"))):
-        def advance_decodes(self, times):
-            self.advanced = getattr(self, "advanced", 0) + len(times)
-            return super().advance_decodes(times)
-    runs = {}
-    for ff in (True, False):
-        base = make_policy("vllm", max_model_len=64)
-        p = Old(base.cfg, base.kv)
-        reqs = [req(0, 4, 40), req(1, 4, 10)]
-        eng = Engine(p, LinearCost(base=0.01, per_token=1e-4), fast_forward=ff)
-        eng.run(reqs)
-        runs[ff] = (eng, reqs, p)
-    (eng, reqs, p), (ref_eng, ref, _) = runs[True], runs[False]
-    assert eng.fast_forward and not eng._fold
-    assert (eng.iterations() == ref_eng.iterations()).all()
-    assert [r.token_times for r in reqs] == [r.token_times for r in ref]
-    # the prefill, b's last decode and a's last decode are stepped; 8 + 29 decodes skipped
-    assert len(eng.rows) == 3 and p.advanced == 8 + 29
-
-
-
 def test_iterations_asked_during_a_run_are_a_prefix_of_the_final_table():
     seen = []
     eng = Engine(make_policy("vllm", max_model_len=64), LinearCost(base=0.01, per_token=1e-4),
@@ -220,14 +201,16 @@ def _chunk_pair(reqs_of, cost=None, **kw):
     for ff in (True, False):
         p, rs = make_policy("sarathi", **{"token_budget": 8, "max_model_len": 64, **kw}), reqs_of()
 
-        def recorded(times, r, c, _advance=p.advance_chunks):
+        def recorded(policy, times, r, c, _advance=p.fast_forward.advance_chunks):
             chunks.append((r.request_id, c))
-            return _advance(times, r, c)
+            return _advance(policy, times, r, c)
 
         def counted(now, _schedule=p.schedule, _ff=ff):
             calls[_ff] += 1
             return _schedule(now)
-        p.advance_chunks, p.schedule = recorded, counted
+        # on the instance: the engine reads the declaration of the policy it is given
+        p.fast_forward = dataclasses.replace(p.fast_forward, advance_chunks=recorded)
+        p.schedule = counted
         eng = Engine(p, LinearCost(**(cost or {"base": 0.01, "per_token": 1e-4})),
                      fast_forward=ff)
         eng.run(rs)
@@ -272,10 +255,7 @@ def test_a_chunk_run_stops_at_an_arrival_and_steps_the_last_chunk_while_a_reques
     assert row[3] == 1 and row[4] == 3
 
 
-def test_chunk_runs_are_off_for_a_policy_that_reschedules_below_their_offer():
-    from sarathi_lab.engine import chunk_runs_safe
-    from sarathi_lab.schedulers.base import Policy
-
+def test_chunk_runs_are_off_for_a_policy_that_reschedules_below_their_declaration():
     class Resched(Sarathi):
         def schedule(self, now):
             return super().schedule(now)
@@ -284,18 +264,16 @@ def test_chunk_runs_are_off_for_a_policy_that_reschedules_below_their_offer():
         def update(self, out, step, start, end):
             return super().update(out, step, start, end)
 
-    class Both(Resched):
-        def steady_chunks(self):
-            return super().steady_chunks()
+    class Both(Resched):             # vouches for Sarathi's declaration with its schedule()
+        fast_forward = Sarathi.fast_forward
 
-        def advance_chunks(self, times, req, chunks):
-            return super().advance_chunks(times, req, chunks)
+    class DecodesOnly(Sarathi):      # declares decode runs only
+        fast_forward = FastForward(steady_decode=steady.sarathi_decode)
     base = make_policy("sarathi")
-    assert chunk_runs_safe(base) and not chunk_runs_safe(make_policy("vllm"))
-    for cls, safe in ((Resched, False), (Reupdate, False), (Both, True)):
-        p = cls(base.cfg, base.kv)
-        assert chunk_runs_safe(p) is safe, cls
-    assert Policy.steady_chunks(base) is None
+    for cls, chunks in ((Sarathi, True), (Resched, False), (Reupdate, False), (Both, True),
+                        (DecodesOnly, False), (type(make_policy("vllm")), False)):
+        eng = Engine(cls(cls.config_class(block_size=4), base.kv), LinearCost())
+        assert eng._chunks is chunks, cls
     # an executor that does not price such batches is stepped through them
     p = make_policy("sarathi", token_budget=8, max_model_len=64)
 
@@ -308,9 +286,11 @@ def test_chunk_runs_are_off_for_a_policy_that_reschedules_below_their_offer():
 
 
 def test_a_chunk_run_that_advance_chunks_gets_wrong_is_an_error():
+    def lazy(policy, times, req, chunks):
+        advance_chunks(policy, times, req, chunks[:-1])
+
     class Lazy(Sarathi):
-        def advance_chunks(self, times, req, chunks):
-            super().advance_chunks(times, req, chunks[:-1])
+        fast_forward = dataclasses.replace(Sarathi.fast_forward, advance_chunks=lazy)
     base = make_policy("sarathi", token_budget=8, max_model_len=64)
     eng = Engine(Lazy(base.cfg, base.kv), LinearCost(base=0.01, per_token=1e-4))
     with pytest.raises(AssertionError, match="advance_chunks did not do what k batches would"):

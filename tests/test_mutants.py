@@ -8,6 +8,7 @@ from sarathi_lab.engine import Engine
 from sarathi_lab.guard import RuleViolation
 from sarathi_lab.metrics import iterations_table, requests_table, summarize
 from sarathi_lab.request import Status
+from sarathi_lab.schedulers.mechanics.fast_forward import FastForward
 from sarathi_lab.schedulers.output import SchedulerOutput
 from sarathi_lab.schedulers.queues import PriorityQueue
 from sarathi_lab.schedulers.sarathi import Sarathi
@@ -76,8 +77,9 @@ def test_fast_forward_is_turned_off_for_a_policy_that_would_bypass_its_own_updat
         eng = Engine(OwnUpdate(base.cfg, base.kv), LinearCost())
     assert not eng.fast_forward
     assert caplog.messages == ["test_fast_forward_is_turned_off_for_a_policy_that_would_bypass_"
-                               "its_own_update.<locals>.OwnUpdate overrides schedule()/update() "
-                               "without steady_decode()/advance_decodes(): fast-forward off"]
+                               "its_own_update.<locals>.OwnUpdate declares no fast_forward "
+                               "(schedulers/mechanics/fast_forward.py): stepped one iteration "
+                               "at a time"]
 
 
 # -- the engine loop ------------------------------------------------------------------------------
@@ -399,16 +401,19 @@ def test_a_decode_without_kv_slots_is_named_as_such():
         Engine(p, LinearCost(), fast_forward=False).run([req(0, 4, 3)])
 
 
-class SkipFails(Sarathi):
-    """Its fast-forward hook fails (it overrides only that hook, so fast-forward stays on)."""
+def _fails(policy, times, ended=()):
+    raise ValueError(f"cannot skip {len(times)} steps")
 
-    def advance_decodes(self, times):
-        raise ValueError(f"cannot skip {len(times)} steps")
+
+class SkipFails(Sarathi):
+    """Its fast-forward declaration's advance_decodes fails."""
+    fast_forward = FastForward(steady_decode=Sarathi.fast_forward.steady_decode,
+                               advance_decodes=_fails)
 
 
 def test_a_failing_fast_forward_hook_is_named():
     base = make_policy("sarathi")
     p = SkipFails(base.cfg, base.kv)
-    with pytest.raises(ValueError, match=r"^test_mutants\.SkipFails\.advance_decodes\(\) at "
-                       r"t=0\.\d+s \(iteration 1\): cannot skip 8 steps$"):
+    with pytest.raises(ValueError, match=r"^test_mutants\.SkipFails\.fast_forward\."
+                       r"advance_decodes\(\) at t=0\.\d+s \(iteration 1\): cannot skip 9 steps$"):
         Engine(p, LinearCost()).run([req(0, 4, 10)])

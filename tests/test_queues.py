@@ -11,6 +11,7 @@ from sarathi_lab.engine import Engine
 from sarathi_lab.request import Request, Status
 from sarathi_lab.schedulers.queues import (DeadlineQueue, PriorityQueue, RequestQueue,
                                            ShortestPromptQueue)
+from sarathi_lab.schedulers.sarathi import Sarathi, SarathiConfig
 
 POLICIES = ["request_level", "orca", "vllm", "sarathi"]
 QUEUES = ["fcfs", "priority", "edf", "spf"]
@@ -110,6 +111,14 @@ def test_queue_by_name_or_dotted_path():
     assert type(p.waiting) is PriorityQueue
     with pytest.raises(ValueError, match="unknown queue 'lifo'; known: edf, fcfs, priority, spf"):
         make_policy("sarathi", queue="lifo")
+    # built in code without a queue, a policy takes the built-in its settings name, and no
+    # other: the policy layer does not import the registry, which finds plug-ins
+    kv = make_policy("vllm").kv
+    assert type(Sarathi(SarathiConfig(queue="spf", block_size=4), kv).waiting) \
+        is ShortestPromptQueue
+    with pytest.raises(ValueError, match=r"^scheduler\.queue='my:Lifo': a policy built without a "
+                       r"queue knows only the built-in ones \(fcfs, priority, edf, spf\); pass "):
+        Sarathi(SarathiConfig(queue="my:Lifo", block_size=4), kv)
 
 
 # -- admission order, hand-built -----------------------------------------------------------------

@@ -1,4 +1,5 @@
 """The simulator executor and its roofline cost model."""
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -291,12 +292,12 @@ def test_sarathi_on_the_roofline_skips_chunked_prefills_without_changing_the_run
         policy, ex = build(cfg)
         reqs = [Request(i, t, p, o) for i, (t, p, o) in enumerate(spec)]
         n_chunked = [0]
-        advance = policy.advance_chunks
+        advance = policy.fast_forward.advance_chunks
 
-        def counted(times, r, chunks, _a=advance, _n=n_chunked):
+        def counted(p, times, r, chunks, _a=advance, _n=n_chunked):
             _n[0] += len(chunks)
-            return _a(times, r, chunks)
-        policy.advance_chunks = counted
+            return _a(p, times, r, chunks)
+        policy.fast_forward = dataclasses.replace(policy.fast_forward, advance_chunks=counted)
         eng = Engine(policy, ex, fast_forward=ff)
         eng.run(reqs)
         runs[ff] = (eng, reqs, n_chunked[0])

@@ -9,13 +9,27 @@ decode waits for at most one chunk, but never shares an iteration with one.
     PYTHONPATH=experiments/ablation sarathi-lab scheduler=custom \
         scheduler.name=simple_chunking:SimpleChunking scheduler.token_budget=512
 """
-from sarathi_lab.schedulers import Policy, SchedulerOutput
+from sarathi_lab.schedulers import FastForward, Policy, SchedulerOutput
+from sarathi_lab.schedulers.mechanics.fast_forward import advance_decodes
 from sarathi_lab.schedulers.sarathi import SarathiConfig
+
+
+def steady_decode(policy):
+    # every running request decodes and no prompt can start: either turn runs the decodes
+    return not policy.waiting or policy.head_blocked(policy.cfg.token_budget)
+
+
+def advance(policy, times, ended=()):
+    done = advance_decodes(policy, times, ended)
+    policy.prefill_turn = True   # as a decode iteration leaves it
+    return done
 
 
 class SimpleChunking(Policy):
     name = "simple_chunking"
     config_class = SarathiConfig   # the same knob: token_budget, here a prefill iteration's
+    # the simulator may skip through its decode runs (schedulers/mechanics/fast_forward.py)
+    fast_forward = FastForward(steady_decode=steady_decode, advance_decodes=advance)
 
     def __init__(self, cfg, kv, queue=None):
         super().__init__(cfg, kv, queue)
@@ -46,11 +60,3 @@ class SimpleChunking(Policy):
 
     def token_limit(self):
         return self.cfg.token_budget
-
-    def steady_decode(self):
-        # every running request decodes and no prompt can start: either turn runs the decodes
-        return not self.waiting or self.head_blocked(self.cfg.token_budget)
-
-    def advance_decodes(self, times):
-        super().advance_decodes(times)
-        self.prefill_turn = True   # as a decode iteration leaves it

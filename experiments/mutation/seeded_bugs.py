@@ -29,10 +29,10 @@ BUGS = {
         "sarathi_lab/metrics.py",
         "float(used.mean() / kv_blocks_total)", "float(used.mean() / kv_blocks_total / 2)"),
     "max_num_seqs check removed from admission": (
-        "sarathi_lab/schedulers/base.py",
+        "sarathi_lab/schedulers/mechanics/admit.py",
         "if len(self.running) >= self.cfg.max_num_seqs:", "if False:"),
     "KV watermark ignored": (
-        "sarathi_lab/schedulers/base.py",
+        "sarathi_lab/schedulers/mechanics/admit.py",
         "        if need > self.kv.num_free_blocks - self.watermark:",
         "        if need > self.kv.num_free_blocks:"),
 }

@@ -1,5 +1,6 @@
 from sarathi_lab.schedulers.base import Policy, SchedulerConfig
+from sarathi_lab.schedulers.mechanics.fast_forward import FastForward
 from sarathi_lab.schedulers.output import SchedulerOutput
 from sarathi_lab.schedulers.queues import RequestQueue
 
-__all__ = ["Policy", "RequestQueue", "SchedulerConfig", "SchedulerOutput"]
+__all__ = ["FastForward", "Policy", "RequestQueue", "SchedulerConfig", "SchedulerOutput"]

@@ -1,5 +1,6 @@
 """Orca (OSDI'22): iteration-level scheduling; every iteration runs the decodes of running
 requests plus the whole prefills of newly admitted ones. KV is reserved for max length."""
+from sarathi_lab.schedulers import steady
 from sarathi_lab.schedulers.output import SchedulerOutput
 from sarathi_lab.schedulers.whole_prompt import WholePromptPolicy
 
@@ -7,13 +8,10 @@ from sarathi_lab.schedulers.whole_prompt import WholePromptPolicy
 class Orca(WholePromptPolicy):
     name = "orca"
     reserves_kv = True
+    fast_forward = steady.ORCA   # its steady decode runs (schedulers/steady.py)
 
     def schedule(self, now):
         out = SchedulerOutput()
         self.decode_reserved(out)
         self.admit_waiting(out, self.token_cap - out.total_tokens, whole=True)
         return out
-
-    def steady_decode(self):
-        return not self.waiting or self.head_blocked(self.token_cap - len(self.running),
-                                                     whole=True)

@@ -8,6 +8,8 @@ iteration holds it for 16 iterations). Here ongoing prefills and waiting request
 the queue's key: whoever ranks first gets the next chunk. Decodes still come first (no stall).
 """
 from sarathi_lab.request import Status
+from sarathi_lab.schedulers import steady
+from sarathi_lab.schedulers.mechanics.progress import split_running
 from sarathi_lab.schedulers.output import SchedulerOutput
 from sarathi_lab.schedulers.queues import OrderedQueue
 from sarathi_lab.schedulers.sarathi import Sarathi
@@ -19,6 +21,7 @@ class OrderedSarathi(Sarathi):
     ranks after a head that cannot start still gets its chunk (its blocks are held already)."""
 
     name = "ordered_sarathi"
+    fast_forward = steady.ORDERED_SARATHI   # its steady decode runs (schedulers/steady.py)
 
     def __init__(self, cfg, kv, queue=None):
         super().__init__(cfg, kv, queue)
@@ -36,9 +39,7 @@ class OrderedSarathi(Sarathi):
     def fill(self, out: SchedulerOutput) -> SchedulerOutput:
         """Add this iteration's decodes, then prefill chunks in rank order, to `out`."""
         budget = self.cfg.token_budget
-        decodes, prefills = [], []
-        for req in self.running:
-            (decodes if req.is_decoding else prefills).append(req)
+        decodes, prefills = split_running(self.running)
         self.schedule_decodes(out, decodes[:budget])
         budget -= len(out)
         prefills = sorted((r for r in prefills if r.status is Status.RUNNING), key=self.rank)
@@ -57,7 +58,7 @@ class OrderedSarathi(Sarathi):
             elif n := self.admit(head, budget):
                 out.add(head, n)
                 budget -= n
-            elif (reason := self._never_fits(head)) is not None:
+            elif (reason := self.never_fits(head)) is not None:
                 # a preempted request that grew may never fit again: it would block the queue
                 self.reject(waiting.pop(), reason)
                 out.rejected.append(head)
@@ -66,8 +67,3 @@ class OrderedSarathi(Sarathi):
         # swapped requests (admission waits for them) take what ongoing prefills left
         self.swap_in_waiting(out, budget)
         return out
-
-    def steady_decode(self):
-        # every running request decodes: no prefill is under way, so only the head's
-        # admission could change the batch, exactly as for Sarathi
-        return super().steady_decode()

@@ -128,3 +128,17 @@ class ShortestPromptQueue(OrderedQueue):
     @staticmethod
     def key(req: Request):
         return req.num_prompt_tokens
+
+
+BUILTIN = {q.name: q for q in (RequestQueue, PriorityQueue, DeadlineQueue, ShortestPromptQueue)}
+
+
+def builtin_queue(name: str) -> RequestQueue:
+    """A new built-in queue by its name (`scheduler.queue`), for a policy built in code without
+    one. Plug-in queues (registered names, dotted paths) are found by the run layer
+    (`registry.queue_class`), which a policy does not import."""
+    if name not in BUILTIN:
+        raise ValueError(f"scheduler.queue={name!r}: a policy built without a queue knows only "
+                         f"the built-in ones ({', '.join(BUILTIN)}); pass a plug-in's as "
+                         "queue=registry.queue_class(name)()")
+    return BUILTIN[name]()

@@ -1,5 +1,6 @@
 """Request-level batching (FasterTransformer): a batch is admitted only when nothing runs and
 runs to completion. KV is reserved for max length."""
+from sarathi_lab.schedulers import steady
 from sarathi_lab.schedulers.output import SchedulerOutput
 from sarathi_lab.schedulers.whole_prompt import WholePromptPolicy
 
@@ -7,6 +8,7 @@ from sarathi_lab.schedulers.whole_prompt import WholePromptPolicy
 class RequestLevel(WholePromptPolicy):
     name = "request_level"
     reserves_kv = True
+    fast_forward = steady.REQUEST_LEVEL   # its steady decode runs (schedulers/steady.py)
 
     def schedule(self, now):
         out = SchedulerOutput()
@@ -15,6 +17,3 @@ class RequestLevel(WholePromptPolicy):
             return out
         self.admit_waiting(out, self.token_cap, whole=True)
         return out
-
-    def steady_decode(self):
-        return True

@@ -14,6 +14,7 @@ preemption never cycles (it only ever goes from a larger key to a smaller one).
 """
 from dataclasses import dataclass
 
+from sarathi_lab.schedulers import steady
 from sarathi_lab.schedulers.ordered_sarathi import OrderedSarathi
 from sarathi_lab.schedulers.output import SchedulerOutput
 from sarathi_lab.schedulers.queues import PriorityQueue
@@ -47,6 +48,7 @@ class AgingPriorityQueue(PriorityQueue):
 class SarathiPriority(OrderedSarathi):
     name = "sarathi_priority"
     config_class = SarathiPriorityConfig
+    fast_forward = steady.SARATHI_PRIORITY   # its steady decode runs (schedulers/steady.py)
 
     def __init__(self, cfg, kv, queue=None):
         # the order is this policy's own (the queue setting is fixed to `priority`)
@@ -87,12 +89,3 @@ class SarathiPriority(OrderedSarathi):
             victim = self.waiting.victim(cands)
             cands.remove(victim)
             self.preempt(victim, out, mode="recompute")
-
-    def steady_decode(self):
-        # as Sarathi, and the head must not be able to preempt: the blocks it could free and
-        # the free blocks only shrink together while running requests decode, so a head that
-        # cannot preempt now cannot during the run either (keys do not change with time)
-        if not super().steady_decode():
-            return False
-        return not (self.cfg.priority_preemption and self.waiting
-                    and self.victims(self.waiting.peek()))

@@ -2,12 +2,14 @@
 wait for them, which is what stalls generation. With preemption by swap, no prompt is admitted
 while a request is swapped out; swapped requests come back as decodes beside the running ones,
 in a batch that preempted nothing (vLLM v0's `_schedule_default`)."""
+from sarathi_lab.schedulers import steady
 from sarathi_lab.schedulers.output import SchedulerOutput
 from sarathi_lab.schedulers.whole_prompt import WholePromptPolicy
 
 
 class VLLM(WholePromptPolicy):
     name = "vllm"
+    fast_forward = steady.VLLM   # its steady decode runs (schedulers/steady.py)
 
     def schedule(self, now):
         out = SchedulerOutput()
@@ -17,6 +19,3 @@ class VLLM(WholePromptPolicy):
             self.schedule_decodes(out, list(self.running))
             self.swap_in_waiting(out, self.token_cap - out.total_tokens, whole=True)
         return out
-
-    def steady_decode(self):
-        return not self.waiting or self.head_blocked(self.token_cap, whole=True)

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from sarathi_lab.schedulers import steady
 from sarathi_lab.schedulers.queues import RequestQueue
 from sarathi_lab.schedulers.sarathi import Sarathi, SarathiConfig
 from sarathi_lab.settings import setting
@@ -145,6 +146,8 @@ class TenantQueue(RequestQueue):
 class VTC(Sarathi):
     name = "vtc"
     config_class = VTCConfig
+    # its steady decode runs, charging their tokens as update() does (schedulers/steady.py)
+    fast_forward = steady.VTC
 
     def __init__(self, cfg, kv, queue=None):
         # the tenant queue is this policy's own (the queue setting is fixed to per-tenant FCFS)
@@ -166,23 +169,3 @@ class VTC(Sarathi):
             if r.num_output_tokens != b:
                 served[r.tenant] = served.get(r.tenant, 0) + r.num_output_tokens - b
         return done
-
-    def advance_decodes(self, times, ended=()):
-        served, k = self.waiting.output_tokens, len(times)
-        for r in self.running:   # those that end in the last step included
-            served[r.tenant] = served.get(r.tenant, 0) + k
-        return super().advance_decodes(times, ended)
-
-    def steady_decode(self):
-        # counters grow during a decode run, so the turn may pass to any backlogged tenant:
-        # steady only if no tenant's oldest request could start now (nor, as each rule only
-        # tightens while running requests grow, during the run)
-        left = self.cfg.token_budget - len(self.running)
-        if left < 0:
-            return False
-        if not self.waiting:
-            return True
-        if self.kv.enable_prefix_caching:
-            return False
-        return all(self.admission_blocker(q[0], left) is not None
-                   for q in self.waiting.queues.values() if q)

@@ -1,0 +1,73 @@
+"""Progress and KV bookkeeping: the one place request progress changes after a batch ran
+(`update`), one decode each of requests whose KV was reserved (`decode_reserved`), and
+`split_running`, the decodes and the prompts under way among running requests. A mixin of
+`Policy`; the fast-forward's counterparts of `update` are in `fast_forward.py`.
+"""
+from __future__ import annotations
+
+from sarathi_lab.request import Request, Status
+from sarathi_lab.schedulers.output import SchedulerOutput
+
+
+def split_running(running: list[Request]) -> tuple[list[Request], list[Request]]:
+    """(decodes, prefills): the running requests whose next step computes exactly their last
+    emitted token (`Request.is_decoding`), and the others, each in running order. The property
+    is inlined here: this runs once per iteration over every running request, the simulator's
+    hottest loop, where a property call per request is a measurable share of a run."""
+    decodes, prefills = [], []
+    decode, prefill = decodes.append, prefills.append
+    for req in running:
+        out_n = req.num_output_tokens
+        if out_n and req.num_computed_tokens == req.num_prompt_tokens + out_n - 1:
+            decode(req)
+        else:
+            prefill(req)
+    return decodes, prefills
+
+
+class Progress:
+    def update(self, out: SchedulerOutput, step, start: float, end: float) -> list[Request]:
+        """Apply an executed batch (`step`, a StepResult): advance counters, emit tokens, end the
+        requests the executor ended, free their KV. Returns the requests that finished."""
+        if self.admission is not None:
+            self.admission.observe(out.split_counts()[0], start, end)
+        done = []
+        sampled = step.sampled
+        ended = set(step.finished) if step.finished else ()
+        for i, (req, n) in enumerate(zip(out.reqs, out.num_new_tokens)):
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = start
+            done_n = req.num_computed_tokens + n
+            req.num_computed_tokens = done_n
+            out_n = req.num_output_tokens
+            if done_n == req.num_prompt_tokens + out_n:
+                req.num_output_tokens = out_n + 1
+                req.token_times.append(end)
+                if sampled is not None:
+                    req.output_token_ids.append(sampled[i])
+                if i in ended:
+                    req.status = Status.FINISHED
+                    req.finish_time = end
+                    self.kv.free(req)
+                    done.append(req)
+        if done:
+            self.running = [r for r in self.running if r.status is Status.RUNNING]
+        if out.swapped_out or out.swapped_in:
+            self._charge_swap_time(out, step.swap_s)
+        return done
+
+    @staticmethod
+    def _charge_swap_time(out: SchedulerOutput, seconds: float) -> None:
+        """Each swapped request's share of the iteration's swap time, by the blocks it moved."""
+        moves = out.swapped_out + out.swapped_in
+        total = sum(len(p) for _, p in moves)
+        if total and seconds:
+            for r, pairs in moves:
+                r.swap_time_s += seconds * len(pairs) / total
+
+    def decode_reserved(self, out: SchedulerOutput) -> None:
+        """One decode for every running request whose KV was reserved up front (no growth, so
+        no preemption; whole-prompt admission leaves no partial prefill behind)."""
+        ok = self.kv.reserve and self.kv.allocate_decodes(self.running)
+        assert ok, "decode_reserved needs reserved KV"
+        out.add_decodes(list(self.running))

@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 
 from sarathi_lab import rundir
-from sarathi_lab.config import Resolved, plain, resolve
+from sarathi_lab.config import Resolved, resolve
 from sarathi_lab.engine import Engine
 from sarathi_lab.kv import KVCacheManager
-from sarathi_lab.settings import ConfigError
+from sarathi_lab.settings import ConfigError, plain
 from sarathi_lab.topology import Fleet, OpenLoop, Single, drive
 
 log = logging.getLogger(__name__)

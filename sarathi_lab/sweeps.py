@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import signal
 import socket
 import sys
@@ -29,12 +30,23 @@ LOCK_PATIENCE_S = 1.0   # a reader probing the lock (sarathi-lab-report) holds i
 RAY_CONNECT_S = 10.0    # hydra/launcher=ray: how long the cluster's address may take to answer
 
 
+_PORTABLE = re.compile(r"[^A-Za-z0-9._=+@-]")   # what every filesystem and shell takes as is
+
+
 def dirname(overrides: str) -> str:
-    """A job's overrides as one directory name: deterministic (resume finds it again), no path
-    separators, and short enough for any filesystem (a long one keeps its head and a hash)."""
-    name = overrides.replace(os.sep, "%") or "defaults"
+    """A job's overrides (Hydra's `override_dirname`, items joined by ",") as one directory name:
+    deterministic (resume finds it again), portable (no commas, colons, backslashes, path
+    separators or spaces: items are joined by "__", any other such character becomes "_"),
+    and short enough for any filesystem (a long one keeps its head and a hash). Where that is
+    not reversible (a character replaced, or "__"/"_," already in the overrides) a hash of the
+    overrides keeps two jobs apart. The overrides themselves stay in .hydra/overrides.yaml."""
+    if not overrides:
+        return "defaults"
+    name = _PORTABLE.sub("_", overrides.replace(",", "__"))
+    if name.replace("__", ",") != overrides:
+        name = f"{name}~{hashlib.sha1(overrides.encode()).hexdigest()[:6]}"
     if len(name) > 120:
-        name = f"{name[:100]}..{hashlib.sha1(name.encode()).hexdigest()[:10]}"
+        name = f"{name[:100]}..{hashlib.sha1(overrides.encode()).hexdigest()[:10]}"
     return name
 
 

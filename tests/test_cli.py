@@ -2,6 +2,7 @@
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -167,8 +168,24 @@ def test_run_directory_names_stay_short_and_flat():
     long = ",".join(f"scheduler.knob_{i}=value_{i}" for i in range(20))
     name = dirname(long)
     assert len(name) <= 120 and name == dirname(long) and name != dirname(long + "x")
-    assert dirname("trace.path=/data/t.csv") == "trace.path=%data%t.csv"
     assert dirname("") == "defaults"
+
+
+@pytest.mark.parametrize("overrides", [
+    "trace.path=/data/t.csv", r"trace.path=C:\data\t.csv", "trace.path=/my trace.csv",
+    "scheduler=vllm,trace.qps=2", "trace.path=/tmp/résumé.csv", "a=1,_b=2", "a=1_,b=2"])
+def test_run_directory_names_are_portable_and_keep_jobs_apart(overrides):
+    from sarathi_lab.sweeps import dirname
+    name = dirname(overrides)
+    assert re.fullmatch(r"[A-Za-z0-9._=+@~-]+", name), name   # no , : \\ / space or non-ASCII
+    others = ["trace.path=_data_t.csv", "trace.path=/data/t_csv", "a=1,_b=2", "a=1_,b=2",
+              "scheduler=vllm__trace.qps=2"]
+    assert all(dirname(o) != name for o in others if o != overrides)
+
+
+def test_items_of_a_job_are_joined_readably():
+    from sarathi_lab.sweeps import dirname
+    assert dirname("scheduler=vllm,trace.qps=2") == "scheduler=vllm__trace.qps=2"
 
 
 @pytest.mark.parametrize("args,key", [

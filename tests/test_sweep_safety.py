@@ -294,7 +294,7 @@ def test_report_lists_failed_unfinished_and_missing_jobs(tmp_path, capsys, monke
     d = tmp_path / "sweeps" / "mixed"
     # a job killed before it wrote anything but Hydra's files
     done = next(p.parent for p in d.rglob("summary.json"))
-    killed = d / "scheduler.token_budget=384,trace.num_requests=40,trace=synthetic"
+    killed = d / "scheduler.token_budget=384__trace.num_requests=40__trace=synthetic"
     (killed / ".hydra").mkdir(parents=True)
     (killed / ".hydra" / "overrides.yaml").write_text((done / ".hydra" / "overrides.yaml")
                                                       .read_text())

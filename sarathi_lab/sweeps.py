@@ -281,14 +281,25 @@ class SweepLog(Callback):
         # hydra/launcher=ray, not ray_aws (which starts Ray on the machines it makes)
         if str(config.hydra.launcher.get("_target_", "")).endswith(".ray_launcher.RayLauncher"):
             _start_ray(config.hydra.launcher.ray.init)   # before anything is written
+        from sarathi_lab import sweep_check
+        bad = sweep_check.check_jobs(config)   # before anything is written or started
+        if bad is not None:
+            raise Abort(f"sarathi-lab: error: sweep {config.name}: {bad}; no job was started")
         sweep_dir = Path(str(config.hydra.sweep.dir))
+        grid = sweep_check.grid(config)
         with _or_abort(f"the directory of sweep {config.name} "
                        f"({_setting(config, sweep_dir, 'hydra.sweep.dir')})"):
             sweep_dir.mkdir(parents=True, exist_ok=True)
             self._lock = lock_sweep(sweep_dir, str(config.name))
+            other = sweep_check.refuse_other_grid(sweep_dir, str(config.name), grid)
+            if other is not None and not other.startswith("note: "):
+                self._lock.close()
+                raise Abort(f"sarathi-lab: error: {other}")
+            if other is not None:
+                print(f"sweep {config.name}: {other}", flush=True)
             total = count_jobs(config)
             atomic_write(sweep_dir / "sweep.json", lambda p: p.write_text(json.dumps(
-                {"name": str(config.name), "total": total,
+                {"name": str(config.name), "total": total, "grid": grid,
                  "started": datetime.now().isoformat()})))
         logf = sweep_dir / "sweep.log"
         self._offset = logf.stat().st_size if logf.exists() else 0

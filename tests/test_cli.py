@@ -276,3 +276,90 @@ def test_the_job_line_names_only_the_criteria_the_slo_defines():
               "criteria": [{"criterion": "tbt", "met": False}]}
     line = _key_metrics("run", {**base, "slo": strict})
     assert "TBT SLO missed" in line and "attainment" not in line
+
+
+# ------------------------------------------------------------------------------------------
+# Hydra's composition errors, said so that a user can act on them (sarathi_lab.cli_errors)
+# ------------------------------------------------------------------------------------------
+
+def _composition_error(*overrides) -> Exception:
+    from sarathi_lab.sweeps import register_resolvers
+    register_resolvers()
+    with pytest.raises(Exception) as e:
+        composed(*overrides)
+    return e.value
+
+
+@pytest.mark.parametrize("override,message", [
+    ("scheduler.token_budgt=1024",
+     "scheduler.token_budgt: no such setting; did you mean scheduler.token_budget?"),
+    ("sede=1", "sede: no such setting; did you mean seed or scheduler?"),
+    ("scheduler.zzz=1", "scheduler.zzz: no such setting; the settings of scheduler are: "
+                        "aging_rate, block_size, "),
+])
+def test_an_unknown_key_offers_the_close_accepted_ones_and_no_plus(override, message):
+    from sarathi_lab.cli_errors import explain
+    said = explain(_composition_error(override), [override])
+    assert said.startswith(message), said
+    assert "+" not in said
+
+
+def test_an_unknown_option_lists_the_choices_without_the_bases():
+    from sarathi_lab.cli_errors import explain
+    said = explain(_composition_error("scheduler=vlm"), ["scheduler=vlm"])
+    assert said == ("scheduler=vlm: no such scheduler; did you mean vllm? choices: custom, edf, "
+                    "orca, request_level, sarathi, sarathi_priority, vllm, vtc")
+    assert "common" not in said
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["trace.path=/tmp/résumé.csv"],
+     "trace.path: Hydra's override grammar cannot read the value '/tmp/résumé.csv'; a value "
+     "with spaces, non-ASCII letters or brackets needs quotes: 'trace.path=\"/tmp/résumé.csv\"'"),
+    (["trace.path=/tmp/a(1).csv"], "needs quotes: 'trace.path=\"/tmp/a(1).csv\"'"),
+    (["trace.path=/tmp/my", "trace.csv"],
+     "'trace.csv' is not an override (no '='): if it is the rest of 'trace.path=/tmp/my', split "
+     "at a space by the shell, quote the whole: 'trace.path=\"/tmp/my trace.csv\"'"),
+])
+def test_a_path_hydra_cannot_parse_gets_its_quoted_form(argv, message):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from sarathi_lab.cli_errors import explain
+    with pytest.raises(Exception) as e:
+        OverridesParser.create().parse_overrides(argv)
+    said = explain(e.value, argv)
+    assert said.endswith(message), said
+    # and the quoted form it shows is one Hydra reads back as the path
+    import shlex
+    quoted = shlex.split(said.rsplit(": ", 1)[1])[0]
+    value = OverridesParser.create().parse_overrides([quoted])[0].value()
+    assert value == " ".join(argv).split("=", 1)[1]
+
+
+@pytest.mark.slow
+def test_composition_errors_through_the_command(tmp_path):
+    r = cli(f"results_root={tmp_path}", "scheduler.token_budgt=1024", cwd=tmp_path)
+    assert r.returncode == 1
+    assert r.stderr.strip() == ("sarathi-lab: error: scheduler.token_budgt: no such setting; "
+                                "did you mean scheduler.token_budget?")
+    r = cli(f"results_root={tmp_path}", "scheduler=nosuch", cwd=tmp_path)
+    assert r.returncode == 1
+    assert r.stderr.strip() == ("sarathi-lab: error: scheduler=nosuch: no such scheduler; "
+                                "choices: custom, edf, orca, request_level, sarathi, "
+                                "sarathi_priority, vllm, vtc")
+    r = cli(f"results_root={tmp_path}", "trace.path=/tmp/résumé.csv", cwd=tmp_path)
+    assert r.returncode == 1 and r.stderr.strip().endswith(
+        "needs quotes: 'trace.path=\"/tmp/résumé.csv\"'"), r.stderr
+    # an error this does not recognise keeps Hydra's words, one message, no traceback
+    r = cli(f"results_root={tmp_path}", "~nosuch", cwd=tmp_path)
+    assert r.returncode == 1
+    assert r.stderr.strip() == ("sarathi-lab: error: Could not delete from config. 'nosuch' "
+                                "does not exist.")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_a_trace_path_naming_a_directory_says_so(tmp_path):
+    r = cli(f"results_root={tmp_path}", f"trace.path={tmp_path}", cwd=tmp_path)
+    assert r.returncode == 1
+    assert r.stderr.startswith(f"sarathi-lab: error: trace {str(tmp_path)!r} is a directory, "
+                               "not a trace file; name a file in it\n"), r.stderr

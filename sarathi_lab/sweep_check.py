@@ -75,14 +75,18 @@ def job_overrides(config: DictConfig) -> list[list[str]] | None:
         return None
     params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
     values: dict[str, list[str]] = {}
-    for o in OverridesParser.create().parse_overrides(params + list(config.hydra.overrides.task)):
-        key = o.get_key_element()
-        if o.is_sweep_override():
-            if not o.is_discrete_sweep():
-                return None
-            values[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
-        else:
-            values[key] = [f"{key}={o.get_value_element_as_str()}"]
+    try:
+        for o in OverridesParser.create().parse_overrides(
+                params + list(config.hydra.overrides.task)):
+            key = o.get_key_element()
+            if o.is_sweep_override():
+                if not o.is_discrete_sweep():
+                    return None
+                values[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
+            else:
+                values[key] = [f"{key}={o.get_value_element_as_str()}"]
+    except Exception:   # hydra.errors.HydraException and kin (a glob needs the config
+        return None     # loader): the sweeper reports those itself
     return [list(job) for job in itertools.product(*values.values())]
 
 

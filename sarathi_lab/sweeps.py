@@ -8,7 +8,6 @@ import fcntl
 import gc
 import hashlib
 import json
-import math
 import os
 import re
 import signal
@@ -235,23 +234,11 @@ def sweep_holder(sweep_dir: Path) -> str | None:
 
 
 def count_jobs(config: DictConfig) -> int | None:
-    """How many jobs the basic sweeper will launch: the product of each key's number of values,
-    `hydra.sweeper.params` first and a key on the command line replacing it, as the sweeper
-    expands them. None for another sweeper or a sweep that needs the sweeper's config loader
-    (glob) or cannot be enumerated (interval)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    if not str(config.hydra.sweeper.get("_target_", "")).endswith(".BasicSweeper"):
-        return None
-    params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
-    values = {}
-    try:
-        for o in OverridesParser.create().parse_overrides(
-                params + list(config.hydra.overrides.task)):
-            values[o.get_key_element()] = \
-                len(list(o.sweep_string_iterator())) if o.is_sweep_override() else 1
-    except Exception:   # hydra.errors.HydraException and kin: the sweeper reports those itself
-        return None
-    return math.prod(values.values())
+    """How many jobs the basic sweeper will launch (`sweep_check.job_overrides`); None for
+    another sweeper or a sweep that cannot be enumerated up front."""
+    from sarathi_lab.sweep_check import job_overrides
+    jobs = job_overrides(config)
+    return None if jobs is None else len(jobs)
 
 
 class SweepLog(Callback):

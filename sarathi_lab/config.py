@@ -12,20 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from sarathi_lab.settings import ConfigError, parse, setting
-
-
-def plain(cfg):
-    """A plain dict/list from an OmegaConf config, a copy of a dict, {} for None; any other
-    value (an int length spec, a string) unchanged. omegaconf is imported only when needed."""
-    if cfg is None:
-        return {}
-    if isinstance(cfg, dict):
-        return dict(cfg)
-    if type(cfg).__module__.startswith("omegaconf"):
-        from omegaconf import OmegaConf
-        return OmegaConf.to_container(cfg, resolve=True)
-    return cfg
+from sarathi_lab.settings import ConfigError, parse, plain, setting
 
 
 def without_unread(c: dict, notes) -> dict:

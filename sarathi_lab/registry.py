@@ -20,6 +20,18 @@ GROUPS = {
     "router": "sarathi_lab.routers",
 }
 
+# The contract each kind of plug-in must subclass, named by dotted path like the plug-ins
+# themselves: the registry loads classes by name and imports no module of the project, so it sits
+# at the bottom of the layers (sarathi_lab/DESIGN.md, "Layers") and any layer may look a plug-in
+# up: the policy contract its queue, the simulator its cost model.
+CONTRACTS = {
+    "scheduler": "sarathi_lab.schedulers.base:Policy",
+    "executor": "sarathi_lab.executors.base:Executor",
+    "cost model": "sarathi_lab.costmodels.base:CostModel",
+    "queue": "sarathi_lab.schedulers.queues:RequestQueue",
+    "router": "sarathi_lab.routers:Router",
+}
+
 BUILTIN = {
     "sarathi_lab.schedulers": {
         "request_level": "sarathi_lab.schedulers.request_level:RequestLevel",
@@ -100,26 +112,26 @@ def resolve(what: str, name: str, base: type | None = None):
     return cls
 
 
+def _contract(what: str) -> type:
+    """The class every `what` plug-in must subclass, loaded by its dotted path (`CONTRACTS`)."""
+    return _import(CONTRACTS[what], f"{what} contract")
+
+
 def policy_class(name: str):
-    from sarathi_lab.schedulers.base import Policy
-    return resolve("scheduler", name, Policy)
+    return resolve("scheduler", name, _contract("scheduler"))
 
 
 def executor_class(name: str):
-    from sarathi_lab.executors.base import Executor
-    return resolve("executor", name, Executor)
+    return resolve("executor", name, _contract("executor"))
 
 
 def cost_model_class(name: str):
-    from sarathi_lab.costmodels.base import CostModel
-    return resolve("cost model", name, CostModel)
+    return resolve("cost model", name, _contract("cost model"))
 
 
 def queue_class(name: str):
-    from sarathi_lab.schedulers.queues import RequestQueue
-    return resolve("queue", name, RequestQueue)
+    return resolve("queue", name, _contract("queue"))
 
 
 def router_class(name: str):
-    from sarathi_lab.routers import Router
-    return resolve("router", name, Router)
+    return resolve("router", name, _contract("router"))

@@ -8,11 +8,11 @@ import time
 from pathlib import Path
 
 from sarathi_lab import rundir
-from sarathi_lab.config import Resolved, plain, resolve
+from sarathi_lab.config import Resolved, resolve
 from sarathi_lab.engine import Engine
 from sarathi_lab.kv import KVCacheManager
 from sarathi_lab.metrics import iterations_table, requests_table, summarize
-from sarathi_lab.settings import ConfigError
+from sarathi_lab.settings import ConfigError, plain
 
 log = logging.getLogger(__name__)
 

@@ -5,6 +5,10 @@ line of help. `parse` turns a plain dict (one config node, e.g. ``scheduler``) i
 checking names, types and ranges, and naming the setting as it is typed on the command line in
 every error. Nothing is coerced: ``512.5`` for an int, ``"1"`` for a number or ``1`` for a bool
 is an error, not a guess.
+
+`plain` is the one conversion of a config node (an OmegaConf node or a dict) to plain data, and
+`missing` the one test for a value not given (None or NaN); they live here, at the bottom layer,
+because every layer uses them.
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import types
 import typing
 from dataclasses import MISSING, field
 
-__all__ = ["ConfigError", "setting", "parse", "describe", "to_dict"]
+__all__ = ["ConfigError", "setting", "parse", "describe", "to_dict", "plain", "missing"]
 
 
 class ConfigError(ValueError):
@@ -159,6 +163,24 @@ def parse(cls, values, where: str, component: str | None = None):
         except ValueError as e:
             raise ConfigError(key(str(e))) from None
     return obj
+
+
+def plain(cfg):
+    """A plain dict/list from an OmegaConf config, a copy of a dict, {} for None; any other
+    value (an int length spec, a string) unchanged. omegaconf is imported only when needed."""
+    if cfg is None:
+        return {}
+    if isinstance(cfg, dict):
+        return dict(cfg)
+    if type(cfg).__module__.startswith("omegaconf"):
+        from omegaconf import OmegaConf
+        return OmegaConf.to_container(cfg, resolve=True)
+    return cfg
+
+
+def missing(value) -> bool:
+    """A value not given: None (a config's null, a JSON null) or NaN (an empty cell of a frame)."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def to_dict(obj) -> dict:

@@ -9,7 +9,7 @@ import pytest
 from sarathi_lab.config import CapacityConfig, RunConfig, SLOConfig
 from sarathi_lab.executors.sim import SimExecutor, SimConfig
 from sarathi_lab.schedulers.sarathi import SarathiConfig
-from sarathi_lab.settings import ConfigError, describe, parse, setting
+from sarathi_lab.settings import ConfigError, describe, missing, parse, plain, setting
 
 
 @dataclasses.dataclass
@@ -179,3 +179,21 @@ def test_describe_lists_type_default_and_range():
     assert rows["sizes"][:2] == ["a list of an integer", [1, 2]]
     assert rows["names"][1] == []
     assert describe(Needs)[0][2] == "required"
+
+
+def test_plain_gives_plain_data_from_a_config_node():
+    from omegaconf import OmegaConf
+    node = OmegaConf.create({"a": 1, "b": {"c": [1, 2]}, "d": "${a}"})
+    out = plain(node)
+    assert out == {"a": 1, "b": {"c": [1, 2]}, "d": 1} and type(out) is dict
+    assert type(out["b"]) is dict and type(out["b"]["c"]) is list
+    given = {"a": 1}
+    assert plain(given) == given and plain(given) is not given   # a copy
+    assert plain(None) == {}
+    assert plain(512) == 512 and plain("x") == "x"                # a length spec, a name
+
+
+def test_missing_is_none_or_nan_and_nothing_else():
+    import numpy as np
+    assert missing(None) and missing(float("nan")) and missing(np.float64("nan"))
+    assert not any(missing(v) for v in (0, 0.0, "", [], False, "nan", np.inf))

@@ -11,6 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from sarathi_lab import traces
+from sarathi_lab.traces import csv_formats
 from sarathi_lab.traces import (SHIPPED, attach_prompt_ids, build_trace, load_trace,
                                 synthetic_trace, to_requests)
 
@@ -233,7 +234,7 @@ def test_synthetic_filter_redraws():
 
 def test_chunked_reading_matches_whole_reading(monkeypatch, tmp_path):
     whole = load_trace("azure_conv", num_requests=300, max_prompt_tokens=800)
-    monkeypatch.setattr(traces, "_CHUNK_ROWS", 7)
+    monkeypatch.setattr(csv_formats, "_CHUNK_ROWS", 7)
     chunked = load_trace("azure_conv", num_requests=300, max_prompt_tokens=800)
     pd.testing.assert_frame_equal(whole, chunked)
     assert whole.attrs["dropped"] == chunked.attrs["dropped"]
@@ -382,7 +383,7 @@ def test_byte_order_mark_is_not_part_of_the_first_name(tmp_path):
 
 
 def test_extra_field_rows_are_found_across_chunks(monkeypatch, tmp_path):
-    monkeypatch.setattr(traces, "_CHUNK_ROWS", 3)
+    monkeypatch.setattr(csv_formats, "_CHUNK_ROWS", 3)
     lines = [VIDUR] + [f"{i},10,5" for i in range(12)]
     lines[8] += ",1"
     p = write(tmp_path, "wide.csv", "\n".join(lines) + "\n")
@@ -503,7 +504,7 @@ SERVICE_CSV = (VIDUR + ", Priority ,tenant,slo_class,Deadline\n"   # names: any 
 
 @pytest.mark.parametrize("chunk_rows", [2, 1 << 16])
 def test_service_columns_survive_filters_and_num_requests(monkeypatch, tmp_path, chunk_rows):
-    monkeypatch.setattr(traces, "_CHUNK_ROWS", chunk_rows)
+    monkeypatch.setattr(csv_formats, "_CHUNK_ROWS", chunk_rows)
     p = write(tmp_path, "svc.csv", SERVICE_CSV)
     df = load_trace(p, max_total_tokens=100, num_requests=3)
     assert list(df.columns) == COLUMNS + ["priority", "tenant", "slo_class", "deadline"]
@@ -633,7 +634,7 @@ SCHEMA = {"name", "path", "num_requests", "qps", "arrival", "cv", "on_s", "off_s
           "max_total_tokens", "max_prompt_tokens", "shuffle", "seed", "clients", "think_time"}
 
 
-# the options that are workload mixes (workloads.py; tests/test_workloads.py), not one trace
+# the options that are workload mixes (traces/mixes.py; tests/test_workloads.py), not one trace
 MIXES = {p.stem for p in CONFIG_DIR.glob("*.yaml") if "components" in OmegaConf.load(p)}
 
 

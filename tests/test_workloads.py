@@ -1,4 +1,4 @@
-"""Workload mixes (workloads.py) and bursty arrivals: rates and counts split by hand, service
+"""Workload mixes (traces/mixes.py) and bursty arrivals: rates and counts split by hand, service
 columns, tenants, independence of the components' streams, on/off bursts, a timestamped trace
 re-timed, the config group and the CLI."""
 import json
@@ -9,8 +9,8 @@ import pytest
 from test_cli import cli, composed
 
 from sarathi_lab.settings import ConfigError, parse
-from sarathi_lab.traces import build_trace, load_trace, synthetic_trace, to_requests
-from sarathi_lab.workloads import MixConfig, build_mix
+from sarathi_lab.traces import (MixConfig, build_mix, build_trace, load_trace, synthetic_trace,
+                                to_requests)
 
 
 def mix(components, **kw):

@@ -18,15 +18,15 @@ ROOT = Path(__file__).resolve().parents[2]
 # name: (file, original text, buggy text)
 BUGS = {
     "summary preemptions forced to 0": (
-        "sarathi_lab/metrics.py",
+        "sarathi_lab/metrics/summary.py",
         '"preemptions": int(req_df["num_preemptions"].sum()),', '"preemptions": 0,'),
     "stall count forced to 0": (
-        "sarathi_lab/metrics.py", '"count": int((gaps > thresh).sum())', '"count": 0'),
+        "sarathi_lab/metrics/summary.py", '"count": int((gaps > thresh).sum())', '"count": 0'),
     "goodput over all finished requests": (
-        "sarathi_lab/metrics.py",
+        "sarathi_lab/metrics/summary.py",
         '"goodput_rps": float(met.sum()) / span', '"goodput_rps": float(len(fin)) / span'),
     "KV utilisation halved": (
-        "sarathi_lab/metrics.py",
+        "sarathi_lab/metrics/summary.py",
         "float(used.mean() / kv_blocks_total)", "float(used.mean() / kv_blocks_total / 2)"),
     "max_num_seqs check removed from admission": (
         "sarathi_lab/schedulers/mechanics/admit.py",

@@ -67,11 +67,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from sarathi_lab.config import plain
 from sarathi_lab.costmodels.base import CostModel, CostModelConfig, batch_shape
 from sarathi_lab.models.dtypes import dtype_bytes, dtype_name
 from sarathi_lab.models.shape import ModelShape
-from sarathi_lab.settings import ConfigError, parse, setting
+from sarathi_lab.settings import ConfigError, parse, plain, setting
 
 # vLLM's default max_num_seqs: its memory profile holds this many rows of fp32 full-vocab logits.
 _MAX_SAMPLED_ROWS = 256

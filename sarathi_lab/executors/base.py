@@ -15,6 +15,8 @@ from typing import ClassVar
 
 import numpy as np
 
+from sarathi_lab.settings import parse, plain
+
 _ID, _OUT = attrgetter("request_id"), attrgetter("num_output_tokens")
 
 
@@ -65,7 +67,6 @@ class Executor(abc.ABC):
     @classmethod
     def parse_config(cls, values: dict, where: str = "executor"):
         """Typed settings from the ``executor`` config node (without its ``name``)."""
-        from sarathi_lab.settings import parse
         return parse(cls.config_class, values, where, f"executor {cls.__qualname__}")
 
     @classmethod
@@ -78,7 +79,6 @@ class Executor(abc.ABC):
     def from_config(cls, values: dict, model: dict, hardware: dict | None = None):
         """Construct from a raw ``executor`` node (its ``name`` ignored) and the presets (dicts
         or OmegaConf nodes)."""
-        from sarathi_lab.config import plain
         values = {k: v for k, v in plain(values).items() if k != "name"}
         return cls(cls.parse_config(values), plain(model), plain(hardware) or None)
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sarathi_lab.config import plain
 from sarathi_lab.models.dtypes import dtype_bytes, dtype_name
+from sarathi_lab.settings import plain
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
 _INTS = ("num_layers", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads",

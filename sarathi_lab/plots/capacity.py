@@ -10,8 +10,8 @@ import pandas as pd
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from sarathi_lab.plots.style import (DATA_GID, Skip, context, figure_legend, figure_plot, plain,
-                                     plain_log)
+from sarathi_lab.plots.style import DATA_GID, Skip, context, figure_legend, figure_plot, plain_log
+from sarathi_lab.report.cells import plain
 from sarathi_lab.report.seeds import is_seed_key, spread
 
 CAPACITY_SCALES = ("auto", "linear", "log")

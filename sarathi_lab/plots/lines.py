@@ -9,8 +9,9 @@ from itertools import combinations
 import numpy as np
 import pandas as pd
 
-from sarathi_lab.plots.style import context, line_styles, missing, name, plain, setting_keys, \
-    short
+from sarathi_lab.plots.style import context, line_styles, name, setting_keys, short
+from sarathi_lab.report.cells import plain
+from sarathi_lab.settings import missing
 
 MAX_PANELS = 12        # past this many panels a split is not tried
 SAME = " = "           # joins the names of lines drawn once

@@ -11,8 +11,9 @@ import pandas as pd
 from matplotlib import colormaps
 from matplotlib.ticker import FuncFormatter
 
-from sarathi_lab.report.seeds import is_seed_key, missing
-from sarathi_lab.report.tables import plain
+from sarathi_lab.report.cells import plain
+from sarathi_lab.report.seeds import is_seed_key
+from sarathi_lab.settings import missing
 
 _CMAPS = {"request_level": "Greys", "orca": "Purples", "vllm": "Reds", "sarathi": "Blues"}
 _SPARE = ("Greens", "Oranges", "YlOrBr", "PuRd", "BuGn")

@@ -10,6 +10,7 @@ never started) are listed beside the table. Below a PATH with no run but an earl
 tables, the report is drawn from those tables (without the plots that need the runs' files).
 
 Modules: tables (the run and capacity tables), seeds (configurations, aggregation over seeds),
+cells (a table cell read back: plain),
 jobs (jobs without a result), markdown (report.md), command (make_report, the command).
 """
 from sarathi_lab.report.command import MAX_LINES, Report, main, make_report, single_run_plots

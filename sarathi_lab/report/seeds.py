@@ -21,7 +21,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from sarathi_lab.report.tables import plain
+from sarathi_lab.report.cells import plain
+from sarathi_lab.settings import missing
 
 LEVEL = 0.95
 T_MIN_SEEDS = 4          # from this many seeds on, the t interval; below it, min-max
@@ -141,10 +142,6 @@ def config_ids(table: pd.DataFrame) -> pd.Series:
         return pd.Series(np.arange(len(table)), index=table.index)
     key = table[cols].map(lambda v: "\x00missing" if missing(v) else repr(v))
     return key.groupby(cols, sort=False, dropna=False).ngroup()
-
-
-def missing(v) -> bool:
-    return v is None or (isinstance(v, float) and np.isnan(v))
 
 
 def _kinds(table: pd.DataFrame, skip) -> tuple[list[str], list[str]]:

@@ -12,6 +12,9 @@ import numpy as np
 import pandas as pd
 
 from sarathi_lab import rundir
+from sarathi_lab.report.cells import plain
+from sarathi_lab.report.seeds import config_ids, is_seed_key
+from sarathi_lab.settings import missing
 
 POLICY_ORDER = ("request_level", "orca", "vllm", "sarathi")
 # what is not a "setting that varies" when labelling runs: the policy is named anyway
@@ -115,11 +118,6 @@ def _policy_rank(p) -> int:
     return POLICY_ORDER.index(p) if p in POLICY_ORDER else len(POLICY_ORDER)
 
 
-def plain(v):
-    """A column with gaps turns ints into floats: 256.0 reads as 256."""
-    return int(v) if isinstance(v, float) and v.is_integer() else v
-
-
 def _labels(df: pd.DataFrame, keys) -> pd.Series:
     """The policy and the values of `keys` where the row has one."""
     def label(row):
@@ -132,7 +130,6 @@ def _labels(df: pd.DataFrame, keys) -> pd.Series:
 def labelled(df: pd.DataFrame) -> pd.DataFrame:
     """Order the rows and give every run a short label naming what distinguishes it (`label`)
     and its configuration one without its seeds (`config`, see report.seeds)."""
-    from sarathi_lab.report.seeds import config_ids, is_seed_key
     if df.empty:
         return df
     keys = df.attrs.get("override_keys", [])
@@ -204,8 +201,7 @@ def write_tables(df: pd.DataFrame, out: Path, stem: str, roots) -> list[Path]:
     # must be one type for Parquet
     for c in df.columns[df.dtypes == object]:
         if df[c].map(type).nunique() > 1:
-            df[c] = df[c].map(lambda v: None if v is None or (isinstance(v, float) and np.isnan(v))
-                              else str(v))
+            df[c] = df[c].map(lambda v: None if missing(v) else str(v))
     files = [out / f"{stem}.csv", out / f"{stem}.parquet"]
     rundir.atomic_write(files[0], lambda p: df.to_csv(p, index=False))
     rundir.atomic_write(files[1], lambda p: df.to_parquet(p, index=False))

@@ -28,8 +28,10 @@ import pandas as pd
 
 from sarathi_lab.closed_loop import ClientSettings
 from sarathi_lab.settings import ConfigError, parse, setting
-from sarathi_lab.traces import (ARRIVALS, SERVICE_DEFAULTS, burst_of, check_arrival_settings,
-                                load_trace, synthetic_trace)
+from sarathi_lab.traces.arrivals import ARRIVALS, burst_of, check_arrival_settings
+from sarathi_lab.traces.frame import SERVICE_DEFAULTS
+from sarathi_lab.traces.load import load_trace
+from sarathi_lab.traces.synthetic import synthetic_trace
 
 logger = logging.getLogger(__name__)
 
@@ -189,7 +191,7 @@ def build_component(name: str, c: ComponentConfig, n: int, rate: float,
 
 
 def build_mix(mc: MixConfig) -> pd.DataFrame:
-    """The mix as one trace (traces.py's frame, with every service column)."""
+    """The mix as one trace (the frame of `traces.frame`, with every service column)."""
     rates, counts = mc.rates(), mc.counts()
     parts = []
     for name, c in mc.components.items():

@@ -1,0 +1,156 @@
+"""The harness that times one real iteration of the torch executor: synthetic batches whose requests
+sit at the wanted contexts in a paged KV cache, primed by an unmeasured step, with the attention
+kernels and the LM head wrapped in timers."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+
+class _Blocks:
+    """The part of a KV-cache manager the executor reads: block tables of requests set to their
+    contexts. Each request gets its own blocks while the cache holds them (a real batch reads
+    distinct memory), then ids wrap around. No swap space: nothing is preempted."""
+
+    num_host_blocks = 0
+
+    def __init__(self, num_blocks: int, block_size: int, max_model_len: int):
+        self.num_blocks, self.block_size, self.max_model_len = num_blocks, block_size, max_model_len
+        self.tables: dict = {}
+
+    def assign(self, reqs) -> None:
+        self.tables.clear()
+        nxt = 0
+        for r in reqs:
+            n = -(-r.num_tokens // self.block_size)
+            self.tables[r.request_id] = [(nxt + i) % self.num_blocks for i in range(n)]
+            nxt += n
+
+    def block_table(self, req):
+        return self.tables[req.request_id]
+
+
+def _batch(entries, vocab: int, rng):
+    """Requests and a scheduled batch for entries (new tokens n, context k): a decode after k
+    tokens if n == 1 and k > 0, else the last chunk of a prompt of k + n tokens. Every entry
+    samples."""
+    from sarathi_lab.request import Request
+    from sarathi_lab.schedulers.output import SchedulerOutput
+    out = SchedulerOutput()
+    for i, (n, k) in enumerate(entries):
+        if n == 1 and k > 0:
+            r = Request(i, 0.0, k, prompt_token_ids=rng.integers(0, vocab, k).tolist())
+            r.output_token_ids.append(int(rng.integers(0, vocab)))
+            r.num_output_tokens = 1
+        else:
+            r = Request(i, 0.0, k + n, prompt_token_ids=rng.integers(0, vocab, k + n).tolist())
+        r.num_computed_tokens = k
+        out.add(r, n)
+    return out
+
+
+class _Spans:
+    """Seconds spent inside wrapped calls during one iteration (CUDA events on a GPU, read after
+    the iteration's own synchronisation; `clock` on a CPU, where calls are synchronous)."""
+
+    def __init__(self, cuda: bool, clock=time.perf_counter):
+        self.cuda, self.items, self.clock = cuda, [], clock
+
+    def wrap(self, fn):
+        import torch
+        if self.cuda:
+            def run(*a, **kw):
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                res = fn(*a, **kw)
+                e.record()
+                self.items.append((s, e))
+                return res
+        else:
+            clock = self.clock
+
+            def run(*a, **kw):
+                t = clock()
+                res = fn(*a, **kw)
+                self.items.append(clock() - t)
+                return res
+        return run
+
+    def take(self) -> float:
+        if self.cuda:
+            import torch
+            torch.cuda.synchronize()
+            total = sum(s.elapsed_time(e) for s, e in self.items) * 1e-3
+        else:
+            total = sum(self.items)
+        self.items = []
+        return total
+
+
+class Harness:
+    """A torch executor instrumented to split an iteration into the profile's operators. The
+    parts are read on the executor's own clock (`executor.clock`), as its steps are."""
+
+    def __init__(self, executor, seed: int = 0):
+        import torch
+        from torch import nn
+        self.ex = executor
+        self.cuda = executor.device.type == "cuda"
+        self.attn, self.head = (_Spans(self.cuda, executor.now) for _ in range(2))
+        model = executor.model
+        model.kernels = tuple(self.attn.wrap(k) for k in model.kernels)
+        head, spans = model.lm_head, self.head
+
+        class TimedHead(nn.Module):
+            def forward(self, x):
+                return spans.wrap(head)(x)
+        model.lm_head = TimedHead()
+        self.rng = np.random.default_rng(seed)
+        self.torch = torch
+
+    def bind(self, max_tokens: int, block_size: int = 16, max_blocks: int | None = None) -> None:
+        """A KV cache for batches of up to `max_tokens` tokens in all (capped at `max_blocks`)."""
+        need = -(-max_tokens // block_size) + 1
+        n = min(need, max_blocks) if max_blocks else need
+        self.ex.bind(_Blocks(n, block_size, self.ex.max_model_len()))
+
+    def run(self, entries) -> dict:
+        """One iteration of `entries`: seconds of the whole step and of each part. An unmeasured
+        step first brings every sequence to its context (`_prime`), as its earlier steps would
+        have in a real run."""
+        out = _batch(entries, self.ex.args.vocab_size, self.rng)
+        self.ex.kv.assign(out.reqs)
+        for r in out.reqs:
+            self.ex.add_request(r, None)
+        self._prime(out, entries)
+        tm = self.ex.timers
+        before = dict(tm)
+        step = self.ex.execute(out)
+        parts = {k: tm[k] - before[k] for k in ("prepare", "forward", "sample")}
+        parts.update(total=step.duration, attention=self.attn.take(), head=self.head.take())
+        parts["linear"] = parts["forward"] - parts["attention"] - parts["head"]
+        parts["overhead"] = parts["prepare"] + parts["sample"]
+        return parts
+
+
+    def _prime(self, out, entries) -> None:
+        """Run, unmeasured, the step before `out` on the same requests and block tables: each
+        decode's last context token, each chunk's context as one piece. In a real run a request
+        at context k has computed those k tokens in earlier steps, so the torch backend's copy of
+        its KV (`kernels/sequence_kv.py`) already holds them and a decode copies one new token out
+        of the paged cache; measured without this step, it would first gather all k tokens in
+        every layer (and list their slots in `prepare`), which a steady decode never does. A
+        decode batch's prime has its shape, so the caches also hold what the step reads, as
+        between a run's consecutive decode steps."""
+        from sarathi_lab.schedulers.output import SchedulerOutput
+        prime = SchedulerOutput()
+        for r, (n, k) in zip(out.reqs, entries):
+            if k > 0:
+                r.num_computed_tokens = k - 1 if n == 1 else 0
+                prime.add(r, 1 if n == 1 else k)
+        if len(prime):
+            self.ex.execute(prime)
+            self.attn.take(), self.head.take()
+            for r, (_, k) in zip(out.reqs, entries):
+                r.num_computed_tokens = k

@@ -1,0 +1,111 @@
+"""Measuring a grid in rounds (every point once per round, after a warm-up pass), one row per point:
+the median (or min) of the rounds and their 10th/90th percentiles."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from sarathi_lab.profiler.grids import COLUMNS, Grid, points
+from sarathi_lab.profiler.harness import Harness
+
+log = logging.getLogger(__name__)
+
+
+def _stats(x) -> tuple[float, float, float]:
+    a = np.asarray(x, dtype=float)
+    return float(np.median(a)), float(np.percentile(a, 10)), float(np.percentile(a, 90))
+
+
+def _row(op, samples, stat, **cols) -> dict:
+    med, p10, p90 = _stats(samples)
+    if stat == "min":
+        med = float(np.min(samples))
+    row = dict.fromkeys(COLUMNS)
+    row.update(operator=op, time_s=med, time_p10_s=p10, time_p90_s=p90, repeats=len(samples),
+               **cols)
+    return row
+
+
+STATISTICS = ("median", "min")
+
+
+def measure(harness: Harness, grid: Grid, repeats: int = 5, warmup: int = 1,
+            progress: bool = False, statistic: str = "median") -> list[dict]:
+    """Profile rows for `grid`: a warm-up pass, then `repeats` rounds over every point. Each
+    row's time_s is the `statistic` of the rounds: the median (what a typical iteration takes,
+    noise included) or the minimum (the machine's own cost: on a shared machine, the noise of
+    other jobs only ever adds time)."""
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats={repeats} must be >= 1 and warmup={warmup} >= 0")
+    if statistic not in STATISTICS:
+        raise ValueError(f"statistic={statistic!r}: one of {', '.join(STATISTICS)}")
+    pts = points(grid)
+    longest = harness.ex.max_model_len()
+    fits = [p for p in pts if all(n + k <= longest for n, k in p[2])]
+    if len(fits) < len(pts):
+        log.warning("profile grid: %d of %d points hold a sequence longer than the model's "
+                    "max_model_len=%d and are left out", len(pts) - len(fits), len(pts), longest)
+    pts = fits
+    harness.bind(max(sum(n + k for n, k in e) for _, _, e in pts))
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(pts) * (warmup + repeats), unit="step", desc="profiling",
+                   mininterval=0.5)
+    for _ in range(warmup):
+        for _, _, entries in pts:
+            harness.run(entries)
+            bar and bar.update()
+    got = [[] for _ in pts]
+    for _ in range(repeats):
+        # a step to take the cost of following the previous round's largest batch (freed
+        # memory, cold caches), which would otherwise fall on the attention-floor points
+        harness.run(pts[0][2])
+        for i, (_, _, entries) in enumerate(pts):
+            got[i].append(harness.run(entries))
+            bar and bar.update()
+    if bar is not None:
+        bar.close()
+    parts = [{p: np.array([x[p] for x in got_i]) for p in got_i[0]} for got_i in got]
+    # the attention kernels' fixed cost per iteration
+    a, b, ab = (x["attention"] for x in parts[:3])
+    stat = np.median if statistic == "median" else np.min
+    # a fixed cost no larger than either batch's whole attention
+    floor = min(max(float(stat(a + b - ab)), 0.0), float(stat(a)), float(stat(b)))
+    rows = [_row("linear", col["linear"] + floor, statistic, num_tokens=key[0])
+            for (kind, key, _), col in zip(pts[3:], parts[3:]) if kind == "linear"]
+    # the linear curve the profiled cost model will read (the same monotone fit)
+    from sarathi_lab.costmodels.profiles import Curve
+    linear = Curve([r["num_tokens"] for r in rows], [r["time_s"] for r in rows], "linear",
+                   subadditive=True)
+
+    def attention(col, tokens):
+        # A step's attention is what its forward costs beyond the same tokens without KV: the
+        # kernels, and what reading the KV costs the rest of the forward. On a CPU the second
+        # is not small: the KV a decode batch reads evicts the weights from the cache (20 MB of
+        # weights and a 32 MB L3 on experiments/fidelity's model), so its projections and MLP
+        # run slower than a prompt's of as many tokens (the linear points, which read no KV):
+        # 8 decodes at context 300 spent 8.5 ms outside attention and the LM head, an 8-token
+        # prompt 5.3 ms. Attributing only the kernels' time to attention left that out.
+        return np.maximum(col["forward"] - col["head"] - linear(tokens), 0.0)
+
+    for (kind, key, _), col in zip(pts[3:], parts[3:]):
+        if kind == "linear":
+            if key[0] > 1:
+                rows.append(_row("prefill_attention", attention(col, key[0]), statistic,
+                                 chunk=key[0], context=0))
+        elif kind == "prefill":
+            rows.append(_row("prefill_attention", attention(col, key[0]), statistic,
+                             chunk=key[0], context=key[1]))
+        elif kind == "decode":
+            b, k = key
+            rows.append(_row("decode_attention", attention(col, b), statistic, batch=b,
+                             context=k))
+            rows.append(_row("lm_head", col["head"], statistic, num_tokens=b))
+            rows.append(_row("overhead", col["overhead"], statistic, batch=b))
+        else:
+            c, k, b, kd = key
+            rows.append(_row("iteration", col["total"], statistic, chunk=c, context=k, batch=b,
+                             decode_context=kd))
+    return rows

@@ -1,0 +1,91 @@
+"""A ``configs/trace/*.yaml`` entry, typed (`TraceConfig`, or a mix's `MixConfig`), and the
+trace it describes (`build_trace`): a file loaded, lengths generated, or a mix of components."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import pandas as pd
+
+from sarathi_lab.closed_loop import ClientSettings
+from sarathi_lab.settings import parse, plain, setting
+from sarathi_lab.traces.arrivals import ARRIVALS, burst_of, check_arrival_settings
+from sarathi_lab.traces.load import load_trace
+from sarathi_lab.traces.mixes import MixConfig, build_mix
+from sarathi_lab.traces.synthetic import synthetic_trace
+
+
+@dataclass
+class TraceConfig(ClientSettings):
+    """A ``configs/trace/*.yaml`` entry: a trace to load (``path``) or to generate (``path:
+    null`` with ``prompt_len`` and ``output_len`` specs); with ``clients``, served by that many
+    closed-loop users instead of at its arrival times (closed_loop.py)."""
+    name: str | None = setting(None, help="label used in reports")
+    path: str | None = setting(None, help="a shipped trace's name or a file; null: generated")
+    num_requests: int | None = setting(None, ge=1, help="the first N; null: the whole trace")
+    qps: float | None = setting(None, gt=0, help="arrival rate, req/s; null: the trace's times")
+    arrival: str = setting("poisson", choices=ARRIVALS, help="arrival process for qps")
+    cv: float = setting(1.0, gt=0, help="gamma: coefficient of variation of the gaps")
+    on_s: float | None = setting(None, gt=0, help="onoff: seconds of each burst")
+    off_s: float | None = setting(None, gt=0, help="onoff: seconds of silence between bursts")
+    max_total_tokens: int | None = setting(None, ge=2, help="drop longer requests")
+    max_prompt_tokens: int | None = setting(None, ge=1, help="drop longer prompts")
+    shuffle: bool = setting(False, help="a random sample (trace.seed) instead of the first "
+                            "num_requests; length-only trace files")
+    seed: int = setting(0, ge=0, help="arrivals, lengths, token ids and shuffle")
+    prompt_len: int | dict | None = setting(None, help="generated: a length spec")
+    output_len: int | dict | None = setting(None, help="generated: a length spec")
+    tokenizer: str | None = setting(None, help="a local tokenizer dir for text prompts")
+
+    def validate(self) -> None:
+        if self.path is None:
+            for key in ("num_requests", "qps", "prompt_len", "output_len"):
+                if getattr(self, key) is None:
+                    raise ValueError(f"{key}: a generated trace (path: null) needs it")
+            if self.tokenizer is not None:
+                raise ValueError("tokenizer: read only for a trace file (path)")
+            if self.shuffle:
+                raise ValueError("shuffle: read only for a trace file (path); a generated "
+                                 "trace is a random draw already")
+        else:
+            for key in ("prompt_len", "output_len"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"{key}={getattr(self, key)!r}: read only for a generated "
+                                     "trace (path: null)")
+        check_arrival_settings(self)
+        self.check_clients()
+
+
+def parse_trace_config(cfg):
+    """The trace node checked as what it describes: a `mixes.MixConfig` when it has
+    ``components``, else a `TraceConfig`."""
+    c = _to_plain_dict(cfg)
+    if "components" in c:
+        return parse(MixConfig, c, "trace", "a workload mix")
+    return parse(TraceConfig, c, "trace")
+
+
+def build_trace(cfg) -> pd.DataFrame:
+    """Build the trace a ``configs/trace/*.yaml`` entry describes (a TraceConfig, a MixConfig,
+    a DictConfig or a dict, checked by `parse_trace_config`)."""
+    tc = cfg if isinstance(cfg, TraceConfig) else parse_trace_config(cfg)
+    if not isinstance(tc, TraceConfig):
+        return build_mix(tc)
+    common = dict(qps=tc.qps, arrival=tc.arrival, cv=tc.cv, burst=burst_of(tc),
+                  max_total_tokens=tc.max_total_tokens,
+                  max_prompt_tokens=tc.max_prompt_tokens, seed=tc.seed)
+    if tc.path is None:
+        df = synthetic_trace(tc.num_requests, prompt_len=tc.prompt_len,
+                             output_len=tc.output_len, **common)
+    else:
+        df = load_trace(tc.path, num_requests=tc.num_requests, tokenizer=tc.tokenizer,
+                        shuffle=tc.shuffle, **common)
+    df.attrs["name"] = tc.name or str(tc.path or "synthetic")
+    return df
+
+
+def _to_plain_dict(cfg) -> dict:
+    cfg = plain(cfg)
+    if not isinstance(cfg, Mapping):
+        raise TypeError(f"trace config must be a mapping, got {type(cfg).__name__}")
+    return dict(cfg)

@@ -1,0 +1,125 @@
+"""JSONL traces (``*.jsonl[.gz]``): one request a line, with token ids or prompt text (tokenized),
+an output length, an optional arrival time and the optional service keys; errors name the line.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sarathi_lab.traces.files import DECODE_ERRORS, open_text, unreadable
+from sarathi_lab.traces.frame import MAX_WHOLE, SERVICE_DEFAULTS, SERVICE_WHAT
+from sarathi_lab.traces.tokens import load_tokenizer
+
+
+def read_jsonl(src: Path, tokenizer) -> pd.DataFrame:
+    """One JSON object per line; errors give the line number (blank lines count, too)."""
+    ids, texts, outputs, times, service, lines = [], {}, [], [], [], []
+    try:
+        with open_text(src) as f:
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    tokens, text, out, t, extra = _parse_json_line(line, src, lineno)
+                    if text is not None:
+                        texts[len(ids)] = text
+                    ids.append(tokens)
+                    outputs.append(out)
+                    times.append(t)
+                    service.append(extra)
+                    lines.append(lineno)
+    except DECODE_ERRORS as e:
+        raise unreadable(src, e) from None
+    if not ids:
+        raise ValueError(f"trace {src} has no requests")
+    if texts:
+        tok = load_tokenizer(tokenizer, src)
+        for row, toks in zip(texts, tok(list(texts.values()))["input_ids"]):
+            if not toks:
+                raise ValueError(f"trace {src}: line {lines[row]}: the prompt tokenizes to "
+                                 "0 tokens")
+            ids[row] = list(toks)
+
+    timed = [t is not None for t in times]
+    if any(timed) and not all(timed):
+        row = timed.index(not timed[0])
+        raise ValueError(f"trace {src}: line {lines[row]}: arrival_time must be given on every "
+                         "line or on none")
+    raw = pd.DataFrame({
+        "num_prompt_tokens": np.array([len(x) for x in ids], dtype=np.int64),
+        "num_output_tokens": np.array(outputs, dtype=np.int64),
+        "prompt_token_ids": pd.Series(ids, dtype=object),
+    })
+    # A key given on any line makes a column; lines without it get the default.
+    for key, default in SERVICE_DEFAULTS.items():
+        if any(key in extra for extra in service):
+            values = [extra.get(key, default) for extra in service]
+            raw[key] = (np.array(values, dtype=np.float64) if key == "deadline" else
+                        np.array(values, dtype=np.int64 if key == "priority" else object))
+    raw.attrs["format"] = "lengths"
+    if all(timed):
+        t = np.array(times, dtype=np.float64)
+        back = np.flatnonzero(np.diff(t) < 0)
+        if len(back):
+            i = int(back[0]) + 1
+            raise ValueError(f"trace {src}: arrival times are not sorted ascending: line "
+                             f"{lines[i]} arrives at {t[i]!r}, before the previous request "
+                             f"({t[i - 1]!r})")
+        raw.insert(0, "arrival_time", t)
+        raw.attrs["format"] = "jsonl"
+    return raw
+
+
+def _parse_json_line(line, src, lineno):
+    """-> (token ids or None, prompt text or None, output_len, arrival_time or None,
+    {service key: value} for the service keys given)."""
+    def bad(msg):
+        return ValueError(f"trace {src}: line {lineno}: {msg}")
+
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise bad(f"not valid JSON ({e.msg})") from None
+    if not isinstance(obj, dict):
+        raise bad("expected a JSON object")
+    tokens, text = obj.get("prompt_token_ids"), None
+    if tokens is not None:
+        if not (isinstance(tokens, list) and all(_is_int(t) and t >= 0 for t in tokens)):
+            raise bad("prompt_token_ids must be a list of non-negative ints")
+        if not tokens:
+            raise bad("prompt_token_ids is empty (a prompt of 0 tokens)")
+    elif isinstance(obj.get("prompt"), str):
+        text = obj["prompt"]
+    else:
+        raise bad("needs 'prompt_token_ids' (a list of ints) or 'prompt' (text)")
+    out = obj.get("output_len")
+    if not (_is_int(out) and 0 <= out < MAX_WHOLE):
+        raise bad(f"output_len must be a non-negative int (< 2**53), got {out!r}")
+    t = obj.get("arrival_time")
+    if t is not None and not (_is_number(t) and np.isfinite(t)):
+        raise bad(f"arrival_time must be a number of seconds, got {t!r}")
+    extra = {}
+    for key in SERVICE_DEFAULTS:
+        v = obj.get(key)
+        if v is None or (isinstance(v, str) and not v.strip()):
+            continue  # the default, as an empty CSV cell
+        if key == "priority":
+            ok = _is_int(v) and abs(v) < MAX_WHOLE
+        elif key == "deadline":
+            ok = _is_number(v) and np.isfinite(v) and v > 0
+        else:
+            ok = isinstance(v, str)
+            v = v.strip() if ok else v
+        if not ok:
+            raise bad(f"{key} must be {SERVICE_WHAT[key]}, got {v!r}")
+        extra[key] = v
+    return tokens, text, out, t, extra
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x) -> bool:
+    return _is_int(x) or isinstance(x, float)

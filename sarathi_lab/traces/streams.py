@@ -1,0 +1,16 @@
+"""Seeded random streams: one per knob (arrivals, prompt lengths, output lengths, token ids,
+shuffle), so that changing one, say the length distribution, leaves the others' draws unchanged.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+# Independent random streams, so one knob does not reshuffle the others.
+ARRIVAL_STREAM, PROMPT_STREAM, OUTPUT_STREAM, IDS_STREAM, SHUFFLE_STREAM = range(5)
+
+
+def stream_rng(seed, stream) -> np.random.Generator:
+    if seed is None:
+        return np.random.default_rng()
+    return np.random.default_rng([int(stream), int(seed)])

@@ -1,0 +1,65 @@
+"""Token ids: the tokenizer a text prompt needs (loaded only then) and `attach_prompt_ids`, seeded
+random ids for replaying a length-only trace on a real model.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import pandas as pd
+
+from sarathi_lab.settings import missing
+from sarathi_lab.traces.streams import IDS_STREAM, stream_rng
+
+logger = logging.getLogger(__name__)
+
+
+def load_tokenizer(tokenizer, src):
+    if tokenizer is None:
+        raise ValueError(f"trace {src} holds prompt text; give tokenizer= (a local tokenizer "
+                         "path) to count its tokens")
+    if not isinstance(tokenizer, (str, os.PathLike)):
+        return tokenizer  # already a tokenizer object
+    from transformers import AutoTokenizer  # heavy import, only when text needs it
+    return AutoTokenizer.from_pretrained(str(tokenizer), local_files_only=True)
+
+
+def attach_prompt_ids(df: pd.DataFrame, vocab_size: int, *, seed=0,
+                      shared_prefix_len=0) -> pd.DataFrame:
+    """A copy of ``df`` with seeded random prompt token ids in [0, vocab_size).
+
+    For replaying a length-only trace on a real model. With ``shared_prefix_len > 0`` every
+    prompt opens with the same "system prompt" of that many tokens (cut to the prompt's own
+    length), which gives prefix caching something to find. A trace that already carries its own
+    ids keeps them (checked against the vocabulary), so callers may apply this unconditionally.
+    """
+    vocab_size = int(vocab_size)
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+    if shared_prefix_len < 0:
+        raise ValueError(f"shared_prefix_len must be >= 0, got {shared_prefix_len}")
+    out = df.copy()
+    if "prompt_token_ids" in df and not df["prompt_token_ids"].map(missing).any():
+        top = max((max(ids) for ids in df["prompt_token_ids"] if len(ids)), default=-1)
+        if top >= vocab_size:
+            raise ValueError(f"the trace's own prompt_token_ids reach {top}, outside the "
+                             f"vocabulary of {vocab_size}")
+        logger.info("attach_prompt_ids: the trace carries its own prompt ids; keeping them")
+        return out
+
+    rng = stream_rng(seed, IDS_STREAM)
+    prefix = rng.integers(0, vocab_size, int(shared_prefix_len), dtype=np.int64)
+    lengths = df["num_prompt_tokens"].to_numpy(dtype=np.int64)
+    # One draw for all prompts, then sliced: fast, and row i's ids do not depend on how the
+    # caller iterates.
+    flat = rng.integers(0, vocab_size, int(lengths.sum()), dtype=np.int64)
+    ends = np.cumsum(lengths)
+    ids = []
+    for end, n in zip(ends, lengths):
+        row = flat[end - n:end]
+        k = min(n, len(prefix))
+        row[:k] = prefix[:k]
+        ids.append(row.tolist())
+    out["prompt_token_ids"] = pd.Series(ids, index=out.index, dtype=object)
+    return out

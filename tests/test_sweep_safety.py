@@ -358,9 +358,10 @@ def test_report_without_results_still_lists_the_failures(tmp_path):
     assert lines[0] == f"no summary.json or capacity.json below {d}"
     assert lines[1] == "1 job(s) without a result (not in the table):"
     job = sweeps.dirname(f"trace.num_requests=40,trace.path={missing}")
-    assert lines[2].startswith(f"  failed  allbad/{job}") and lines[2].endswith(f"FileNotFoundError: no trace file {str(missing)!r}; shipped traces "
-                              "are: sharegpt, azure_conv, azure_code, splitwise_conv, "
-                              "splitwise_code, arxiv")
+    assert lines[2].startswith(f"  failed  allbad/{job}")
+    assert lines[2].endswith(f"FileNotFoundError: no trace file {str(missing)!r}; shipped "
+                             "traces are: sharegpt, azure_conv, azure_code, splitwise_conv, "
+                             "splitwise_code, arxiv")
 
 
 @pytest.mark.slow

@@ -25,7 +25,7 @@ TINY = ["trace=synthetic", "trace.num_requests=40"]
 # vLLM with too small a batch fails as it runs (a value that fails the checks of the settings
 # stops the whole sweep before any job: tests/test_sweeps.py); Sarathi does not read the knob,
 # so its two jobs are one
-GRID = ["scheduler.max_num_batched_tokens=null,16", "scheduler=vllm,sarathi"]
+GRID = ["scheduler.max_num_batched_tokens=65536,16", "scheduler=vllm,sarathi"]
 SLOW = ["trace=synthetic", "trace.num_requests=300000", "fast_forward=false"]
 CLI = "from sarathi_lab.cli import main; main()"
 # Ray binds its servers to the node's address; with this it takes 127.0.0.1 as that address

@@ -20,6 +20,7 @@ from sarathi_lab.schedulers.base import Policy
 
 log = logging.getLogger(__name__)
 _COMPUTED = attrgetter("num_computed_tokens")
+_ARRIVAL = attrgetter("arrival_time")
 _INF = float("inf")
 _NO_SWAPS = (0, 0, 0, 0, 0.0, 0)
 
@@ -48,8 +49,10 @@ def _all_decoding(reqs: list[Request]) -> bool:
 class Engine:
     """Drives one policy and one executor on a virtual clock.
 
-    `run(requests)` replays a whole workload. A caller that drives several engines on one clock
-    uses `add_request` and `step` instead. `progress`, if given, is called as
+    A topology (sarathi_lab/topology/) drives it through `next_event_time`, `wake`,
+    `add_request`/`adopt`, and `run_until` (an engine no one watches) or `step`, `resume` and
+    `skip_after` (one whose every request end a topology observes). `run(requests)` replays a
+    whole workload on this engine alone. `progress`, if given, is called as
     progress(num_done, num_tokens) after iterations that end requests."""
 
     def __init__(self, policy: Policy, executor: Executor, *, fast_forward: bool = True,
@@ -98,6 +101,9 @@ class Engine:
         self.num_done = 0
         self.num_tokens = 0   # computed in stepped iterations (kept only for `progress`)
         self.output_lens: dict = {}   # request id -> the workload's output length (metrics)
+        self.blocked = False   # scheduled nothing with only queued work: waits for an input
+        self._decoding = False   # run_until's state between calls (see there)
+        self._resume: tuple | None = None   # a watched engine's last step, while its run may go on
 
     # -- records ------------------------------------------------------------------------------------
     def iterations(self) -> np.ndarray:
@@ -271,55 +277,123 @@ class Engine:
             self.progress(self.num_done, self.num_tokens)
         return out, done, n_pre, n_dec
 
-    def run(self, requests: list[Request]) -> list[Request]:
-        reqs = sorted(requests, key=lambda r: r.arrival_time)
+    # -- the stepping API a topology drives (sarathi_lab/topology/) -------------------------------
+    def next_event_time(self) -> float:
+        """When this engine steps next: its clock while it has work and is not blocked (waiting
+        for an input after a batch that scheduled nothing); inf otherwise."""
+        return _INF if self.blocked or not self.policy.has_work() else self.now
+
+    def wake(self, t: float) -> None:
+        """An input reaches the engine at t (an arrival, KV landing, any event for a blocked
+        engine): an idle or blocked engine's clock moves on to t (a busy one is at or past
+        it: the driver handles an event only once no busy engine is behind it)."""
+        self.blocked = False
+        if self.now < t:
+            self.now = t
+
+    def interrupt(self) -> None:
+        """Something changed on the engine between its steps (a request routed or seated
+        here, KV reserved): a decode run cut at the last bound is not simply resumed."""
+        self._resume = None
+
+    def stuck(self, where: str = "") -> RuntimeError:
+        """The error for a policy that scheduled nothing and never will (`where`: the replica,
+        prefixed to the message)."""
+        policy, kv = self.policy, self.kv
+        return RuntimeError(
+            f"{where}policy {policy.name!r} scheduled nothing at t={self.now:.3f}s with "
+            f"{len(policy.waiting)} waiting, {len(policy.swapped)} swapped and "
+            f"{len(policy.running)} running requests "
+            f"and {kv.num_free_blocks}/{kv.num_blocks} KV blocks free; it would never "
+            "make progress")
+
+    def settle_empty(self, out, where: str = "") -> None:
+        """After a step that scheduled nothing: nothing to do if it rejected requests or no
+        work is left; blocked until its next input if only queued requests remain (a plug-in
+        may wait for more arrivals); with requests running, the policy would never make
+        progress (RuntimeError)."""
         policy = self.policy
-        i, n_total = 0, len(reqs)
+        if out.rejected or not policy.has_work():
+            return
+        if not policy.running:
+            self.blocked = True
+            return
+        raise self.stuck(where)
+
+    def run_until(self, until: float) -> None:
+        """Step while the clock is before `until` (the next event that could reach this
+        engine), work is left and the engine is not blocked; with fast-forward, skip through
+        steady decode runs (ending requests in a run's last iteration) and chunked prompts,
+        each stopping at `until`. For an engine no one watches between events (one engine,
+        open loop): a skipped run tells no one which requests ended or emitted a first token
+        in it. A topology that watches its engines uses `step`, `resume` and `skip_after`."""
+        policy = self.policy
         # every running request decodes and the last batch preempted nothing: the state in which
         # the policy is asked whether the next batches are steady decodes (after a batch, a
         # skipped run, or an arrival that only joined the queue)
-        decoding = False
-        while True:
-            while i < n_total and reqs[i].arrival_time <= self.now:   # admit
-                self.add_request(reqs[i])
-                i += 1
-            if not policy.has_work():
-                if i == n_total:
-                    break
-                self.now = max(self.now, reqs[i].arrival_time)   # idle: jump to next arrival
-                continue
+        decoding = self._decoding
+        while self.now < until and not self.blocked and policy.has_work():
             if decoding:
-                if self.fast_forward and self._steady() \
-                        and self._skip_decodes(reqs[i].arrival_time if i < n_total else _INF,
-                                               self._fold):
+                if self.fast_forward and self._steady() and self._skip_decodes(until, self._fold):
                     continue
-            elif self._chunks and self._skip_chunks(reqs[i].arrival_time if i < n_total
-                                                    else _INF):
+            elif self._chunks and self._skip_chunks(until):
                 decoding = _all_decoding(policy.running)   # after the prompt's last chunk
                 continue
             out, done, n_pre, n_dec = self.step()
             if not out.reqs:
                 decoding = False
-                if out.rejected or not policy.has_work():
-                    continue
-                if i < n_total and not policy.running:
-                    self.now = reqs[i].arrival_time   # a plugin may wait for more arrivals
-                    continue
-                kv = self.kv
-                raise RuntimeError(
-                    f"policy {policy.name!r} scheduled nothing at t={self.now:.3f}s with "
-                    f"{len(policy.waiting)} waiting, {len(policy.swapped)} swapped and "
-                    f"{len(policy.running)} running requests "
-                    f"and {kv.num_free_blocks}/{kv.num_blocks} KV blocks free; it would never "
-                    "make progress")
+                self.settle_empty(out)
+                continue
             n = len(out.reqs)
             # every request of the batch decodes next if each decoded, or each emitted a token
             # (a prompt's last chunk too), and the batch held every running request
             decoding = not out.preempted and (
                 (n_dec == n and n_pre == 0 or self._emitted == n)
                 and n == len(policy.running) + len(done) or _all_decoding(policy.running))
-        self.guard.finished()
+        self._decoding = decoding
+
+    def run(self, requests: list[Request]) -> list[Request]:
+        """Replay `requests` open-loop on this engine alone: what the topology driver does
+        with one engine (`topology.drive(Single(engine), OpenLoop(requests))`, which the run
+        uses), kept for callers that hold only an engine."""
+        reqs = sorted(requests, key=_ARRIVAL)
+        for r in reqs:
+            t = r.arrival_time
+            self.run_until(t)
+            self.wake(t)
+            self.add_request(r)
+        self.run_until(_INF)
+        self.finish()
         return reqs
+
+    def finish(self, where: str = "") -> None:
+        """The run is over: a blocked engine with work left never made progress; the guard
+        checks that every request ended."""
+        if self.blocked and self.policy.has_work():
+            raise self.stuck(where)
+        self.guard.finished()
+
+    def resume(self, bound: float) -> bool:
+        """A watched engine's decode run, cut at the last bound, goes on to `bound` if nothing
+        changed on it since (`interrupt`); True if it ran any (`skip_ahead` asks the policy
+        again)."""
+        last = self._resume
+        if last is None:
+            return False
+        before = self.now
+        self.skip_ahead(*last, bound)
+        if self.now != before:
+            return True
+        self._resume = None
+        return False
+
+    def skip_after(self, stepped: tuple, bound: float) -> None:
+        """After `step()` returned `stepped` with a batch: with fast-forward, skip the steady
+        decode run that follows up to `bound` (`skip_ahead`), and remember the step to resume
+        it later."""
+        if self.fast_forward:
+            self.skip_ahead(*stepped, bound)
+            self._resume = stepped
 
     def _where(self) -> str:
         return f"at iteration {self.num_iterations} (t={self.now:.3f}s)"
@@ -340,8 +414,9 @@ class Engine:
         running request is now decoding (after a decode batch, a finish or the last chunk of a
         prompt), the last batch preempted nothing and the policy says the next batch is one
         decode of each of them, run the decode iterations before `next_arrival` at once, up to
-        (not including) the first that ends a request. For drivers of their own that call
-        `step` (closed-loop clients, fleets): every request still ends in a `step`."""
+        (not including) the first that ends a request. For a watched engine (`skip_after`: a
+        fleet, closed-loop clients, disaggregated pools): every request still ends in a
+        `step` the topology sees."""
         policy = self.policy
         if policy.running and not out.preempted \
                 and (n_pre == 0 and n_dec == len(out) == len(policy.running) + len(done)

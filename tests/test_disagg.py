@@ -1,4 +1,4 @@
-"""Disaggregated prefill/decode (sarathi_lab/disagg): transfer times, TTFT on the prefill side,
+"""Disaggregated prefill/decode (sarathi_lab/topology/disagg): transfer times, TTFT on the prefill side,
 TPOT on the decode side and goodput per GPU computed by hand; an ideal link reproduces a
 colocated run where it should; requests and tokens are conserved; neither pool's KV overflows and
 a full decode pool holds KV back on the prefill side; fast-forward equals stepping."""
@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from conftest import LinearCost, make_policy, req
 
-from sarathi_lab.disagg import Disaggregated, Link, Transfer
+from sarathi_lab.topology.disagg import Disaggregated, Link, Transfer
 from sarathi_lab.engine import Engine
 from sarathi_lab.metrics import requests_table
 from sarathi_lab.registry import router_class

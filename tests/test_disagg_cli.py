@@ -11,7 +11,7 @@ from test_contracts import defaults
 
 from sarathi_lab.cli import check_config
 from sarathi_lab.config import ClusterConfig
-from sarathi_lab.disagg import DisaggConfig
+from sarathi_lab.topology.disagg import DisaggConfig
 from sarathi_lab.registry import router_class
 from sarathi_lab.runner import run
 from sarathi_lab.settings import ConfigError
@@ -98,8 +98,6 @@ def test_a_pool_setting_overrides_the_runs_and_the_other_pool_keeps_it():
                                     r"prefill pool\)$"),
     (["cluster.decode.scheduler.enable_prefix_caching=true"],
      r"^cluster\.decode\.scheduler\.enable_prefix_caching=true: the decode pool"),
-    (["trace.clients=4"], r"^trace\.clients=4: closed-loop users are not served by "
-                          r"disaggregated pools"),
     (["executor=torch", "model=tiny-llama"],
      r"^executor\.name: TorchExecutor runs a real model; disaggregated pools need a simulated"),
     (["+cluster.decode.executor.pipeline_parallel=2"],

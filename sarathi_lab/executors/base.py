@@ -61,7 +61,7 @@ class Executor(abc.ABC):
     #: and reports their time in `StepResult.swap_s`; scheduler.preemption_mode=swap needs it
     supports_swap: ClassVar[bool] = False
     #: True when the executor runs pipeline stages (an ``executor.pipeline_parallel`` setting,
-    #: `join_pipeline`; sarathi_lab/pipeline.py drives it); False: that setting is an error
+    #: `join_pipeline`; sarathi_lab/topology/pipeline.py drives it); False: that setting is an error
     supports_pipeline: ClassVar[bool] = False
 
     @classmethod

@@ -13,7 +13,7 @@ batched copy would be: vLLM v0 issues a copy per block and layer, whose per-copy
 make small blocks slower to swap (the vLLM paper, Fig. 19): not modelled, so the swap time
 here is a lower bound at small block sizes.
 
-With ``pipeline_parallel`` P > 1 the executor is one of P virtual engines' (sarathi_lab/pipeline.py
+With ``pipeline_parallel`` P > 1 the executor is one of P virtual engines' (sarathi_lab/topology/pipeline.py
 makes them and joins them to one stage clock): a batch is a micro-batch whose CPU side, layers
 (split among the stages by their layers), LM head (last stage) and activation transfers are
 placed on the pipeline's stages; its duration runs from its scheduling to its leaving the last
@@ -137,7 +137,7 @@ class SimExecutor(Executor):
         self._block_bytes = None   # of the bound KV cache's blocks, set by bind
         self.stage_pricing = None if cfg.pipeline_parallel == 1 else \
             self._price_stages(model, hardware)
-        self._pipe = None   # the stage clock, once joined (sarathi_lab/pipeline.py)
+        self._pipe = None   # the stage clock, once joined (sarathi_lab/topology/pipeline.py)
         # A cost model gives a step's typical (median) time; a real step varies around it (on a
         # shared CPU by +-25% between p10 and p90), and a run's P99 TBT is drawn from that
         # variation's slow tail. One draw per executed batch, in order: a fast-forwarded run
@@ -235,7 +235,7 @@ class SimExecutor(Executor):
         its leaving the last stage."""
         if self._pipe is None:
             raise RuntimeError(f"executor.pipeline_parallel={self.cfg.pipeline_parallel}: the "
-                               "executor runs inside a pipeline (sarathi_lab.pipeline."
+                               "executor runs inside a pipeline (sarathi_lab.topology.pipeline."
                                "PipelineReplica), not on an engine of its own")
         st = self.stage_pricing
         cpu, layers, head = st["parts"](out.reqs, out.num_new_tokens)

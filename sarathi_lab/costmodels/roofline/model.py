@@ -50,7 +50,7 @@ swap moves. Attention's FLOPs stay at the 16-bit peak (fp8 KV is converted in th
 vLLM's paged attention does; the conversion's cost is taken as hidden under the KV reads).
 Norms, embeddings, the LM head and all-reduces stay in model.dtype.
 
-Pipeline stages (executor.pipeline_parallel, sarathi_lab/pipeline.py): `iteration_parts` splits an
+Pipeline stages (executor.pipeline_parallel, sarathi_lab/topology/pipeline.py): `iteration_parts` splits an
 iteration into its CPU side, its L layers (a stage of l layers takes l / L: every layer term above
 is linear in L) and its LM head; `send_recv_terms` prices handing the activations to the next
 stage, `gather_terms` the receiving TP group's all-gather, and `pipeline_kv_blocks` the KV cache

@@ -116,12 +116,20 @@ def _phases_child(argv: list[str]) -> None:
 
     def on_runner(m):
         m.run = wrap(m.run, "run_enter", "run_exit")
+
+    def on_metrics(m):
+        # patched as the module loads, so every module that imports it later calls the wrapper
+        # (a fleet summarizes each replica too: the last call's end is the summary's)
         m.summarize = wrap(m.summarize, after="summary_end")
 
-    def on_engine(m):
+    def on_engine(m):   # an install before topology/: the runner called Engine.run
         m.Engine.run = wrap(m.Engine.run, after="engine_end")
 
-    hooks = {"sarathi_lab.runner": on_runner, "sarathi_lab.engine": on_engine}
+    def on_driver(m):   # topology/: the runner drives every topology through Driver.run
+        m.Driver.run = wrap(m.Driver.run, after="engine_end")
+
+    hooks = {"sarathi_lab.runner": on_runner, "sarathi_lab.metrics": on_metrics,
+             "sarathi_lab.engine": on_engine, "sarathi_lab.topology.driver": on_driver}
 
     class Hook(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from sarathi_lab.cluster import Cluster
+from sarathi_lab.topology.fleet import Fleet
 from sarathi_lab.config import resolve
 from sarathi_lab.engine import Engine
 from sarathi_lab.registry import router_class
@@ -69,7 +69,7 @@ def main():
         caching = name == "prefix_affinity"
         c = config(caching)
         cls = router_class(name)
-        fleet = Cluster(engines(c, n), cls(cls.config_class(), n, 0))
+        fleet = Fleet(engines(c, n), cls(cls.config_class(), n, 0))
         reqs = to_requests(df)
         t0 = time.perf_counter()
         fleet.run(reqs)

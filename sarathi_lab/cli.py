@@ -29,6 +29,7 @@ from sarathi_lab.sweeps import (Abort, Interrupted, _Job, register_resolvers, st
                                 stop_on_signals)
 
 RESULT_FILE = {"run": rundir.SUMMARY, "capacity": rundir.CAPACITY}
+_single_run_dir: Path | None = None   # a single run's directory, for what a stop leaves there
 
 
 
@@ -147,7 +148,10 @@ def _execute(c: dict, job: _Job, resolved) -> dict:
 
 @hydra.main(version_base="1.3", config_path="pkg://sarathi_lab.configs", config_name="config")
 def _main(cfg: DictConfig):
+    global _single_run_dir
     job = _Job()
+    if not job.multirun:
+        _single_run_dir = job.dir
     name = str(cfg.get("name", ""))
     t0 = time.perf_counter()
     try:
@@ -229,6 +233,44 @@ def _no_mode_probe(argv: list[str]):
         Hydra.get_mode = probe
 
 
+@contextlib.contextmanager
+def _composition_errors():
+    """Hydra reports an error composing the command line in its own words and exits, unless
+    HYDRA_FULL_ERROR is set, when it raises the exception instead: set for the command, so that
+    `cli_errors` can say what to type instead. Jobs catch their own errors (`_main`), so this
+    changes nothing else; a user who sets HYDRA_FULL_ERROR gets Hydra's full traceback."""
+    if os.environ.get("HYDRA_FULL_ERROR"):
+        yield
+        return
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        yield
+    except Exception as e:
+        from hydra.errors import CompactHydraException
+        from sarathi_lab.cli_errors import explain
+        message = explain(e, sys.argv[1:])
+        if message is not None:
+            raise Abort(f"sarathi-lab: error: {message}") from None
+        if not isinstance(e, CompactHydraException):
+            raise   # a bug: its traceback
+        cause = f"\n{e.__cause__}" if e.__cause__ is not None else ""
+        raise Abort(f"sarathi-lab: error: {e}{cause}") from None   # as Hydra words it
+    finally:
+        os.environ.pop("HYDRA_FULL_ERROR", None)
+
+
+def _what_is_kept() -> str:
+    """What a stopped command leaves: a sweep's finished jobs keep their results; a single run
+    writes its results only when it ends, so a stopped one keeps none, and its directory goes
+    if it holds nothing but Hydra's records."""
+    if _single_run_dir is None:
+        return "finished jobs keep their results (resume=true runs the rest)"
+    _remove_fresh_run_dir(_single_run_dir)
+    where = ("its directory is removed" if not _single_run_dir.exists()
+             else f"{_single_run_dir} holds what it wrote before")
+    return f"the run did not finish and no result of it is kept ({where})"
+
+
 def main() -> None:
     """`sarathi-lab`. Exit status 0: every job done; 1: a job failed, or the command could not
     start (one line says why); 128 + N: stopped by signal N, with the sweep's workers."""
@@ -245,12 +287,11 @@ def main() -> None:
     warnings.filterwarnings("ignore", message="\n'hydra/launcher/ray' is validated against "
                             "ConfigStore schema with the same name", category=UserWarning)
     try:
-        with stop_on_signals() as received, _no_mode_probe(sys.argv[1:]):
+        with stop_on_signals() as received, _no_mode_probe(sys.argv[1:]), _composition_errors():
             _main()
     except KeyboardInterrupt:   # Interrupted, or what a launcher (Ray) made of it
         stopped = Interrupted(received.signum or signal.SIGINT)
-        sys.stderr.write(f"sarathi-lab: stopped by {stopped}; finished jobs keep their results "
-                         "(resume=true runs the rest)\n")
+        sys.stderr.write(f"sarathi-lab: stopped by {stopped}; {_what_is_kept()}\n")
         sys.exit(128 + stopped.signum)
     # The interpreter's last collections before it exits would walk every object left (a
     # tenth of a second after a run); nothing left holds an unwritten result.

@@ -11,12 +11,14 @@ ends, as in open-loop replay), or when the policy rejected it later; it thinks f
 instant send in user order. Each user draws its think times from a stream of its own (seeded by
 the trace's seed), so its sequence of think times does not depend on the schedule.
 
-The driver calls only the engine's public loop (`add_request`, `step`, `skip_ahead`), so every
-output (requests.parquet, iterations.parquet, summary.json) is that of an open-loop run.
+Here are the load's settings (`ThinkTime`, `ClientSettings`); the users themselves are a source of
+events on the topology driver's clock (`topology.clients.ClosedLoop`), so they work on every
+topology (one engine, a fleet, pipeline stages, disaggregated pools), and every output
+(requests.parquet, iterations.parquet, summary.json) is that of an open-loop run on it, with the
+user of each request (`client`).
 """
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +26,7 @@ import numpy as np
 from sarathi_lab.settings import ConfigError, parse, setting
 
 THINK_DISTS = ("constant", "exponential", "lognormal", "uniform")
-_THINK_STREAM = 0x7417   # apart from the trace's arrival and length streams
+THINK_STREAM = 0x7417   # apart from the trace's arrival and length streams
 _NEEDS = {"constant": ("mean",), "exponential": ("mean",), "lognormal": ("mean", "sigma"),
           "uniform": ("low", "high")}
 
@@ -94,69 +96,3 @@ class ClientSettings:
                 ThinkTime.from_spec(self.think_time, "think_time")
             except ConfigError as e:
                 raise ValueError(str(e)) from None
-
-
-def run_closed_loop(engine, requests: list, clients: int, think: ThinkTime,
-                    seed: int = 0) -> list[int]:
-    """Serve `requests` (in this order) to `clients` closed-loop users on `engine`; each
-    request's `arrival_time` becomes the moment its user sent it. Returns the user of each
-    request, in the order of `requests`."""
-    if clients < 1:
-        raise ValueError(f"clients={clients}: must be >= 1")
-    draws = [think.sampler(np.random.default_rng([_THINK_STREAM, int(seed), u]))
-             for u in range(clients)]
-    policy = engine.policy
-    ready = [(draws[u](), u) for u in range(clients)]   # (when the user sends, user)
-    heapq.heapify(ready)
-    owner: dict = {}   # request in flight -> its user
-    n, sent = len(requests), 0
-    users = [-1] * n
-
-    def answered(req, t: float) -> None:
-        u = owner.pop(req)
-        heapq.heappush(ready, (t + draws[u](), u))
-
-    def send_due() -> None:
-        nonlocal sent
-        while sent < n and ready and ready[0][0] <= engine.now:
-            t, u = heapq.heappop(ready)
-            req = requests[sent]
-            sent += 1
-            if req.deadline is not None:
-                req.deadline = t + (req.deadline - req.arrival_time)
-            req.arrival_time = t
-            owner[req] = users[sent - 1] = u
-            if not engine.add_request(req):
-                answered(req, engine.now)   # refused when the engine took it
-
-    def next_send() -> float:
-        return ready[0][0] if sent < n and ready else float("inf")
-
-    while True:
-        send_due()
-        if not policy.has_work():
-            if sent == n:
-                break
-            # nothing runs, so no user waits for an answer: one is ready later
-            engine.now = max(engine.now, next_send())
-            continue
-        start = engine.now
-        out, done, n_pre, n_dec = engine.step()
-        for r in out.rejected:
-            answered(r, start)
-        for r in done:
-            answered(r, r.finish_time)
-        if not out:
-            if out.rejected or not policy.has_work():
-                continue
-            if next_send() < float("inf") and not policy.running:
-                engine.now = next_send()   # a plug-in may wait for more arrivals
-                continue
-            raise RuntimeError(
-                f"policy {policy.name!r} scheduled nothing at t={engine.now:.3f}s with "
-                f"{len(policy.waiting)} waiting and {len(policy.running)} running requests "
-                f"(closed loop, {sent} of {n} requests sent); it would never make progress")
-        if engine.fast_forward:
-            engine.skip_ahead(out, done, n_pre, n_dec, next_send())
-    engine.guard.finished()
-    return users

@@ -186,7 +186,7 @@ class Resolved:
     router_cls: type | None = None    # with cluster.num_replicas > 1
     router_cfg: object = None
     notes: list[str] = field(default_factory=list)   # settings dropped as unread (multirun)
-    # cluster=disagg: a prefill pool and a decode pool (disagg.DisaggResolved); the fields above
+    # cluster=disagg: a prefill pool and a decode pool (disagg_config.DisaggResolved); the fields above
     # are then the prefill pool's
     disagg: object = None
 
@@ -255,8 +255,9 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
     user = _override_keys(overrides)
     node = c.get("cluster")
     if isinstance(node, dict) and ("prefill" in node or "decode" in node):
-        from sarathi_lab.disagg import resolve_disagg   # two pools, each resolved as a run
-        return resolve_disagg(c, user, drop_unread=drop_unread)
+        # two pools, each resolved as a run: by this function, handed down (not imported back)
+        from sarathi_lab.disagg_config import resolve_disagg
+        return resolve_disagg(c, user, resolve, drop_unread=drop_unread)
 
     def unread(key: str, why: str) -> None:
         if drop_unread:
@@ -340,14 +341,6 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
                 raise ConfigError(f"trace.clients={tc.clients}: closed-loop users set their own "
                                   "pace, so there is no arrival rate for mode=capacity to search "
                                   "(use trace.clients=null)")
-            if pp > 1:
-                raise ConfigError(f"trace.clients={tc.clients}: closed-loop users are not "
-                                  f"served by pipeline stages (executor.pipeline_parallel={pp}) "
-                                  "yet; use open-loop arrivals (trace.clients=null)")
-            if cluster.num_replicas > 1:
-                raise ConfigError(f"trace.clients={tc.clients}: closed-loop users are not routed "
-                                  f"across a fleet (cluster.num_replicas={cluster.num_replicas});"
-                                  " use open-loop arrivals (trace.clients=null)")
             for k in user:
                 if k in _OPEN_LOOP_KEYS:
                     unread(k, "closed-loop users (trace.clients) send at their own pace; no "

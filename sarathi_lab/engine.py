@@ -8,20 +8,19 @@ from __future__ import annotations
 
 import itertools
 import logging
-from bisect import bisect_right
 from operator import attrgetter
 
 import numpy as np
 
 from sarathi_lab.executors.base import Executor
 from sarathi_lab.guard import BatchGuard
-from sarathi_lab.request import Request, Status
+from sarathi_lab.request import Request
 from sarathi_lab.schedulers.base import Policy
+from sarathi_lab.skip_runs import NO_SWAPS, SkipRuns, all_decoding
 
 log = logging.getLogger(__name__)
-_COMPUTED = attrgetter("num_computed_tokens")
+_ARRIVAL = attrgetter("arrival_time")
 _INF = float("inf")
-_NO_SWAPS = (0, 0, 0, 0, 0.0, 0)
 
 _TAKE = object()   # add_request: take the output length from the request itself
 
@@ -35,21 +34,14 @@ ITER_COLUMNS = ("start", "duration", "prefill_tokens", "decode_tokens", "num_req
 FLOAT_COLUMNS = ("start", "duration", "swap_s")   # the others count things
 
 
-def _all_decoding(reqs: list[Request]) -> bool:
-    # Request.is_decoding, inlined: asked after most iterations; from the latest admitted,
-    # which are the ones still in their prompts
-    for r in reversed(reqs):
-        n = r.num_output_tokens
-        if not n or r.num_computed_tokens != r.num_prompt_tokens + n - 1:
-            return False
-    return True
 
-
-class Engine:
+class Engine(SkipRuns):
     """Drives one policy and one executor on a virtual clock.
 
-    `run(requests)` replays a whole workload. A caller that drives several engines on one clock
-    uses `add_request` and `step` instead. `progress`, if given, is called as
+    A topology (sarathi_lab/topology/) drives it through `next_event_time`, `wake`,
+    `add_request`/`adopt`, and `run_until` (an engine no one watches) or `step`, `resume` and
+    `skip_after` (one whose every request end a topology observes). `run(requests)` replays a
+    whole workload on this engine alone. `progress`, if given, is called as
     progress(num_done, num_tokens) after iterations that end requests."""
 
     def __init__(self, policy: Policy, executor: Executor, *, fast_forward: bool = True,
@@ -98,6 +90,9 @@ class Engine:
         self.num_done = 0
         self.num_tokens = 0   # computed in stepped iterations (kept only for `progress`)
         self.output_lens: dict = {}   # request id -> the workload's output length (metrics)
+        self.blocked = False   # scheduled nothing with only queued work: waits for an input
+        self._decoding = False   # run_until's state between calls (see there)
+        self._resume: tuple | None = None   # a watched engine's last step, while its run may go on
 
     # -- records ------------------------------------------------------------------------------------
     def iterations(self) -> np.ndarray:
@@ -259,7 +254,7 @@ class Engine:
                      sum(len(p) for _, p in out.swapped_out),
                      sum(len(p) for _, p in out.swapped_in), step.swap_s, len(out.swap_fallbacks))
         else:
-            swaps = _NO_SWAPS
+            swaps = NO_SWAPS
         self.rows.append((start, step.duration, n_pre, n_dec, len(out.reqs), kv.pool.num_used,
                           kv.num_stored_tokens, len(out.preempted), len(policy.waiting),
                           *swaps, kv.num_used_host_blocks))
@@ -271,55 +266,123 @@ class Engine:
             self.progress(self.num_done, self.num_tokens)
         return out, done, n_pre, n_dec
 
-    def run(self, requests: list[Request]) -> list[Request]:
-        reqs = sorted(requests, key=lambda r: r.arrival_time)
+    # -- the stepping API a topology drives (sarathi_lab/topology/) -------------------------------
+    def next_event_time(self) -> float:
+        """When this engine steps next: its clock while it has work and is not blocked (waiting
+        for an input after a batch that scheduled nothing); inf otherwise."""
+        return _INF if self.blocked or not self.policy.has_work() else self.now
+
+    def wake(self, t: float) -> None:
+        """An input reaches the engine at t (an arrival, KV landing, any event for a blocked
+        engine): an idle or blocked engine's clock moves on to t (a busy one is at or past
+        it: the driver handles an event only once no busy engine is behind it)."""
+        self.blocked = False
+        if self.now < t:
+            self.now = t
+
+    def interrupt(self) -> None:
+        """Something changed on the engine between its steps (a request routed or seated
+        here, KV reserved): a decode run cut at the last bound is not simply resumed."""
+        self._resume = None
+
+    def stuck(self, where: str = "") -> RuntimeError:
+        """The error for a policy that scheduled nothing and never will (`where`: the replica,
+        prefixed to the message)."""
+        policy, kv = self.policy, self.kv
+        return RuntimeError(
+            f"{where}policy {policy.name!r} scheduled nothing at t={self.now:.3f}s with "
+            f"{len(policy.waiting)} waiting, {len(policy.swapped)} swapped and "
+            f"{len(policy.running)} running requests "
+            f"and {kv.num_free_blocks}/{kv.num_blocks} KV blocks free; it would never "
+            "make progress")
+
+    def settle_empty(self, out, where: str = "") -> None:
+        """After a step that scheduled nothing: nothing to do if it rejected requests or no
+        work is left; blocked until its next input if only queued requests remain (a plug-in
+        may wait for more arrivals); with requests running, the policy would never make
+        progress (RuntimeError)."""
         policy = self.policy
-        i, n_total = 0, len(reqs)
+        if out.rejected or not policy.has_work():
+            return
+        if not policy.running:
+            self.blocked = True
+            return
+        raise self.stuck(where)
+
+    def run_until(self, until: float) -> None:
+        """Step while the clock is before `until` (the next event that could reach this
+        engine), work is left and the engine is not blocked; with fast-forward, skip through
+        steady decode runs (ending requests in a run's last iteration) and chunked prompts,
+        each stopping at `until`. For an engine no one watches between events (one engine,
+        open loop): a skipped run tells no one which requests ended or emitted a first token
+        in it. A topology that watches its engines uses `step`, `resume` and `skip_after`."""
+        policy = self.policy
         # every running request decodes and the last batch preempted nothing: the state in which
         # the policy is asked whether the next batches are steady decodes (after a batch, a
         # skipped run, or an arrival that only joined the queue)
-        decoding = False
-        while True:
-            while i < n_total and reqs[i].arrival_time <= self.now:   # admit
-                self.add_request(reqs[i])
-                i += 1
-            if not policy.has_work():
-                if i == n_total:
-                    break
-                self.now = max(self.now, reqs[i].arrival_time)   # idle: jump to next arrival
-                continue
+        decoding = self._decoding
+        while self.now < until and not self.blocked and policy.has_work():
             if decoding:
-                if self.fast_forward and self._steady() \
-                        and self._skip_decodes(reqs[i].arrival_time if i < n_total else _INF,
-                                               self._fold):
+                if self.fast_forward and self._steady() and self._skip_decodes(until, self._fold):
                     continue
-            elif self._chunks and self._skip_chunks(reqs[i].arrival_time if i < n_total
-                                                    else _INF):
-                decoding = _all_decoding(policy.running)   # after the prompt's last chunk
+            elif self._chunks and self._skip_chunks(until):
+                decoding = all_decoding(policy.running)   # after the prompt's last chunk
                 continue
             out, done, n_pre, n_dec = self.step()
             if not out.reqs:
                 decoding = False
-                if out.rejected or not policy.has_work():
-                    continue
-                if i < n_total and not policy.running:
-                    self.now = reqs[i].arrival_time   # a plugin may wait for more arrivals
-                    continue
-                kv = self.kv
-                raise RuntimeError(
-                    f"policy {policy.name!r} scheduled nothing at t={self.now:.3f}s with "
-                    f"{len(policy.waiting)} waiting, {len(policy.swapped)} swapped and "
-                    f"{len(policy.running)} running requests "
-                    f"and {kv.num_free_blocks}/{kv.num_blocks} KV blocks free; it would never "
-                    "make progress")
+                self.settle_empty(out)
+                continue
             n = len(out.reqs)
             # every request of the batch decodes next if each decoded, or each emitted a token
             # (a prompt's last chunk too), and the batch held every running request
             decoding = not out.preempted and (
                 (n_dec == n and n_pre == 0 or self._emitted == n)
-                and n == len(policy.running) + len(done) or _all_decoding(policy.running))
-        self.guard.finished()
+                and n == len(policy.running) + len(done) or all_decoding(policy.running))
+        self._decoding = decoding
+
+    def run(self, requests: list[Request]) -> list[Request]:
+        """Replay `requests` open-loop on this engine alone: what the topology driver does
+        with one engine (`topology.drive(Single(engine), OpenLoop(requests))`, which the run
+        uses), kept for callers that hold only an engine."""
+        reqs = sorted(requests, key=_ARRIVAL)
+        for r in reqs:
+            t = r.arrival_time
+            self.run_until(t)
+            self.wake(t)
+            self.add_request(r)
+        self.run_until(_INF)
+        self.finish()
         return reqs
+
+    def finish(self, where: str = "") -> None:
+        """The run is over: a blocked engine with work left never made progress; the guard
+        checks that every request ended."""
+        if self.blocked and self.policy.has_work():
+            raise self.stuck(where)
+        self.guard.finished()
+
+    def resume(self, bound: float) -> bool:
+        """A watched engine's decode run, cut at the last bound, goes on to `bound` if nothing
+        changed on it since (`interrupt`); True if it ran any (`skip_ahead` asks the policy
+        again)."""
+        last = self._resume
+        if last is None:
+            return False
+        before = self.now
+        self.skip_ahead(*last, bound)
+        if self.now != before:
+            return True
+        self._resume = None
+        return False
+
+    def skip_after(self, stepped: tuple, bound: float) -> None:
+        """After `step()` returned `stepped` with a batch: with fast-forward, skip the steady
+        decode run that follows up to `bound` (`skip_ahead`), and remember the step to resume
+        it later."""
+        if self.fast_forward:
+            self.skip_ahead(*stepped, bound)
+            self._resume = stepped
 
     def _where(self) -> str:
         return f"at iteration {self.num_iterations} (t={self.now:.3f}s)"
@@ -334,182 +397,3 @@ class Engine:
             return type(e)(f"{where}: {e}")
         except Exception:   # an exception class that takes other arguments
             return RuntimeError(f"{where} raised {type(e).__name__}: {e}")
-
-    def skip_ahead(self, out, done, n_pre: int, n_dec: int, next_arrival: float) -> None:
-        """After `step()` returned (out, done, n_pre, n_dec), with fast-forward on: if every
-        running request is now decoding (after a decode batch, a finish or the last chunk of a
-        prompt), the last batch preempted nothing and the policy says the next batch is one
-        decode of each of them, run the decode iterations before `next_arrival` at once, up to
-        (not including) the first that ends a request. For drivers of their own that call
-        `step` (closed-loop clients, fleets): every request still ends in a `step`."""
-        policy = self.policy
-        if policy.running and not out.preempted \
-                and (n_pre == 0 and n_dec == len(out) == len(policy.running) + len(done)
-                     or _all_decoding(policy.running)) and self._steady():
-            self._skip_decodes(next_arrival, False)
-
-    def _steady(self) -> bool:
-        """Whether the policy says its next batches are one decode of every running request;
-        a swap-in that could happen now is the next batch's, which a run would skip."""
-        policy = self.policy
-        return bool(policy.running) and self._ff.steady_decode(policy) \
-            and not (policy.swapped and policy.swap_in_possible())
-
-    def _ends(self, durs: list[float], next_arrival: float) -> list[float]:
-        """The clocks at which iterations of durations `durs` end, left to right from `now` as
-        single steps add them (the same rounding). Iteration j starts at the end of j - 1, and
-        arrivals at or before a start are admitted first: a run stops at the first end at or
-        after the next arrival."""
-        times, t = [], self.now
-        for d in durs:
-            t += d
-            times.append(t)
-            if t >= next_arrival:
-                break
-        return times
-
-    def _skip_chunks(self, next_arrival: float) -> bool:
-        """Run k batches at once of one decode of every running request but one and a chunk of
-        that one's prompt, as the policy's `steady_chunks` offers them, stopping before an
-        arrival is due, before a batch that would end a request or run out of KV, and at the
-        prompt's last chunk (before it if a request waits: that batch could admit it). Produces
-        exactly what k single steps would, through the policy's `advance_chunks`; each batch
-        is recorded as `step` records it. True if it ran any."""
-        policy, kv = self.policy, self.kv
-        offer = self._ff.steady_chunks(policy)
-        if offer is None:
-            return False
-        req, chunk = offer
-        stops = self._stops
-        computed = req.num_computed_tokens
-        todo = req.num_prompt_tokens + req.num_output_tokens - computed
-        n_chunks = -(-todo // chunk)
-        # the last chunk is stepped: while a request waits (its leftover budget could admit
-        # it), if the first token ends the request, and if it is a recomputed request's last
-        # token alone (a batch counts that entry as a decode)
-        last_ok = not policy.waiting and req.num_output_tokens + 1 < stops[req.request_id] \
-            and not (req.num_output_tokens and todo - chunk * (n_chunks - 1) == 1)
-        k = n_chunks if last_ok else n_chunks - 1
-        if k < 1:
-            return False
-        decodes = [r for r in policy.running if r is not req]
-        for r in decodes:   # batch j (from 1) ends a decode with j tokens left: none may end
-            left = stops[r.request_id] - r.num_output_tokens
-            if left <= k:
-                k = left - 1
-        if k < 1:
-            return False
-        chunks = [chunk] * k
-        if k == n_chunks:
-            chunks[-1] = todo - chunk * (k - 1)
-        ctx = list(map(_COMPUTED, decodes))
-        durs = self.executor.chunk_run(ctx, computed, chunks, k == n_chunks)
-        if durs is None:
-            return False
-        times = self._ends(durs, next_arrival)
-        k = len(times)
-        extra = kv.decode_growth_list(decodes, ctx, k)
-        free = kv.pool.num_free
-        if extra[-1] > free:
-            k = bisect_right(extra, free)
-            if k < 1:
-                return False
-            del times[k:], extra[k:]
-        del chunks[k:]
-        B = len(decodes)
-        used, stored = kv.pool.num_used, kv.num_stored_tokens
-        waiting, host = len(policy.waiting), kv.num_used_host_blocks
-        try:
-            self._ff.advance_chunks(policy, times, req, chunks)
-        except Exception as e:
-            raise self._blame(policy, "fast_forward.advance_chunks", e) from e
-        assert kv.num_used_blocks == used + extra[-1] \
-            and kv.num_stored_tokens == stored + B * k + sum(chunks) \
-            and req.num_computed_tokens == computed + sum(chunks), \
-            "advance_chunks did not do what k batches would"
-        start, rows = self.now, self.rows
-        for j, (c, end) in enumerate(zip(chunks, times)):
-            stored += B + c
-            rows.append((start, durs[j], c, B, B + 1, used + extra[j], stored, 0, waiting,
-                         *_NO_SWAPS, host))
-            start = end
-        emitted = B + (k == n_chunks)   # the prompt's last chunk samples its first token
-        for _ in range(k - 1):
-            self.guard.progressed(B, 0, self._where)
-        self.guard.progressed(emitted, 0, self._where)
-        self.now = times[-1]
-        return True
-
-    def _skip_decodes(self, next_arrival: float, fold: bool) -> bool:
-        """Run k identical decode-only iterations at once: same requests, contexts +1 each step,
-        stopping before an arrival is due or KV would run out, and at the first iteration that
-        ends a request: with `fold`, that iteration is the run's last (its requests end in
-        it), else the run stops before it (and needs k >= 2). Produces exactly what k single
-        steps would, through the policy's `advance_decodes`. True if it ran any."""
-        policy, kv, ex = self.policy, self.kv, self.executor
-        running = policy.running
-        stops = self._stops
-        if stops is not None:   # the default stop rule, read directly: asked after most steps
-            left = [stops[r.request_id] - r.num_output_tokens for r in running]
-            k_end = min(left)
-        else:
-            k_end = int(ex.tokens_left(running).min())
-        # iteration k_end ends the requests with the fewest tokens left
-        k = k_end if fold else k_end - 1
-        if k < (1 if fold else 2):
-            return False
-        B = len(running)
-        ctx = np.fromiter(map(_COMPUTED, running), np.int64, B)
-        # a run is a few dozen steps of a few dozen requests: past the executor's prices, it is
-        # counted in lists, where numpy's per-call cost would be most of the work
-        durs = ex.decode_run(ctx, k).tolist()
-        times = self._ends(durs, next_arrival)
-        k = len(times)
-        # blocks beyond today's after each step (non-decreasing)
-        extra = kv.decode_growth_list(running, ctx.tolist(), k)
-        free = kv.pool.num_free
-        if extra and extra[-1] > free:
-            k = bisect_right(extra, free)
-        if k < (1 if fold else 2):
-            return False
-        ended = [r for r, n in zip(running, left) if n == k] if fold and k == k_end else ()
-        del times[k:]
-        del durs[k:], extra[k:]
-        n_steady = k - 1 if ended else k   # iterations recorded as a run; a finish: a row
-        ends = times[:n_steady]   # taken before the policy sees `times`
-        used_before, stored_before = kv.pool.num_used, kv.num_stored_tokens
-        waiting = len(policy.waiting)   # nothing arrives or is admitted inside the run
-        try:
-            done = self._ff.advance_decodes(policy, times, ended)
-        except Exception as e:
-            raise self._blame(policy, "fast_forward.advance_decodes", e) from e
-        if ended:
-            holders = kv.block_counts()
-            assert list(done or ()) == ended and all(
-                r.status is Status.FINISHED and r.request_id not in holders for r in ended) \
-                and kv.num_stored_tokens == stored_before + B * k \
-                - sum(r.num_computed_tokens for r in ended) \
-                and kv.num_used_blocks <= used_before + extra[-1], \
-                "advance_decodes did not do what k decode steps would"
-        else:
-            assert kv.num_used_blocks == used_before + extra[-1] \
-                and kv.num_stored_tokens == stored_before + B * k, \
-                "advance_decodes did not do what k decode steps would"
-        if n_steady:
-            self._runs.append((len(self.rows) + self._n_skipped, self.now, durs[:n_steady],
-                               ends, extra[:n_steady], B, used_before, stored_before, waiting,
-                               kv.num_used_host_blocks))
-            self._n_skipped += n_steady
-        if ended:   # the last iteration, recorded as `step` would (KV after the finishes)
-            start = ends[-1] if k > 1 else self.now
-            self.rows.append((start, float(durs[-1]), 0, B, B, kv.pool.num_used,
-                              kv.num_stored_tokens, 0, waiting, *_NO_SWAPS,
-                              kv.num_used_host_blocks))
-            for r in ended:
-                r.finish_reason = ex.finish_reason(r)
-            self.num_done += len(ended)
-            self.guard.progressed(B, len(ended), self._where)
-            if self.progress is not None:
-                self.progress(self.num_done, self.num_tokens)
-        self.now = times[-1]
-        return True

@@ -38,6 +38,21 @@ def overrides(run_dir) -> list[str]:
     return [str(i) for i in items]
 
 
+def read_json(path) -> dict:
+    """A result file (summary.json, capacity.json, sweep.json) read back; one that is not a
+    JSON object (cut short by a copy, edited by hand: the CLI writes them whole) is a
+    ValueError naming the file."""
+    path = Path(path)
+    try:
+        obj = json.loads(path.read_text())
+    except ValueError as e:   # JSONDecodeError, or bytes that are not UTF-8
+        raise ValueError(f"{path}: not valid JSON ({e}); remove it and run its job again "
+                         "(resume=true runs only the jobs without a result)") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
 def atomic_write(path, write: Callable[[Path], object]) -> None:
     """`write(tmp)` writes the content to a temporary file next to `path`, which then replaces
     `path` in one step. The temporary name is unique to this writer (pid and a random suffix), so

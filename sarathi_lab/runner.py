@@ -1,6 +1,8 @@
-"""Build a run from a config, execute it, write the run directory."""
+"""Build a run from a config (its engines, topology and load), drive it, write the run
+directory: build -> drive -> tables -> write, the same for every topology."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -11,8 +13,8 @@ from sarathi_lab import rundir
 from sarathi_lab.config import Resolved, resolve
 from sarathi_lab.engine import Engine
 from sarathi_lab.kv import KVCacheManager
-from sarathi_lab.metrics import iterations_table, requests_table, summarize
 from sarathi_lab.settings import ConfigError, plain
+from sarathi_lab.topology import Fleet, OpenLoop, Single, drive
 
 log = logging.getLogger(__name__)
 
@@ -116,20 +118,69 @@ def _progress_bar(total: int, enabled, simulated: bool = True):
     return bar, update
 
 
-def drive(engine: Engine, requests, trace: dict) -> tuple[dict, list | None]:
-    """Serve `requests` on `engine`: open-loop at their arrival times, or with `trace.clients`
-    set, by that many closed-loop users (closed_loop.py). Returns the summary's `load` and,
-    closed-loop, the user of each request (None open-loop)."""
+def build_topology(c: dict, r: Resolved, engine: Engine, progress=None):
+    """The run's topology around `engine` (the first replica, already built): one engine, a
+    fleet behind the router, a pipeline's virtual engines, or disaggregated pools; every other
+    engine built as a single run's."""
+    pp = getattr(r.executor_cfg, "pipeline_parallel", 1)
+    ov = r.run.overlong
+    if r.disagg is not None:   # a prefill pool and a decode pool
+        return build_pools(r, engine, progress)
+    if pp > 1:   # one virtual engine per stage, each micro-batch placed (no fast-forward)
+        from sarathi_lab.topology.pipeline import PipelineReplica
+        return PipelineReplica([engine] + [Engine(*build(c, r), fast_forward=False, overlong=ov)
+                                           for _ in range(pp - 1)], progress=progress)
+    n = r.cluster.num_replicas
+    if n > 1:   # the same replica n times, behind the router
+        return Fleet([engine] + [Engine(*build(c, r), fast_forward=r.run.fast_forward,
+                                        overlong=ov) for _ in range(n - 1)],
+                     r.router_cls(r.router_cfg, n, r.run.seed), progress=progress)
+    return Single(engine)
+
+
+def build_pools(r: Resolved, first: Engine | None = None, progress=None):
+    """The two pools of a resolved ``cluster=disagg`` config (`Disaggregated`), each replica
+    built as a single run's (`build`); `first`, if given, is prefill replica 0."""
+    from sarathi_lab.topology.disagg import Disaggregated
+    spec = r.disagg
+    run = r.run
+
+    def engines(pool, have: list):
+        while len(have) < pool.num_replicas:
+            have.append(Engine(*build(None, pool.resolved), fast_forward=run.fast_forward,
+                               overlong=run.overlong))
+        return have
+    prefill = engines(spec.prefill, [first] if first is not None else [])
+    decode = engines(spec.decode, [])
+    return Disaggregated(prefill, decode, spec.prefill.router(run.seed),
+                         spec.decode.router(run.seed), spec.transfer, progress=progress)
+
+
+def build_load(requests, trace: dict | None):
+    """The run's load: the trace's arrivals (open loop), or with `trace.clients` set, that many
+    closed-loop users (topology/clients.py)."""
     clients = (trace or {}).get("clients")
     if clients is None:
-        engine.run(requests)
-        return {"mode": "open"}, None
-    import dataclasses
+        return OpenLoop(requests)
+    from sarathi_lab.closed_loop import ThinkTime
+    from sarathi_lab.topology.clients import ClosedLoop
+    return ClosedLoop(requests, clients, ThinkTime.from_spec(trace.get("think_time")),
+                      seed=trace.get("seed", 0))
 
-    from sarathi_lab.closed_loop import ThinkTime, run_closed_loop
-    think = ThinkTime.from_spec(trace.get("think_time"))
-    users = run_closed_loop(engine, requests, clients, think, seed=trace.get("seed", 0))
-    return {"mode": "closed", "clients": clients, "think_time": dataclasses.asdict(think)}, users
+
+def disagg_settings(r: Resolved, prefill_policy, decode_policy) -> dict:
+    """summary.json's `settings` with ``cluster=disagg``: the run's, and each pool's as used
+    (derived values filled in, as `used_settings` does for one engine)."""
+    spec = r.disagg
+    eff = used_settings(spec.prefill.resolved, prefill_policy)
+    dec = used_settings(spec.decode.resolved, decode_policy)
+    pools = {}
+    for pool, e in ((spec.prefill, eff), (spec.decode, dec)):
+        pools[pool.name] = {"scheduler": e["scheduler"], "executor": e["executor"],
+                            "cluster": pool.effective()["cluster"]}
+    out = {k: v for k, v in eff.items() if k not in ("scheduler", "executor", "cluster")}
+    out["disagg"] = {**dataclasses.asdict(spec.config), **spec.transfer.as_dict(), **pools}
+    return out
 
 
 def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
@@ -149,64 +200,27 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
         trace = executor.prepare_trace(build_trace(c["trace"]), c["trace"])
         requests = to_requests(trace)
     bar, progress = _progress_bar(len(requests), r.run.progress, executor.simulated)
-    # pipeline stages: one virtual engine per stage, each micro-batch placed (no fast-forward)
     pp = getattr(r.executor_cfg, "pipeline_parallel", 1)
     engine = Engine(policy, executor, fast_forward=r.run.fast_forward and pp == 1,
                     progress=progress, overlong=r.run.overlong)
-    gpus = getattr(r.executor_cfg, "tensor_parallel", 1) * pp   # of one replica
-    price = dict(price_per_gpu_hour=(r.hardware or {}).get("price_per_gpu_hour"), num_gpus=gpus)
-    n = r.cluster.num_replicas
-    pools = None
-    if r.disagg is not None:   # a prefill pool and a decode pool (disagg/)
-        from sarathi_lab.disagg import build_pools
-        pools = build_pools(r, engine, progress)
-        pools.run(requests)
-        load, users = {"mode": "open"}, None
-    elif pp > 1:
-        from sarathi_lab.pipeline import PipelineReplica
-        replica = PipelineReplica([engine] + [Engine(*build(c, r), fast_forward=False,
-                                                     overlong=r.run.overlong)
-                                              for _ in range(pp - 1)], progress=progress)
-        replica.run(requests)
-        load, users = {"mode": "open"}, None
-    elif n > 1:   # a fleet: the same replica n times, behind the router
-        from sarathi_lab.cluster import Cluster
-        fleet = Cluster([engine] + [Engine(*build(c, r), fast_forward=r.run.fast_forward,
-                                           overlong=r.run.overlong) for _ in range(n - 1)],
-                        r.router_cls(r.router_cfg, n, r.run.seed), progress=progress)
-        fleet.run(requests)
-        load, users = {"mode": "open"}, None
-    else:
-        load, users = drive(engine, requests, r.trace)
+    topology = build_topology(c, r, engine, progress)
+    load = build_load(requests, r.trace)
+    drive(topology, load)
     if bar is not None:
         bar.close()
     wall = time.perf_counter() - t0
-    if pools is not None:
-        req_df, it_df = pools.tables(requests)
-        summary = pools.summarize(req_df, it_df, slo=c.get("slo"),
-                                  price_per_gpu_hour=price["price_per_gpu_hour"])
-    elif pp > 1:
-        req_df, it_df = replica.tables(requests)
-        summary = replica.summarize(req_df, it_df, slo=c.get("slo"), **price)
-    elif n > 1:
-        req_df, it_df = fleet.tables(requests)
-        summary = fleet.summarize(req_df, it_df, slo=c.get("slo"), **price)
-    else:
-        req_df = requests_table(requests, engine.output_lens)
-        if users is not None:
-            req_df.insert(1, "client", users)   # closed loop: the user who sent it
-        it_df = iterations_table(engine.iteration_columns())
-        summary = summarize(req_df, it_df, slo=c.get("slo"),
-                            kv_blocks_total=policy.kv.num_blocks,
-                            block_size=policy.kv.block_size,
-                            prefix_cache=policy.kv.prefix_cache_stats(),
-                            swap_space=engine.swap_space(), **price)
-    summary["load"] = load
+    req_df, it_df = topology.tables(requests)
+    for i, (name, values) in enumerate(load.columns().items()):
+        req_df.insert(1 + i, name, values)   # closed loop: the user who sent each request
+    summary = topology.summarize(req_df, it_df, slo=c.get("slo"),
+                                 price_per_gpu_hour=(r.hardware or {}).get("price_per_gpu_hour"))
+    summary["load"] = load.describe()
     summary["wall_time_s"] = wall
     summary["simulated"] = executor.simulated
+    summary["cost_model"] = executor.cost_model_record()
     summary["config"] = c
-    summary["settings"] = used_settings(r, policy) if pools is None else \
-        r.disagg.used_settings(policy, pools.decode[0].policy)
+    summary["settings"] = used_settings(r, policy) if r.disagg is None else \
+        disagg_settings(r, policy, topology.decode[0].policy)
     if not write:
         return summary
     rundir.write_parquet(run_dir / rundir.REQUESTS, req_df)

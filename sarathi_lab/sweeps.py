@@ -8,8 +8,8 @@ import fcntl
 import gc
 import hashlib
 import json
-import math
 import os
+import re
 import signal
 import socket
 import sys
@@ -29,12 +29,23 @@ LOCK_PATIENCE_S = 1.0   # a reader probing the lock (sarathi-lab-report) holds i
 RAY_CONNECT_S = 10.0    # hydra/launcher=ray: how long the cluster's address may take to answer
 
 
+_PORTABLE = re.compile(r"[^A-Za-z0-9._=+@-]")   # what every filesystem and shell takes as is
+
+
 def dirname(overrides: str) -> str:
-    """A job's overrides as one directory name: deterministic (resume finds it again), no path
-    separators, and short enough for any filesystem (a long one keeps its head and a hash)."""
-    name = overrides.replace(os.sep, "%") or "defaults"
+    """A job's overrides (Hydra's `override_dirname`, items joined by ",") as one directory name:
+    deterministic (resume finds it again), portable (no commas, colons, backslashes, path
+    separators or spaces: items are joined by "__", any other such character becomes "_"),
+    and short enough for any filesystem (a long one keeps its head and a hash). Where that is
+    not reversible (a character replaced, or "__"/"_," already in the overrides) a hash of the
+    overrides keeps two jobs apart. The overrides themselves stay in .hydra/overrides.yaml."""
+    if not overrides:
+        return "defaults"
+    name = _PORTABLE.sub("_", overrides.replace(",", "__"))
+    if name.replace("__", ",") != overrides:
+        name = f"{name}~{hashlib.sha1(overrides.encode()).hexdigest()[:6]}"
     if len(name) > 120:
-        name = f"{name[:100]}..{hashlib.sha1(name.encode()).hexdigest()[:10]}"
+        name = f"{name[:100]}..{hashlib.sha1(overrides.encode()).hexdigest()[:10]}"
     return name
 
 
@@ -223,23 +234,11 @@ def sweep_holder(sweep_dir: Path) -> str | None:
 
 
 def count_jobs(config: DictConfig) -> int | None:
-    """How many jobs the basic sweeper will launch: the product of each key's number of values,
-    `hydra.sweeper.params` first and a key on the command line replacing it, as the sweeper
-    expands them. None for another sweeper or a sweep that needs the sweeper's config loader
-    (glob) or cannot be enumerated (interval)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    if not str(config.hydra.sweeper.get("_target_", "")).endswith(".BasicSweeper"):
-        return None
-    params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
-    values = {}
-    try:
-        for o in OverridesParser.create().parse_overrides(
-                params + list(config.hydra.overrides.task)):
-            values[o.get_key_element()] = \
-                len(list(o.sweep_string_iterator())) if o.is_sweep_override() else 1
-    except Exception:   # hydra.errors.HydraException and kin: the sweeper reports those itself
-        return None
-    return math.prod(values.values())
+    """How many jobs the basic sweeper will launch (`sweep_check.job_overrides`); None for
+    another sweeper or a sweep that cannot be enumerated up front."""
+    from sarathi_lab.sweep_check import job_overrides
+    jobs = job_overrides(config)
+    return None if jobs is None else len(jobs)
 
 
 class SweepLog(Callback):
@@ -269,14 +268,25 @@ class SweepLog(Callback):
         # hydra/launcher=ray, not ray_aws (which starts Ray on the machines it makes)
         if str(config.hydra.launcher.get("_target_", "")).endswith(".ray_launcher.RayLauncher"):
             _start_ray(config.hydra.launcher.ray.init)   # before anything is written
+        from sarathi_lab import sweep_check
+        bad = sweep_check.check_jobs(config)   # before anything is written or started
+        if bad is not None:
+            raise Abort(f"sarathi-lab: error: sweep {config.name}: {bad}; no job was started")
         sweep_dir = Path(str(config.hydra.sweep.dir))
+        grid = sweep_check.grid(config)
         with _or_abort(f"the directory of sweep {config.name} "
                        f"({_setting(config, sweep_dir, 'hydra.sweep.dir')})"):
             sweep_dir.mkdir(parents=True, exist_ok=True)
             self._lock = lock_sweep(sweep_dir, str(config.name))
+            other = sweep_check.refuse_other_grid(sweep_dir, str(config.name), grid)
+            if other is not None and not other.startswith("note: "):
+                self._lock.close()
+                raise Abort(f"sarathi-lab: error: {other}")
+            if other is not None:
+                print(f"sweep {config.name}: {other}", flush=True)
             total = count_jobs(config)
             atomic_write(sweep_dir / "sweep.json", lambda p: p.write_text(json.dumps(
-                {"name": str(config.name), "total": total,
+                {"name": str(config.name), "total": total, "grid": grid,
                  "started": datetime.now().isoformat()})))
         logf = sweep_dir / "sweep.log"
         self._offset = logf.stat().st_size if logf.exists() else 0

@@ -2,6 +2,7 @@
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -71,9 +72,10 @@ def test_bad_run_exits_nonzero_with_a_clear_message(tmp_path):
     assert "sarathi-lab: error: trace.qps=-2" in r.stderr
     assert "Traceback" not in r.stderr          # a config error is not a crash
     assert not (tmp_path / "bad").exists()      # and leaves no run directory behind
-    # an unknown option of a config group is Hydra's to report, also non-zero
+    # an unknown option of a config group: found by Hydra, said in one line, also non-zero
     r = cli(f"hydra.run.dir={tmp_path}/bad2", "scheduler=no_such_policy", cwd=tmp_path)
-    assert r.returncode != 0 and "scheduler/no_such_policy" in r.stderr
+    assert r.returncode != 0 and r.stderr.startswith(
+        "sarathi-lab: error: scheduler=no_such_policy: no such scheduler; choices: ")
 
 
 @pytest.mark.slow   # a CLI subprocess
@@ -152,8 +154,24 @@ def test_run_directory_names_stay_short_and_flat():
     long = ",".join(f"scheduler.knob_{i}=value_{i}" for i in range(20))
     name = dirname(long)
     assert len(name) <= 120 and name == dirname(long) and name != dirname(long + "x")
-    assert dirname("trace.path=/data/t.csv") == "trace.path=%data%t.csv"
     assert dirname("") == "defaults"
+
+
+@pytest.mark.parametrize("overrides", [
+    "trace.path=/data/t.csv", r"trace.path=C:\data\t.csv", "trace.path=/my trace.csv",
+    "scheduler=vllm,trace.qps=2", "trace.path=/tmp/résumé.csv", "a=1,_b=2", "a=1_,b=2"])
+def test_run_directory_names_are_portable_and_keep_jobs_apart(overrides):
+    from sarathi_lab.sweeps import dirname
+    name = dirname(overrides)
+    assert re.fullmatch(r"[A-Za-z0-9._=+@~-]+", name), name   # no , : \\ / space or non-ASCII
+    others = ["trace.path=_data_t.csv", "trace.path=/data/t_csv", "a=1,_b=2", "a=1_,b=2",
+              "scheduler=vllm__trace.qps=2"]
+    assert all(dirname(o) != name for o in others if o != overrides)
+
+
+def test_items_of_a_job_are_joined_readably():
+    from sarathi_lab.sweeps import dirname
+    assert dirname("scheduler=vllm,trace.qps=2") == "scheduler=vllm__trace.qps=2"
 
 
 @pytest.mark.slow   # a CLI subprocess
@@ -247,3 +265,90 @@ def test_the_job_line_names_only_the_criteria_the_slo_defines():
               "criteria": [{"criterion": "tbt", "met": False}]}
     line = _key_metrics("run", {**base, "slo": strict})
     assert "TBT SLO missed" in line and "attainment" not in line
+
+
+# ------------------------------------------------------------------------------------------
+# Hydra's composition errors, said so that a user can act on them (sarathi_lab.cli_errors)
+# ------------------------------------------------------------------------------------------
+
+def _composition_error(*overrides) -> Exception:
+    from sarathi_lab.sweeps import register_resolvers
+    register_resolvers()
+    with pytest.raises(Exception) as e:
+        composed(*overrides)
+    return e.value
+
+
+@pytest.mark.parametrize("override,message", [
+    ("scheduler.token_budgt=1024",
+     "scheduler.token_budgt: no such setting; did you mean scheduler.token_budget?"),
+    ("sede=1", "sede: no such setting; did you mean seed or scheduler?"),
+    ("scheduler.zzz=1", "scheduler.zzz: no such setting; the settings of scheduler are: "
+                        "aging_rate, block_size, "),
+])
+def test_an_unknown_key_offers_the_close_accepted_ones_and_no_plus(override, message):
+    from sarathi_lab.cli_errors import explain
+    said = explain(_composition_error(override), [override])
+    assert said.startswith(message), said
+    assert "+" not in said
+
+
+def test_an_unknown_option_lists_the_choices_without_the_bases():
+    from sarathi_lab.cli_errors import explain
+    said = explain(_composition_error("scheduler=vlm"), ["scheduler=vlm"])
+    assert said == ("scheduler=vlm: no such scheduler; did you mean vllm? choices: custom, edf, "
+                    "orca, request_level, sarathi, sarathi_priority, vllm, vtc")
+    assert "common" not in said
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["trace.path=/tmp/résumé.csv"],
+     "trace.path: Hydra's override grammar cannot read the value '/tmp/résumé.csv'; a value "
+     "with spaces, non-ASCII letters or brackets needs quotes: 'trace.path=\"/tmp/résumé.csv\"'"),
+    (["trace.path=/tmp/a(1).csv"], "needs quotes: 'trace.path=\"/tmp/a(1).csv\"'"),
+    (["trace.path=/tmp/my", "trace.csv"],
+     "'trace.csv' is not an override (no '='): if it is the rest of 'trace.path=/tmp/my', split "
+     "at a space by the shell, quote the whole: 'trace.path=\"/tmp/my trace.csv\"'"),
+])
+def test_a_path_hydra_cannot_parse_gets_its_quoted_form(argv, message):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from sarathi_lab.cli_errors import explain
+    with pytest.raises(Exception) as e:
+        OverridesParser.create().parse_overrides(argv)
+    said = explain(e.value, argv)
+    assert said.endswith(message), said
+    # and the quoted form it shows is one Hydra reads back as the path
+    import shlex
+    quoted = shlex.split(said.rsplit(": ", 1)[1])[0]
+    value = OverridesParser.create().parse_overrides([quoted])[0].value()
+    assert value == " ".join(argv).split("=", 1)[1]
+
+
+@pytest.mark.slow
+def test_composition_errors_through_the_command(tmp_path):
+    r = cli(f"results_root={tmp_path}", "scheduler.token_budgt=1024", cwd=tmp_path)
+    assert r.returncode == 1
+    assert r.stderr.strip() == ("sarathi-lab: error: scheduler.token_budgt: no such setting; "
+                                "did you mean scheduler.token_budget?")
+    r = cli(f"results_root={tmp_path}", "scheduler=nosuch", cwd=tmp_path)
+    assert r.returncode == 1
+    assert r.stderr.strip() == ("sarathi-lab: error: scheduler=nosuch: no such scheduler; "
+                                "choices: custom, edf, orca, request_level, sarathi, "
+                                "sarathi_priority, vllm, vtc")
+    r = cli(f"results_root={tmp_path}", "trace.path=/tmp/résumé.csv", cwd=tmp_path)
+    assert r.returncode == 1 and r.stderr.strip().endswith(
+        "needs quotes: 'trace.path=\"/tmp/résumé.csv\"'"), r.stderr
+    # an error this does not recognise keeps Hydra's words, one message, no traceback
+    r = cli(f"results_root={tmp_path}", "~nosuch", cwd=tmp_path)
+    assert r.returncode == 1
+    assert r.stderr.strip() == ("sarathi-lab: error: Could not delete from config. 'nosuch' "
+                                "does not exist.")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_a_trace_path_naming_a_directory_says_so(tmp_path):
+    r = cli(f"results_root={tmp_path}", f"trace.path={tmp_path}", cwd=tmp_path)
+    assert r.returncode == 1
+    assert r.stderr.startswith(f"sarathi-lab: error: trace {str(tmp_path)!r} is a directory, "
+                               "not a trace file; name a file in it\n"), r.stderr

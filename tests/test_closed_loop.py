@@ -1,4 +1,4 @@
-"""Closed-loop clients (closed_loop.py): arrival times worked out by hand, never two requests of
+"""Closed-loop clients (closed_loop.py, topology/clients.py): arrival times worked out by hand, never two requests of
 one user in flight, the think-time distributions, and the CLI (trace.clients, trace.think_time)."""
 import json
 
@@ -8,19 +8,21 @@ import pytest
 from conftest import LinearCost, make_policy, req
 from helpers import cli
 
-from sarathi_lab.closed_loop import ThinkTime, run_closed_loop
+from sarathi_lab.closed_loop import ThinkTime
 from sarathi_lab.config import resolve
 from sarathi_lab.engine import Engine
 from sarathi_lab.metrics import iterations_table, requests_table
 from sarathi_lab.settings import ConfigError
+from sarathi_lab.topology import ClosedLoop, Single, drive
 
 
 def serve(reqs, clients, think, *, ff=True, seed=0, **policy):
     """Every iteration takes 1 s (LinearCost with no per-token cost)."""
     engine = Engine(make_policy("sarathi", token_budget=512, **policy), LinearCost(1.0, 0.0),
                     fast_forward=ff)
-    users = run_closed_loop(engine, reqs, clients, think, seed)
-    return engine, users
+    load = ClosedLoop(reqs, clients, think, seed)
+    drive(Single(engine), load)
+    return engine, load.users
 
 
 @pytest.mark.parametrize("ff", [True, False])

@@ -1,4 +1,4 @@
-"""Replicas behind a router (sarathi_lab/cluster.py, routers.py): one replica is the single
+"""Replicas behind a router (sarathi_lab/topology/fleet.py, routers.py): one replica is the single
 engine exactly; each router's choices on hand-built scenarios; what routers see is counted at
 the arrival's time; requests are conserved; the CLI writes the run contract with a `replica`
 column; bad routers and settings are named."""
@@ -12,7 +12,7 @@ from conftest import LinearCost, make_policy, req
 from helpers import cli, composed, defaults
 
 from sarathi_lab.cli import check_config
-from sarathi_lab.cluster import Cluster
+from sarathi_lab.topology.fleet import Fleet
 from sarathi_lab.config import ClusterConfig
 from sarathi_lab.engine import Engine
 from sarathi_lab.metrics import iterations_table, requests_table
@@ -34,7 +34,7 @@ def engines(n, policy="sarathi", executor=LinearCost, **kw):
 def fleet(n, router, policy="sarathi", router_cfg=None, seed=0, **kw):
     cls = router_class(router) if isinstance(router, str) else router
     cfg = router_cfg if router_cfg is not None else cls.config_class()
-    return Cluster(engines(n, policy, **kw), cls(cfg, n, seed))
+    return Fleet(engines(n, policy, **kw), cls(cfg, n, seed))
 
 
 def workload(n=60, seed=0, qps=40.0, prompt=(8, 120), output=(1, 40), ids=False):
@@ -49,7 +49,7 @@ def workload(n=60, seed=0, qps=40.0, prompt=(8, 120), output=(1, 40), ids=False)
 
 
 def tables_of(reqs, engine_or_fleet):
-    if isinstance(engine_or_fleet, Cluster):
+    if isinstance(engine_or_fleet, Fleet):
         r, it = engine_or_fleet.tables(reqs)
         return r.drop(columns="replica"), it.drop(columns="replica")
     return (requests_table(reqs, engine_or_fleet.output_lens),
@@ -107,7 +107,7 @@ def test_one_replica_cluster_equals_the_runner_on_the_simulator():
     s = run(cfg, None, requests=single, write=False, resolved=r)
     assert s["preemptions"] > 0      # a small KV cache: the hard paths are taken
     many = to_requests(trace)
-    f = Cluster([Engine(*build(cfg, r))], RoundRobin(RouterConfig(), 1))
+    f = Fleet([Engine(*build(cfg, r))], RoundRobin(RouterConfig(), 1))
     f.run(many)
     req_df, it_df = f.tables(many)
     assert (req_df["replica"] == 0).all()
@@ -299,7 +299,7 @@ def test_every_request_ends_once_on_one_replica(router):
     assert sum(p["num_iterations"] for p in s["replicas"]) == s["num_iterations"] == len(it_df)
     assert [p["replica"] for p in s["replicas"]] == [0, 1, 2, 3]
     # the counts routers read are back to zero: every end was counted
-    f._count_until(np.inf)
+    f.counts.until(np.inf)
     assert all(v.num_outstanding == 0 and v.outstanding_tokens == 0 for v in f.views)
 
 
@@ -320,14 +320,14 @@ def test_a_router_returning_no_replica_is_named(answer):
     with pytest.raises(ValueError, match=r"router 'wrong' \(test_cluster\.Wrong\) returned "
                                          r".* for request 0 at t=0\.000s: must be a replica "
                                          r"index, an integer in \[0, 2\)"):
-        Cluster(engines(2), router).run([req(0, 8, 2)])
+        Fleet(engines(2), router).run([req(0, 8, 2)])
 
 
 def test_a_router_that_raises_is_named():
     class Boom(RoundRobin):
         def route(self, req, replicas, now):
             raise KeyError("boom")
-    f = Cluster(engines(2), Boom(RouterConfig(), 2))
+    f = Fleet(engines(2), Boom(RouterConfig(), 2))
     with pytest.raises(KeyError, match=r"Boom\.route\(\) at t=0\.500s \(request 7\)"):
         f.run([req(7, 8, 2, t=0.5)])
 
@@ -336,7 +336,7 @@ def test_a_numpy_index_is_accepted():
     class Np(RoundRobin):
         def route(self, req, replicas, now):
             return np.int64(1)
-    f = Cluster(engines(2), Np(RouterConfig(), 2))
+    f = Fleet(engines(2), Np(RouterConfig(), 2))
     rs = [req(0, 8, 2)]
     f.run(rs)
     assert f.replica_of[id(rs[0])] == 1
@@ -438,9 +438,3 @@ def test_cli_refuses_a_fleet_of_none(tmp_path):
     assert r.returncode == 1
     assert "cluster.num_replicas=0: must be >= 1" in r.stderr
     assert not (tmp_path / "run").exists()
-
-
-def test_closed_loop_users_across_a_fleet_are_refused():
-    with pytest.raises(ConfigError, match=r"^trace\.clients=4: closed-loop users are not routed "
-                                          r"across a fleet \(cluster\.num_replicas=2\)"):
-        check_config(composed("cluster.num_replicas=2", "trace.clients=4"))

@@ -1,4 +1,4 @@
-"""Disaggregated prefill/decode (sarathi_lab/disagg): transfer times, TTFT on the prefill side,
+"""Disaggregated prefill/decode (sarathi_lab/topology/disagg): transfer times, TTFT on the prefill side,
 TPOT on the decode side and goodput per GPU computed by hand; an ideal link reproduces a
 colocated run where it should; requests and tokens are conserved; neither pool's KV overflows and
 a full decode pool holds KV back on the prefill side; fast-forward equals stepping."""
@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from conftest import LinearCost, make_policy, req
 
-from sarathi_lab.disagg import Disaggregated, Link, Transfer
+from sarathi_lab.topology.disagg import Disaggregated, Link, Transfer
 from sarathi_lab.engine import Engine
 from sarathi_lab.metrics import requests_table
 from sarathi_lab.registry import router_class
@@ -83,7 +83,7 @@ def test_links_come_from_the_hardware_preset():
     net = Link.from_hardware(hw, "net")
     assert (net.bandwidth, net.eff, net.latency_s) == (25e9, 0.9, 1e-5)
     nv = Link.from_hardware(hw, "nvlink")
-    assert (nv.bandwidth, nv.eff, nv.latency_s) == (300e9, 0.56, 3.3e-5)
+    assert (nv.bandwidth, nv.eff, nv.latency_s) == (300e9, 0.51, 3.1e-5)
     pcie = Link.from_hardware(hw, "pcie", bandwidth=4e9, latency_s=0.0)
     assert (pcie.bandwidth, pcie.eff, pcie.latency_s) == (4e9, 0.8, 0.0)
     # the KV of a token: layers x (K, V) x KV heads x head_dim x 2 bytes (bf16)

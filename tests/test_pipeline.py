@@ -1,4 +1,4 @@
-"""Pipeline parallelism (sarathi_lab/pipeline.py, executor.pipeline_parallel): the stage clock on
+"""Pipeline parallelism (sarathi_lab/topology/pipeline.py, executor.pipeline_parallel): the stage clock on
 hand-computed timelines (uneven micro-batches, a steady state of uniform ones with and without a
 CPU side), the send/recv and the stage memory by hand, the virtual engines' timeline through the
 runner, PP=1 left as it was, and the settings that cannot be used."""
@@ -14,7 +14,7 @@ from sarathi_lab.cli import check_config
 from sarathi_lab.costmodels.base import CostModel, split_step
 from sarathi_lab.costmodels.roofline import RooflineCostModel, stage_layers
 from sarathi_lab.engine import Engine
-from sarathi_lab.pipeline import Pipeline, PipelineReplica
+from sarathi_lab.topology.pipeline import Pipeline, PipelineReplica
 from sarathi_lab.runner import build, run
 from sarathi_lab.settings import ConfigError
 
@@ -127,7 +127,7 @@ def test_send_recv_and_gather_by_hand():
     assert cm.send_recv_time(0) == 0.0
     # the receiving pair all-gathers the halves: ring, (2-1)/2 of the 32 KiB per token
     lat, per_tok = cm.gather_terms()
-    assert lat == 3.3e-5 and per_tok == pytest.approx(0.5 * 32768 / (300e9 * 0.56), rel=1e-12)
+    assert lat == 3.1e-5 and per_tok == pytest.approx(0.5 * 32768 / (300e9 * 0.51), rel=1e-12)
     assert RooflineCostModel(L70B, A100, 1).gather_terms() == (0.0, 0.0)
 
 
@@ -332,7 +332,6 @@ def test_the_replica_checks_its_engines():
     (("executor=custom", "executor.name=plugins:FixedStep", "+executor.pipeline_parallel=2"),
      "does not run pipeline stages"),
     (("executor.pipeline_parallel=2", "cluster.num_replicas=2"), "fleet of pipeline-parallel"),
-    (("executor.pipeline_parallel=2", "trace.clients=4"), "not served by pipeline stages"),
     (("executor.pipeline_parallel=0",), r"pipeline_parallel=0: must be >= 1"),
     (("executor.pipeline_parallel=1.5",), "pipeline_parallel"),
 ])

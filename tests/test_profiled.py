@@ -123,20 +123,30 @@ def test_more_tokens_never_predict_less_time(which, synthetic):
     assert all(cm.iteration_time([(c, 0)], []) > 0 for c in grid)
 
 
-def test_beyond_the_profile_extrapolates_linearly_and_warns_once(synthetic, caplog):
+def test_beyond_the_profile_extrapolates_linearly_and_warns_once_per_run(synthetic, caplog):
     cm = profiled(synthetic)
     with caplog.at_level(logging.WARNING, logger="sarathi_lab.costmodels.profiled"):
         inside = cm.iteration_time([(4096, 0)], [])
         t1 = cm.iteration_time([(8192, 0)], [])
         t2 = cm.iteration_time([(16384, 0)], [])
         cm.iteration_time([(12000, 0)], [])
+        cm.iteration_time([], [9000] * 300)
     assert inside < t1 < t2
     # linear with the last segment's slope (3072 -> 4096 tokens) beyond the last point
     slope = (lin(4096) - lin(3072)) / 1024
-    assert cm._linear(8192) == pytest.approx(lin(4096) + slope * 4096)
+    assert cm.profile.linear(8192) == pytest.approx(lin(4096) + slope * 4096)
     lines = [r.getMessage() for r in caplog.records]
-    assert sum("linear at" in m for m in lines) == 1
-    assert sum("prefill_attention at" in m for m in lines) == 1
+    # one warning for the run, at the first batch beyond, saying how far in every dimension
+    assert len(lines) == 1, lines
+    assert "8192 tokens beyond the profiled 4096" in lines[0]
+    assert "a prefill chunk of 8192 tokens beyond the profiled 4096" in lines[0]
+    assert str(synthetic) in lines[0]
+    # the furthest extents go to the summary's record
+    beyond = cm.describe()["beyond_profile"]
+    assert beyond["tokens"] == {"furthest": 16384, "profiled": 4096.0}
+    assert beyond["decode batch"] == {"furthest": 300, "profiled": 256.0}
+    assert beyond["decode context"] == {"furthest": 9000, "profiled": 4096.0}
+    assert "prefill context" not in beyond
 
 
 def test_never_negative_and_never_decreasing_on_noisy_points():
@@ -200,7 +210,7 @@ def test_vidur_profile_times_are_per_layer_ms_summed_over_the_model():
     per_layer = sum(ms[op] for op in ("input_layernorm", "attn_pre_proj", "attn_rope",
                                       "attn_post_proj", "post_attention_layernorm",
                                       "mlp_up_proj", "mlp_act", "mlp_down_proj")) + 2 * ms["add"]
-    assert cm._linear(256) == pytest.approx(1e-3 * (ms["emb"] + 80 * per_layer))
+    assert cm.profile.linear(256) == pytest.approx(1e-3 * (ms["emb"] + 80 * per_layer))
     with open(VIDUR / "attention.csv", newline="") as f:
         row = next(r for r in csv.DictReader(f) if r["is_prefill"] == "True"
                    and r["prefill_chunk_size"] == "1024" and r["kv_cache_size"] == "512")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import yaml
 
-from sarathi_lab.costmodels.roofline import RooflineCostModel, window_pairs
+from sarathi_lab.costmodels.roofline import RooflineCostModel, chunk_pairs, window_pairs
 from sarathi_lab.request import Request
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -18,7 +18,8 @@ P = 36864
 HW = {"name": "toy", "peak_flops": 1e12, "mem_bandwidth": 1e11, "memory_bytes": 80e9,
       "link_bandwidth": 1e9, "link_latency_s": 30e-6, "compute_eff": 0.5, "mem_eff": 0.5,
       "ridge_exponent": 2.0, "attn_eff": 0.25, "attn_kv_eff": 0.8, "link_eff": 0.5,
-      "fast_ar_latency_s": 5e-6, "fast_ar_eff": 0.1, "iteration_overhead_s": 1e-3,
+      "ar_step_latency_s": 1e-6, "fast_ar_latency_s": 5e-6, "fast_ar_peer_latency_s": 2e-7,
+      "fast_ar_eff": 0.1, "iteration_overhead_s": 1e-3,
       "request_overhead_s": 1e-4, "layer_overhead_s": 0.0}
 
 
@@ -59,31 +60,45 @@ def test_attention_adds_its_flops_and_its_kv_reads():
     one = cm.chunk_attention_time(64, 0)
     two = cm.chunk_attention_time(32, 0) + cm.chunk_attention_time(32, 32)
     assert two - one == pytest.approx(32 * per_kv, rel=1e-9)
+    # the chunk's own pairs at their own efficiency: 3 x 5 against the context, 6 within
+    own = tiny(attn_self_eff=0.1)
+    per_own = 2 * 4 * 16 * 4 / (1e12 * 0.1)
+    assert own.chunk_attention_time(3, 5) == pytest.approx(
+        15 * per_pair + 6 * per_own + 8 * per_kv, rel=1e-12)
+    # a decode has no own pairs to reprice; a 1-token chunk is priced as the decode it is
+    assert own.attention_time([], [99]) == cm.attention_time([], [99]) \
+        == own.chunk_attention_time(1, 99)
 
 
 def brute_window(c, k, w):
-    """Pairs and KV tokens by enumeration: query at position p (0-based) sees keys
-    max(0, p - w + 1) .. p."""
+    """Pairs, KV tokens and pairs within the chunk by enumeration: query at position p
+    (0-based) sees keys max(0, p - w + 1) .. p."""
     keys = set()
-    pairs = 0
+    pairs = own = 0
     for p in range(k, k + c):
         seen = range(max(0, p - w + 1), p + 1)
         pairs += len(seen)
+        own += sum(1 for j in seen if j >= k)
         keys.update(seen)
-    return pairs, len(keys)
+    return pairs, len(keys), own
 
 
 @pytest.mark.parametrize("c,k", [(3, 5), (3, 1), (4, 2), (1, 10), (1, 2), (7, 0), (9, 30)])
 def test_a_sliding_window_caps_pairs_and_kv_reads(c, k):
     w = 4
-    pairs, kv = brute_window(c, k, w)
-    assert window_pairs(c, k, w) == pairs
+    pairs, kv, own = brute_window(c, k, w)
+    assert window_pairs(c, k, w) == pairs and chunk_pairs(c, k, w) == (pairs - own, own)
     cm, full = tiny(window=w), tiny()
     expect = pairs * cm.attn_per_pair + kv * cm.attn_per_kv_token
     assert cm.chunk_attention_time(c, k) == pytest.approx(expect, rel=1e-12)
     assert cm.chunk_attention_time(c, k) <= full.chunk_attention_time(c, k)
     if c == 1:
         assert cm.attention_time([], [k]) == pytest.approx(expect, rel=1e-12)
+    else:    # the own pairs at their own efficiency, under the window too
+        two = tiny(window=w, attn_self_eff=0.1)
+        assert two.chunk_attention_time(c, k) == pytest.approx(
+            (pairs - own) * two.attn_per_pair + own * two.attn_per_self_pair
+            + kv * two.attn_per_kv_token, rel=1e-12)
 
 
 def test_mistral_reads_at_most_its_window():
@@ -97,14 +112,33 @@ def test_mistral_reads_at_most_its_window():
         512 * 4096 * cm.attn_per_pair + 4607 * cm.attn_per_kv_token, rel=1e-12)
 
 
-def test_allreduce_is_the_cheaper_of_one_shot_and_ring():
-    cm = tiny(tp=2)
-    msg = 64 * 4                                         # bytes per token: h x fp32
-    ring = lambda T: 2 * 2 * (30e-6 + T * msg / (1e9 * 0.5))    # noqa: E731  (2 per layer)
-    fast = lambda T: 2 * 2 * (5e-6 + T * msg / (1e9 * 0.1))     # noqa: E731
+@pytest.mark.parametrize("tp", [2, 4])
+def test_allreduce_is_the_cheaper_of_one_shot_and_ring(tp):
+    cm = tiny(tp=tp)
+    moved = 2 * (tp - 1) / tp * 64 * 4                   # bytes per token: 2 (p-1)/p x h x fp32
+    # 2 per layer; the ring's 2 (p-1) steps, the one-shot's p-1 peers
+    ring = lambda T: 2 * 2 * (30e-6 + 2 * (tp - 1) * 1e-6 + T * moved / (1e9 * 0.5))  # noqa: E731
+    fast = lambda T: 2 * 2 * (5e-6 + (tp - 1) * 2e-7 + T * moved / (1e9 * 0.1))      # noqa: E731
     assert cm.allreduce_time(4) == pytest.approx(fast(4), rel=1e-12) and fast(4) < ring(4)
-    assert cm.allreduce_time(64) == pytest.approx(ring(64), rel=1e-12) and ring(64) < fast(64)
+    assert cm.allreduce_time(128) == pytest.approx(ring(128), rel=1e-12) and ring(128) < fast(128)
     assert tiny().allreduce_time(64) == 0.0
+
+
+@pytest.mark.parametrize("hw", ["a100-80gb", "h100-sxm", "h200"])
+def test_allreduce_grows_with_the_message_and_the_tp_degree(hw):
+    model = preset("model", "llama-2-70b")
+    by_tp = {tp: RooflineCostModel(model, preset("hardware", hw), tp) for tp in (1, 2, 4, 8)}
+    tokens = list(range(1, 9000, 37))
+    for tp, cm in by_tp.items():
+        t = [cm.allreduce_time(T) for T in tokens]
+        assert all(b >= a for a, b in zip(t, t[1:])), tp          # more bytes, never faster
+        assert (tp == 1) == (t[-1] == 0.0)
+    for T in tokens:    # more GPUs: more steps and 2 (p-1)/p of the bytes, never faster
+        t = [by_tp[tp].allreduce_time(T) for tp in (1, 2, 4, 8)]
+        assert t == sorted(t), (T, t)
+    # at 64 MiB the bytes dominate: tp 8 moves 1.75 / 1 of tp 2's, plus its latencies
+    big = 4096
+    assert 1.5 < by_tp[8].allreduce_time(big) / by_tp[2].allreduce_time(big) < 1.8
 
 
 def test_iteration_sums_its_terms_with_per_request_overhead():
@@ -189,6 +223,10 @@ def test_chunk_run_is_not_offered_where_step_time_prices_otherwise():
 
 SETUPS = [("mistral-7b", "a100-80gb", 1), ("yi-34b", "a100-80gb", 2),
           ("llama-2-70b", "h100-sxm", 4), ("llama-3-8b", "h200", 1)]
+# every model preset, on every GPU preset, at the smallest TP it fits at
+EVERY = [(m.stem, h.stem, {"llama-2-70b": 4, "yi-34b": 2}.get(m.stem, 1))
+         for m in sorted((CONFIGS / "model").glob("*.yaml"))
+         for h in sorted((CONFIGS / "hardware").glob("*.yaml"))]
 
 
 def prefill_total(cm, n, c):
@@ -196,7 +234,7 @@ def prefill_total(cm, n, c):
                for k in range(0, n, c))
 
 
-@pytest.mark.parametrize("model,hw,tp", SETUPS)
+@pytest.mark.parametrize("model,hw,tp", EVERY)
 @pytest.mark.parametrize("zero_fixed", [False, True])
 def test_chunking_a_prompt_never_costs_less_than_one_piece(model, hw, tp, zero_fixed):
     h = preset("hardware", hw)
@@ -210,7 +248,8 @@ def test_chunking_a_prompt_never_costs_less_than_one_piece(model, hw, tp, zero_f
         assert all(r >= 1 - 1e-12 for r in ratios), ratios
         assert ratios == sorted(ratios, reverse=True)      # smaller chunks never cost less
         # with the fixed terms zeroed the old roofline priced chunks of 512 at +0%
-        assert ratios[3] > 1.02, ratios
+        if n >= 2048:
+            assert ratios[3] > 1.02, ratios
 
 
 @pytest.mark.parametrize("model,hw,tp", SETUPS)
@@ -279,19 +318,74 @@ def test_the_fits_recover_known_constants(calibrate):
     assert per["a100"]["compute_eff"] == pytest.approx(0.7, abs=0.003)
     assert per["a100"]["mem_eff"] == pytest.approx(0.8, abs=0.005)
     assert per["h100"]["floor_ms"] == pytest.approx(0.02, abs=2e-3)
-    F, M = np.geomspace(1e-3, 1, 30), np.geomspace(1, 1e-3, 30)
-    att = pd.DataFrame({"kind": ["prefill"] * 15 + ["decode"] * 15, "flop_ms": F, "mem_ms": M,
-                        "meas_ms": 0.014 + F / 0.3 + M / 0.8})
-    floor, ae, ke = calibrate.fit_attention(att)
-    assert (floor, ae, ke) == pytest.approx((0.014, 0.3, 0.8), rel=1e-9)
+    rng = np.random.default_rng(0)
+    C, O, M = (rng.uniform(1e-3, 1, 40) for _ in range(3))
+    att = pd.DataFrame({"kind": ["prefill"] * 20 + ["decode"] * 20, "ctx_ms": C,
+                        "own_ms": np.r_[O[:20], np.zeros(20)], "mem_ms": M})
+    att["meas_ms"] = 0.014 + att.ctx_ms / 0.4 + att.own_ms / 0.2 + att.mem_ms / 0.8
+    free = calibrate.fit_attention(att, own_as_ctx=False)
+    assert free["floor_ms"] == pytest.approx(0.014, rel=1e-9)
+    assert (free["attn_eff"], free["attn_self_eff"], free["attn_kv_eff"]) == (0.4, 0.2, 0.8)
+    att["meas_ms"] = 0.014 + (att.ctx_ms + att.own_ms) / 0.3 + att.mem_ms / 0.8
+    one = calibrate.fit_attention(att, own_as_ctx=True)
+    assert (one["attn_eff"], one["attn_self_eff"], one["attn_kv_eff"]) == (0.3, 0.3, 0.8)
+    # tiles: a chunk of 100 after 28 cached, query tiles of 64, KV tiles of 64: rows 0-63 see
+    # keys up to 92 -> 2 tiles, rows 64-99 up to 128 -> 2 tiles: 64 x 128 + 36 x 128 - 100 x 28
+    assert calibrate.tiled_own_pairs([100], [28], 64, 64)[0] == 64 * 128 + 36 * 128 - 2800
+    # ring and one-shot all-reduce: latency, per step (per peer), bytes at an efficiency
+    p, m = np.repeat([2, 4, 8], 5), np.tile(np.geomspace(1e3, 1e8, 5), 3)
+    t = 20e-6 + 2 * (p - 1) * 1e-6 + 2 * (p - 1) / p * m / (300e9 * 0.6)
+    X = np.c_[np.ones_like(t), 2 * (p - 1), 2 * (p - 1) / p * m / 300e9]
+    sol = np.linalg.lstsq(X / t[:, None], np.ones_like(t), rcond=None)[0]
+    assert sol == pytest.approx([20e-6, 1e-6, 1 / 0.6], rel=1e-9)
 
 
 def test_the_presets_hold_the_measured_cpu_and_one_shot_fits(calibrate):
     a, b, table = calibrate.cpu_overhead()
-    lat, eff, _ = calibrate.one_shot(preset("hardware", "h100-sxm")["link_bandwidth"])
+    fast, _ = calibrate.one_shot(preset("hardware", "h100-sxm")["link_bandwidth"])
     for hw in ("a100-80gb", "h100-sxm", "h200"):
         p = preset("hardware", hw)
         assert p["iteration_overhead_s"] == float(f"{a:.2g}")
         assert p["request_overhead_s"] == float(f"{b:.2g}")
-        assert p["fast_ar_latency_s"] == float(f"{lat:.2g}") and p["fast_ar_eff"] == round(eff, 3)
+        assert p["fast_ar_eff"] == fast["fast_ar_eff"]
+        assert p["fast_ar_peer_latency_s"] == fast["fast_ar_peer_latency_s"]
+        # A100: no one-shot all-reduce measured there, so none (1 s: never the cheaper one)
+        assert p["fast_ar_latency_s"] == (1.0 if hw == "a100-80gb" else fast["fast_ar_latency_s"])
     assert 1e-3 < a < 2e-3 and 5e-5 < b < 2e-4 and len(table) == 12
+
+
+# The fits recomputed from the thinned profiles committed under tests/data/vidur/calibration
+# (its SOURCES.md): the thinning moves a fitted efficiency by up to ~0.04 and a latency by up to
+# ~25%, which the tolerances below allow; the residual bounds are those the presets' comments state.
+THINNED = Path(__file__).resolve().parent / "data" / "vidur" / "calibration"
+
+
+def test_the_attention_fit_and_its_residuals_hold_on_the_committed_profile(calibrate):
+    att, _ = calibrate.attention_points(THINNED)
+    one = calibrate.fit_attention(att, own_as_ctx=True)
+    a100 = preset("hardware", "a100-80gb")
+    assert one["attn_eff"] == pytest.approx(a100["attn_eff"], abs=0.05)
+    assert one["attn_kv_eff"] == pytest.approx(a100["attn_kv_eff"], abs=0.05)
+    assert a100["attn_self_eff"] == a100["attn_eff"]
+    r = calibrate.attention_model(att, one) / att.meas_ms
+    for kind, lo, hi in (("decode", 0.9, 1.1), ("prefill", 0.85, 1.15)):
+        assert lo < r[att.kind == kind].median() < hi, kind
+    # the profile's own finding, which the presets do not follow (calibrate_roofline.txt): its
+    # one-piece prefills run the chunk's own pairs at under 0.6 x the cached context's speed
+    free = calibrate.fit_attention(att, own_as_ctx=False)
+    assert free["attn_self_eff"] < 0.6 * free["attn_eff"]
+    bias = r[(att.kind == "prefill") & (att.context == 0)].median()
+    assert bias < 0.75          # ... so one efficiency under-prices them
+
+
+@pytest.mark.parametrize("gpu,hw", [("a100", "a100-80gb"), ("h100", "h100-sxm")])
+def test_the_ring_fit_and_its_residuals_hold_on_the_committed_profile(calibrate, gpu, hw):
+    ring, table = calibrate.network(THINNED, gpu)
+    p = preset("hardware", hw)
+    assert ring["link_eff"] == pytest.approx(p["link_eff"], abs=0.03)
+    assert ring["link_latency_s"] == pytest.approx(p["link_latency_s"], rel=0.25)
+    assert ring["ar_step_latency_s"] == pytest.approx(p["ar_step_latency_s"], abs=5e-7)
+    big = table.xs("513-4096", level="tokens")["median"]    # 8-64 MiB messages, by tp
+    assert list(big.index) == [2, 4, 8] and all(0.85 < v < 1.15 for v in big), big
+
+

@@ -62,7 +62,9 @@ def test_hardware_presets_load_with_calibrated_factors(name):
     for key in ("compute_eff", "attn_eff", "mem_eff", "attn_kv_eff", "link_eff", "fast_ar_eff"):
         assert 0.1 < cfg[key] <= 1.0
     assert 1 <= cfg["ridge_exponent"] <= 3 and 0 < cfg["request_overhead_s"] < 1e-3
-    assert 0 < cfg["fast_ar_latency_s"] < cfg["link_latency_s"]
+    # the one-shot all-reduce is latency-bound (faster than NCCL's ring on small messages), or
+    # absent (1 s: A100, where it was not measured)
+    assert 0 < cfg["fast_ar_latency_s"] < cfg["link_latency_s"] or cfg["fast_ar_latency_s"] == 1.0
     assert 0 < cfg["layer_overhead_s"] < 1e-3 and 0 < cfg["iteration_overhead_s"] < 1e-2
 
 
@@ -96,7 +98,8 @@ def test_tensor_parallel_halves_the_weight_read_and_adds_all_reduces():
     hw = preset("hardware", "a100-80gb")
     # ring all-reduce: each GPU moves 2 (tp - 1) / tp = 1 x the message at tp = 2 (the 2 MiB of
     # 256 tokens: past the one-shot kernel's range)
-    per = hw["link_latency_s"] + 1.0 * 256 * 4096 * 2 / (hw["link_bandwidth"] * hw["link_eff"])
+    per = hw["link_latency_s"] + 2 * hw["ar_step_latency_s"] \
+        + 1.0 * 256 * 4096 * 2 / (hw["link_bandwidth"] * hw["link_eff"])
     assert two.allreduce_time(256) == pytest.approx(2 * 32 * per, rel=1e-12)
     b1, b2 = one.breakdown([(256, 0)], []), two.breakdown([(256, 0)], [])
     assert b2["allreduce"] > 0 and b2["linear"] < b1["linear"]

@@ -131,7 +131,9 @@ def test_a_second_sweep_with_the_same_name_is_refused(tmp_path):
         first.send_signal(signal.SIGTERM)
         first.wait(timeout=30)
         r = cli("-m", f"results_root={tmp_path}", "name=same", *TINY, cwd=tmp_path)
-        assert r.returncode == 0, r.stderr                   # the lock went with the first
+        # the lock went with the first: what refuses this one now is the grid, checked under it
+        assert r.returncode == 1 and "sweep same already ran in" in r.stderr \
+            and "with another grid" in r.stderr, r.stderr
     finally:
         first.kill()
         kill_all(mark)
@@ -295,13 +297,14 @@ def test_a_results_root_that_cannot_be_made_is_one_line(tmp_path, multirun):
 
 @pytest.mark.slow   # a sweep in CLI subprocesses
 def test_report_lists_failed_unfinished_and_missing_jobs(tmp_path, capsys, monkeypatch):
-    r = cli("-m", f"results_root={tmp_path}", "name=mixed", *TINY,
-            "scheduler.token_budget=256,0", cwd=tmp_path)
+    # a job that fails when it runs (its trace file is missing), not when it is checked
+    r = cli("-m", f"results_root={tmp_path}", "name=mixed", "trace.num_requests=40",
+            f"trace.path=sharegpt,{tmp_path / 'none.csv'}", cwd=tmp_path)
     assert r.returncode == 1
     d = tmp_path / "sweeps" / "mixed"
     # a job killed before it wrote anything but Hydra's files
     done = next(p.parent for p in d.rglob("summary.json"))
-    killed = d / "scheduler.token_budget=384,trace.num_requests=40,trace=synthetic"
+    killed = d / "trace.num_requests=40__trace.path=arxiv"
     (killed / ".hydra").mkdir(parents=True)
     (killed / ".hydra" / "overrides.yaml").write_text((done / ".hydra" / "overrides.yaml")
                                                       .read_text())
@@ -313,8 +316,10 @@ def test_report_lists_failed_unfinished_and_missing_jobs(tmp_path, capsys, monke
     assert list(rows["status"]) == ["failed", "not started", "unfinished"]
     failed = next(p.parent for p in d.rglob("error.txt"))
     assert list(rows["run_dir"]) == [str(failed), str(d), str(killed)]
-    assert rows["detail"][0].endswith("ConfigError: scheduler.token_budget=0: must be >= 1 "
-                                      "(allowed: [1, inf))")
+    assert rows["detail"][0].endswith(f"FileNotFoundError: no trace file "
+                                      f"{str(tmp_path / 'none.csv')!r}; shipped traces are: "
+                                      "sharegpt, azure_conv, azure_code, splitwise_conv, "
+                                      "splitwise_code, arxiv")
     assert rows["detail"][1] == "1 of the sweep's 4 jobs have no directory"
     assert rows["detail"][2] == "no summary.json, capacity.json or error.txt"
 
@@ -322,8 +327,7 @@ def test_report_lists_failed_unfinished_and_missing_jobs(tmp_path, capsys, monke
     report_main([str(d), "--out", str(out), "--timeline", "none"])
     printed = capsys.readouterr().out
     assert "3 job(s) without a result (not in the table):" in printed
-    assert f"  failed       mixed/{failed.name}  sarathi_lab.settings.ConfigError: " \
-        "scheduler.token_budget=0" in printed
+    assert f"  failed       mixed/{failed.name}  FileNotFoundError: no trace file " in printed
     assert f"  unfinished   mixed/{killed.name}  no summary.json" in printed
     assert "  not started  mixed  1 of the sweep's 4 jobs have no directory" in printed
     import pandas as pd
@@ -351,8 +355,9 @@ def test_report_lists_failed_unfinished_and_missing_jobs(tmp_path, capsys, monke
 
 @pytest.mark.slow   # a sweep in CLI subprocesses
 def test_report_without_results_still_lists_the_failures(tmp_path):
-    r = cli("-m", f"results_root={tmp_path}", "name=allbad", *TINY, "scheduler.token_budget=0",
-            cwd=tmp_path)
+    missing = tmp_path / "none.csv"   # found missing when the job runs
+    r = cli("-m", f"results_root={tmp_path}", "name=allbad", "trace.num_requests=40",
+            f"trace.path={missing}", cwd=tmp_path)
     assert r.returncode == 1
     d = tmp_path / "sweeps" / "allbad"
     with pytest.raises(FileNotFoundError) as e:
@@ -360,5 +365,28 @@ def test_report_without_results_still_lists_the_failures(tmp_path):
     lines = str(e.value).splitlines()
     assert lines[0] == f"no summary.json or capacity.json below {d}"
     assert lines[1] == "1 job(s) without a result (not in the table):"
-    assert lines[2].startswith("  failed  allbad/scheduler.token_budget=0,") and \
-        lines[2].endswith("ConfigError: scheduler.token_budget=0: must be >= 1 (allowed: [1, inf))")
+    job = sweeps.dirname(f"trace.num_requests=40,trace.path={missing}")
+    assert lines[2].startswith(f"  failed  allbad/{job}")
+    assert lines[2].endswith(f"FileNotFoundError: no trace file {str(missing)!r}; shipped "
+                             "traces are: sharegpt, azure_conv, azure_code, splitwise_conv, "
+                             "splitwise_code, arxiv")
+
+
+@pytest.mark.slow
+def test_a_stopped_single_run_says_that_nothing_of_it_is_kept(tmp_path):
+    mark = uuid.uuid4().hex
+    p = start(f"results_root={tmp_path}", *SLOW, cwd=tmp_path, SWEEP_MARK=mark)
+    try:
+        runs = tmp_path / "runs"
+        wait_for(lambda: list(runs.glob("*/.hydra/overrides.yaml")), 60, "the run's directory")
+        time.sleep(1.0)   # into the run
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == 128 + signal.SIGINT
+        assert err.strip().splitlines()[-1] == (
+            "sarathi-lab: stopped by SIGINT; the run did not finish and no result of it is kept "
+            "(its directory is removed)")
+        assert not list(runs.iterdir())
+    finally:
+        p.kill()
+        kill_all(mark)

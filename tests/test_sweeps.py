@@ -48,7 +48,7 @@ def test_every_combination_has_its_run_directory(sweep):
     assert (table["max_num_seqs"] == table["scheduler.max_num_seqs"]).all()
     # the directory names come from the overrides alone: the same sweep lands in the same place
     names = sorted(Path(p).name for p in table["run_dir"])
-    assert names[0] == ("scheduler.max_num_seqs=16,scheduler=orca,trace.num_requests=40,"
+    assert names[0] == ("scheduler.max_num_seqs=16__scheduler=orca__trace.num_requests=40__"
                         "trace=synthetic")
 
 
@@ -79,21 +79,73 @@ def test_resume_skips_finished_jobs(sweep):
 
 @pytest.mark.slow   # a sweep in CLI subprocesses
 def test_a_failing_job_is_recorded_and_the_others_finish(tmp_path):
-    r = cli("-m", f"results_root={tmp_path}", "name=bad", *TINY, "scheduler.token_budget=256,0,512",
-            cwd=tmp_path)
+    missing = tmp_path / "none.csv"   # found missing only when its job reads it
+    grid = ["trace.num_requests=40", f"trace.path=sharegpt,{missing},arxiv"]
+    r = cli("-m", f"results_root={tmp_path}", "name=bad", *grid, cwd=tmp_path)
     assert r.returncode == 1            # the sweep says something failed...
     d = tmp_path / "sweeps" / "bad"
     assert len(list(d.rglob("summary.json"))) == 2   # ...but the other jobs completed
     errors = list(d.rglob("error.txt"))
-    assert len(errors) == 1 and "token_budget=0" in errors[0].parent.name
-    assert "scheduler.token_budget=0: must be >= 1" in errors[0].read_text()
+    assert len(errors) == 1 and "none.csv" in errors[0].parent.name
+    assert f"no trace file {str(missing)!r}" in errors[0].read_text()
     failed = [f for f in log_lines(d) if f[2] == "failed"]
-    assert len(failed) == 1 and "scheduler.token_budget=0" in failed[0][3]
+    assert len(failed) == 1 and f"trace.path={missing}" in failed[0][3]
     assert "2 done, 0 skipped, 1 failed" in r.stdout
     # fixing nothing and resuming re-runs only the failed job
-    r = cli("-m", f"results_root={tmp_path}", "name=bad", "resume=true", *TINY,
-            "scheduler.token_budget=256,0,512", cwd=tmp_path)
+    r = cli("-m", f"results_root={tmp_path}", "name=bad", "resume=true", *grid, cwd=tmp_path)
     assert "0 done, 2 skipped, 1 failed" in r.stdout
+
+
+@pytest.mark.slow
+def test_a_bad_value_fails_the_sweep_before_any_job_starts(tmp_path):
+    r = cli("-m", f"results_root={tmp_path}", "name=bad", *TINY, "scheduler.token_budget=256,0,512",
+            cwd=tmp_path)
+    assert r.returncode == 1
+    assert r.stderr.strip() == (
+        "sarathi-lab: error: sweep bad: job 2/3 (trace=synthetic,trace.num_requests=40,"
+        "scheduler.token_budget=0): scheduler.token_budget=0: must be >= 1 (allowed: [1, inf)); "
+        "no job was started")
+    assert not (tmp_path / "sweeps").exists()   # nothing written, no job run
+    # a group option that does not exist is found the same way, in its job
+    r = cli("-m", f"results_root={tmp_path}", "name=bad", *TINY, "scheduler=vllm,nosuch",
+            cwd=tmp_path)
+    assert r.returncode == 1 and r.stderr.startswith(
+        "sarathi-lab: error: sweep bad: job 2/2 (trace=synthetic,trace.num_requests=40,"
+        "scheduler=nosuch): scheduler=nosuch: no such scheduler; choices: custom, edf"), r.stderr
+    assert not (tmp_path / "sweeps").exists()
+
+
+@pytest.mark.slow
+def test_a_sweep_name_reused_with_another_grid_is_refused(tmp_path):
+    args = ["-m", f"results_root={tmp_path}", "name=g", *TINY]
+    assert cli(*args, "scheduler=vllm,orca", cwd=tmp_path).returncode == 0
+    d = tmp_path / "sweeps" / "g"
+    r = cli(*args, "scheduler=vllm,sarathi", cwd=tmp_path)
+    assert r.returncode == 1
+    assert r.stderr.strip() == (
+        f"sarathi-lab: error: sweep g already ran in {d} with another grid (jobs only there: "
+        "scheduler=orca,trace.num_requests=40,trace=synthetic; only here: "
+        "scheduler=sarathi,trace.num_requests=40,trace=synthetic), and its runs would be "
+        "reported with this one's; give this sweep another name=, or remove that directory")
+    assert len(list(d.rglob("summary.json"))) == 2   # the first sweep's, not pooled
+    # the same grid in another order, and how it runs (resume, progress), is the same sweep
+    r = cli(*args, "scheduler=orca,vllm", "resume=true", "progress=false", cwd=tmp_path)
+    assert r.returncode == 0 and "0 done, 2 skipped, 0 failed" in r.stdout, r.stderr
+
+
+def test_the_grid_check_compares_jobs_and_reads_no_grid_as_a_note(tmp_path):
+    from sarathi_lab.sweep_check import refuse_other_grid
+    assert refuse_other_grid(tmp_path, "s", ["a=1"]) is None            # a new directory
+    (tmp_path / "sweep.json").write_text(json.dumps({"name": "s", "total": 1}))
+    assert refuse_other_grid(tmp_path, "s", ["a=1"]).startswith(
+        f"note: {tmp_path} holds an earlier sweep s whose grid was not recorded")
+    (tmp_path / "sweep.json").write_text(json.dumps({"name": "s", "grid": ["a=1", "a=2"]}))
+    assert refuse_other_grid(tmp_path, "s", ["a=1", "a=2"]) is None
+    why = refuse_other_grid(tmp_path, "s", ["a=1", "a=3", "a=4", "a=5"])
+    assert "(jobs only there: a=2; only here: a=3; a=4; and 1 more)" in why
+    (tmp_path / "sweep.json").write_text('{"name": "s", "gr')
+    assert refuse_other_grid(tmp_path, "s", ["a=1"]).startswith(
+        f"{tmp_path / 'sweep.json'} cannot be read")
 
 
 @pytest.mark.slow   # a sweep in CLI subprocesses
@@ -172,7 +224,8 @@ print(cfg.hydra.sweep.subdir)
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "trace.path=%a%b.csv"
+    from sarathi_lab.sweeps import dirname
+    assert r.stdout.strip() == dirname("trace.path=/a/b.csv")
     import inspect
 
     from sarathi_lab import cli as cli_module, sweeps

@@ -8,7 +8,7 @@ stages; GPUs 4 in each):
 
 - `tp4`: one tensor-parallel group of four GPUs;
 - `tp2pp2`: two stages of TP2 on one node (NVLink between the stages): vLLM v0's two virtual
-  engines, each with half the KV blocks (sarathi_lab/pipeline.py);
+  engines, each with half the KV blocks (sarathi_lab/topology/pipeline.py);
 - `tp2pp2-2nodes`: the same, the stages on two nodes (hardware.gpus_per_node=2): the stage
   boundary goes over a NIC (Vidur's measured inter-node send/recv);
 - `tp4-nocpu`, `tp2pp2-nocpu`: both without a CPU side (iteration and request overheads 0), as

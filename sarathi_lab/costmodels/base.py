@@ -44,6 +44,11 @@ class CostModel(abc.ABC):
     def max_model_len(self) -> int:
         """The model's context length."""
 
+    def describe(self) -> dict:
+        """What the run's summary records of this cost model beside its name (under
+        ``cost_model``): e.g. the profile it reads and the device it was measured on."""
+        return {}
+
     def kv_block_bytes(self, block_size: int) -> int | None:
         """Bytes of one KV block of `block_size` tokens on one GPU (None: unknown); the sim
         executor prices swapping KV to host memory by it."""

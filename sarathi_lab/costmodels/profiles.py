@@ -10,7 +10,7 @@ per measured point, columns
     chunk         prefill_attention, iteration: new tokens of the (one) prefill chunk
     batch         decode_attention, iteration: decodes in the batch; overhead: requests in it
     context       prefill_attention, iteration: the chunk's tokens already in KV;
-                  decode_attention: the decodes' mean
+                  decode_attention: tokens in KV before each decode (the batch's mean)
     decode_context  iteration: tokens in KV before each decode
     time_s        seconds, whole model (all layers), median of the repeats
     time_p10_s, time_p90_s, repeats    the spread of the repeats (optional)
@@ -38,8 +38,11 @@ embedding, once per iteration):
     decode_attention   attn_decode + attn_input_reshape + attn_output_reshape,
                        by batch_size and kv_cache_size (rows is_prefill=False)
 
-Vidur has no LM head, all-reduce or CPU-overhead profile; the cost model takes those from the
-roofline (overhead: 0 unless set).
+Vidur's compute profiles have no LM head, all-reduce or CPU-overhead operator (its CPU-overhead
+profiles are stored outside git, and its all-reduce ones, under ``network/``, are not read here):
+the cost model takes those from the roofline, explicitly (`ProfiledCostModel.describe`).
+A profile must have the operators every iteration needs (`REQUIRED`); one that lacks any is an
+error naming the operator and the file (`missing_operators`), never priced by the roofline.
 """
 from __future__ import annotations
 
@@ -51,6 +54,9 @@ import numpy as np
 
 
 OPERATORS = ("linear", "prefill_attention", "decode_attention", "lm_head", "overhead")
+# what every mixed batch needs priced (the LM head, the all-reduce and the CPU side are the
+# roofline's where a profile lacks them: no Vidur compute profile measures them)
+REQUIRED = ("linear", "prefill_attention", "decode_attention")
 HELD_OUT = ("iteration",)
 _SHAPE_KEYS = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd")
 
@@ -82,9 +88,42 @@ def monotone(y) -> np.ndarray:
     return np.repeat(level, [len(p) for p in pools])
 
 
+def subadditive_minorant(x, y) -> np.ndarray:
+    """A nondecreasing s <= y on the sorted grid x with s(x_i) <= s(x_j) + s(x_i - x_j) for
+    every x_j < x_i whose rest x_i - x_j lies in [x_0, x_(i-1)] (s read between points by linear
+    interpolation), lowered from y only where a split is cheaper: splitting tokens over iterations
+    never predicts less time than one piece, reached by LOWERING a point to the cheapest split
+    the profile measured, never by raising one. A GEMM's time is a staircase in tokens (tiles and
+    waves: Vidur's A100 Llama-2-70B TP2 linear layers cost 4.30 us a token a layer at 1024 tokens
+    against 4.17 at 768 and 3.93 at 2048), so per-token cost is not monotone; lifting each point to
+    the worst per-token cost of any larger size (the rule this replaces) priced 2048 tokens at
+    4.17 and doubled chunking's measured overhead (chunks of 256 of a 4k prompt: +48% against
+    +16% from the raw points; experiments/chunk_cost_three_way.py). Also kept
+    nondecreasing (more tokens never predict less), by lowering, like the rest."""
+    x, s = np.asarray(x, dtype=float), np.array(y, dtype=float)
+    # On a sparse grid a lowered point can fall below a smaller one; lowering that one too
+    # (a running minimum from the right) can open a cheaper split elsewhere: alternate the two
+    # until neither lowers anything (each pass only lowers; a few passes on Vidur's grids).
+    for _ in range(100):
+        before = s.copy()
+        for i in range(1, x.size):
+            rest = x[i] - x[:i]
+            # both pieces inside the points already settled (np.interp would read one beyond
+            # x[i - 1] flat, not as measured)
+            ok = (rest >= x[0]) & (rest <= x[i - 1])
+            if ok.any():
+                s[i] = min(s[i], float(np.min(s[:i][ok] + np.interp(rest[ok], x[:i], s[:i]))))
+        s = np.minimum.accumulate(s[::-1])[::-1]
+        if np.array_equal(s, before):
+            return s
+    raise ProfileError("subadditive_minorant: no fixed point after 100 passes over "
+                       f"{x.size} points")
+
+
 class Curve:
     """y(x) from measured points: made nondecreasing over the sorted grid (`monotone`: a larger
-    x never predicts less; with `subadditive`, also y/x nonincreasing), linear between points,
+    x never predicts less; with `subadditive`, also y(a + b) <= y(a) + y(b) at the grid's points,
+    by `subadditive_minorant`), linear between points,
     flat below the first point, and beyond the last one linear with the last segment's slope (or,
     where that is flat, proportional to x, the roofline's shape for a compute-bound operator)."""
 
@@ -98,13 +137,8 @@ class Curve:
         # repeated points: their median
         uy = np.array([np.median(y[x == v]) for v in ux])
         self.x, self.y = ux, monotone(uy)
-        if subadditive and ux[0] > 0:
-            # Time per token made nonincreasing (raised to its largest value at any larger x),
-            # so t(a) + t(b) >= t(a + b): splitting tokens over iterations never predicts less
-            # time. A GEMM's efficiency does not fall with size; measured rises are noise or
-            # clocks (Vidur's A100 Llama-2-70B TP2 linear layers: 1024 tokens 2.6% over 2 x 512).
-            per_token = np.maximum.accumulate((self.y / ux)[::-1])[::-1]
-            self.y = ux * per_token
+        if subadditive:
+            self.y = subadditive_minorant(ux, self.y)
         self.what = what
         if ux.size >= 2 and self.y[-1] > self.y[-2]:
             self.slope = (self.y[-1] - self.y[-2]) / (ux[-1] - ux[-2])
@@ -122,49 +156,113 @@ class Curve:
 
 class Surface:
     """t(a, b) from points on a grid of a (chunk or batch) x b (context): one `Curve` in b per
-    measured a, made monotone across a at each measured b (`monotone`; a running maximum beyond
-    the last b, where the rows extrapolate with their own slopes), linear between the a's and,
-    beyond the last one, with the last segment's slope (or proportional to a). Where a row was
-    not measured at a b (outside its own range of b), its cell is taken across a from the rows
-    measured there (`_fill`), not from its own row extended flat."""
+    measured a, made monotone across a at each measured b (`monotone`) and then along b (a
+    running maximum, which keeps the columns ordered), bilinear between grid points. Beyond the
+    last b each row goes on with its edge slope, beyond the last a each column with its own
+    (the last segment's slope, or, where that is flat, proportional to the variable: the
+    roofline's shape for an operator whose work grows with it); each set of edge slopes is made
+    nondecreasing across the other variable, so that the extrapolation stays monotone in both.
+    Where a row was not measured at a b (outside its own range of b), its cell is taken across
+    a from the rows measured there (`_fill`), not from its own row extended flat."""
 
     def __init__(self, a, b, t, what: str):
         a, b, t = (np.asarray(v, dtype=float) for v in (a, b, t))
         if a.size == 0:
             raise ProfileError(f"{what}: no measured points")
-        self.a = np.unique(a)
-        rows = [Curve(b[a == v], t[a == v], f"{what} at {v:g}") for v in self.a]
+        ua = np.unique(a)
+        rows = [Curve(b[a == v], t[a == v], f"{what} at {v:g}") for v in ua]
         # Every row is piecewise linear with knots on the union grid of b: tabulating the rows
         # there makes a query two columns' blend instead of one np.interp per row.
-        self.b = np.unique(b)
-        table = np.array([[row(v) for v in self.b] for row in rows])
-        measured = np.array([[b[a == va].min() <= vb <= b[a == va].max() for vb in self.b]
-                             for va in self.a])
-        table = np.column_stack([_fill(self.a, col, ok) for col, ok in zip(table.T, measured.T)])
-        self.table = np.column_stack([monotone(col) for col in table.T])
-        self.slopes = np.array([row.slope for row in rows])
-        self.b_max = self.b[-1]
-        self.what = what
+        ub = np.unique(b)
+        table = np.array([[row(v) for v in ub] for row in rows])
+        measured = np.array([[b[a == va].min() <= vb <= b[a == va].max() for vb in ub]
+                             for va in ua])
+        table = np.column_stack([_fill(ua, col, ok) for col, ok in zip(table.T, measured.T)])
+        self._set(ua, ub, np.column_stack([monotone(col) for col in table.T]), what)
+
+    @classmethod
+    def from_table(cls, a, b, table, what: str) -> "Surface":
+        """A surface over the grid a x b with these cells (made monotone by running maxima)."""
+        s = cls.__new__(cls)
+        s._set(np.asarray(a, dtype=float), np.asarray(b, dtype=float),
+               np.asarray(table, dtype=float), what)
+        return s
+
+    def _set(self, a, b, table, what: str) -> None:
+        # nondecreasing down every column and along every row (a running maximum along one axis
+        # keeps the order along the other)
+        table = np.maximum.accumulate(np.maximum.accumulate(table, axis=0), axis=1)
+        self.a, self.b, self.table, self.what = a, b, table, what
+        self.b_slopes = np.maximum.accumulate(_edge_slopes(b, table))      # per row
+        self.a_slopes = np.maximum.accumulate(_edge_slopes(a, table.T))    # per column
+        self.b_max = b[-1]
 
     def __call__(self, a: float, b: float) -> float:
         bs = self.b
         if b >= bs[-1]:
-            vals = np.maximum.accumulate(self.table[:, -1] + self.slopes * (b - bs[-1]))
+            vals = self.table[:, -1] + self.b_slopes * (b - bs[-1])
+            s = self.a_slopes[-1]
         elif b <= bs[0]:
-            vals = self.table[:, 0]
+            vals, s = self.table[:, 0], self.a_slopes[0]
         else:   # a blend of two monotone columns is monotone
             j = int(np.searchsorted(bs, b, side="right"))
             w = (b - bs[j - 1]) / (bs[j] - bs[j - 1])
             vals = self.table[:, j - 1] * (1 - w) + self.table[:, j] * w
+            s = self.a_slopes[j - 1] * (1 - w) + self.a_slopes[j] * w
         aa = self.a
         if a > aa[-1]:
-            if aa.size >= 2 and vals[-1] > vals[-2]:
-                return float(vals[-1] + (vals[-1] - vals[-2]) / (aa[-1] - aa[-2]) * (a - aa[-1]))
-            return float(vals[-1] * a / aa[-1])
+            return float(vals[-1] + s * (a - aa[-1]))
         return float(np.interp(a, aa, vals))
+
+    def at(self, a, b) -> np.ndarray:
+        """__call__ over arrays of a and b (broadcast together)."""
+        a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+        bs, aa, tab = self.b, self.a, self.table
+        j0, j1, w = _cell(bs, b)
+        s = self.a_slopes[j0] * (1 - w) + self.a_slopes[j1] * w     # flat beyond either end
+        over_b = np.maximum(b - bs[-1], 0.0)
+        i0, i1, v = _cell(aa, a)
+
+        def row(i):   # rows i at b: their blend of two columns, or their extrapolation
+            return tab[i, j0] * (1 - w) + tab[i, j1] * w + self.b_slopes[i] * over_b
+        return row(i0) * (1 - v) + row(i1) * v + s * np.maximum(a - aa[-1], 0.0)
 
     def beyond(self, a: float, b: float) -> bool:
         return a > self.a[-1] or b > self.b_max
+
+
+def _cell(grid, x):
+    """For each x: the grid cell (i0, i1 = i0 + 1) it falls in and its weight on i1, clamped
+    to the grid's ends (weight 0 below the first point, 1 beyond the last)."""
+    if grid.size == 1:
+        zero = np.zeros(np.shape(x), dtype=int)
+        return zero, zero, np.zeros(np.shape(x))
+    i1 = np.clip(np.searchsorted(grid, x, side="right"), 1, grid.size - 1)
+    i0 = i1 - 1
+    return i0, i1, np.clip((x - grid[i0]) / (grid[i1] - grid[i0]), 0.0, 1.0)
+
+
+def _edge_slopes(x, rows) -> np.ndarray:
+    """Per row of `rows` (values over the grid x): the slope its extrapolation beyond x[-1]
+    takes: the secant over the upper half of the grid (from the last point at or below x[-1] / 2;
+    on a dense grid, as Vidur's batches 1-128, the last segment alone is one noisy difference),
+    or where that is flat (or x has one point), y/x at the end."""
+    rows = np.atleast_2d(rows)
+    prop = rows[:, -1] / x[-1] if x[-1] > 0 else np.zeros(len(rows))
+    if x.size < 2:
+        return prop
+    j = max(int(np.searchsorted(x, x[-1] / 2, side="right")) - 1, 0)
+    j = min(j, x.size - 2)
+    secant = (rows[:, -1] - rows[:, j]) / (x[-1] - x[j])
+    return np.where(secant > 0, secant, prop)
+
+
+def _surface(op: str, a, context, t, what: str) -> Surface:
+    """The surface of an attention operator; of decode attention, with the largest context per
+    request measured (`context_max`, what the out-of-range warning compares with)."""
+    surf = Surface(a, context, t, what)
+    surf.context_max = surf.b_max
+    return surf
 
 
 def _fill(a, col, ok) -> np.ndarray:
@@ -208,6 +306,21 @@ class Profile:
     meta: dict = field(default_factory=dict)    # a Parquet profile's key-value metadata
 
 
+def missing_operators(prof: Profile) -> str | None:
+    """What a profile lacks of `REQUIRED`, as a sentence naming the operators and the file
+    (None: nothing)."""
+    missing = [op for op in REQUIRED if getattr(prof, op) is None]
+    if not missing:
+        return None
+    where = f"profile {prof.source}"
+    if prof.meta.get("format") == "vidur":
+        attn = Path(prof.source) / "attention.csv"
+        where += (f" (a Vidur directory; {attn} " + ("has no rows of these operators" if
+                  attn.is_file() else "does not exist") + ")")
+    return (f"{where} has no {' and no '.join(missing)} rows; the profiled cost model needs "
+            f"{', '.join(REQUIRED)} measured (it does not price a missing one by the roofline)")
+
+
 def load(path, num_layers: int, tensor_parallel: int) -> Profile:
     """A profile at `path`: a Vidur directory or a project-format .csv/.parquet file.
     `num_layers` scales Vidur's per-layer times to the whole model; of a Vidur profile, the rows
@@ -229,6 +342,34 @@ def load(path, num_layers: int, tensor_parallel: int) -> Profile:
         raise ProfileError(f"executor.profile={path}: expected a .csv or .parquet file or a "
                            "Vidur profile directory")
     return _from_rows(rows, meta, str(p))
+
+
+def peek(path) -> dict | None:
+    """What a profile at `path` was measured for, read cheaply (the path of a Vidur directory, a
+    Parquet file's metadata, a CSV file's first row): model, dtype, device, tensor_parallel
+    (None where only the rows say, as Vidur's TP). None: not a profile (a CSV without an
+    ``operator`` column, a directory without mlp.csv, another kind of file)."""
+    p = Path(path)
+    if p.is_dir():
+        if not (p / "mlp.csv").is_file():
+            return None
+        parts = p.resolve().parts
+        return {"model": "/".join(parts[-2:]), "dtype": None, "device": parts[-3],
+                "tensor_parallel": None}
+    if p.suffix == ".parquet":
+        import pyarrow.parquet as pq
+        meta = {k.decode(): v.decode() for k, v in (pq.read_schema(p).metadata or {}).items()}
+    elif p.suffix == ".csv":
+        with open(p, newline="") as f:
+            meta = next(csv.DictReader(f), None) or {}
+        if "operator" not in meta:
+            return None
+    else:
+        return None
+    if not all(meta.get(k) not in (None, "") for k in ("model", "device", "tensor_parallel")):
+        return None
+    return {"model": meta["model"], "dtype": meta.get("dtype") or None,
+            "device": meta["device"], "tensor_parallel": int(float(meta["tensor_parallel"]))}
 
 
 def _num(row, key, where):
@@ -276,9 +417,9 @@ def _from_rows(rows, meta, source) -> Profile:
     for op, a in (("prefill_attention", "chunk"), ("decode_attention", "batch")):
         if by_op[op]:
             r = by_op[op]
-            setattr(prof, op, Surface([_num(x, a, w) for x in r],
-                                      [_num(x, "context", w) for x in r],
-                                      [_num(x, "time_s", w) for x in r], f"{w}: {op}"))
+            setattr(prof, op, _surface(op, [_num(x, a, w) for x in r],
+                                       [_num(x, "context", w) for x in r],
+                                       [_num(x, "time_s", w) for x in r], f"{w}: {op}"))
     r = by_op["overhead"]
     with_batch = [x for x in r if x.get("batch") not in (None, "")]
     if with_batch and len(with_batch) < len(r):
@@ -317,7 +458,8 @@ def _load_vidur(d: Path, num_layers: int, tp: int) -> Profile:
         raise ProfileError(f"executor.profile={d}: a directory must hold Vidur's mlp.csv")
     parts = d.resolve().parts
     # Vidur's layout: .../<device>/<org>/<model>/mlp.csv
-    prof = Profile(str(d), "/".join(parts[-2:]), None, parts[-3], tp)
+    prof = Profile(str(d), "/".join(parts[-2:]), None, parts[-3], tp,
+                   meta={"format": "vidur"})
     all_rows = _read_csv(mlp)
     if not all_rows:
         raise ProfileError(f"{mlp}: no rows")
@@ -338,6 +480,6 @@ def _load_vidur(d: Path, num_layers: int, tp: int) -> Profile:
             key = "attn_prefill" if is_pre == "True" else "attn_decode"
             t = [ms * L * (_median(r, key) + sum(_median(r, x) for x in _VIDUR_ATTN_EXTRA))
                  for r in sel]
-            setattr(prof, op, Surface([int(r[a]) for r in sel],
-                                      [int(r["kv_cache_size"]) for r in sel], t, f"{d}: {op}"))
+            setattr(prof, op, _surface(op, [int(r[a]) for r in sel],
+                                       [int(r["kv_cache_size"]) for r in sel], t, f"{d}: {op}"))
     return prof

@@ -61,7 +61,7 @@ class Executor(abc.ABC):
     #: and reports their time in `StepResult.swap_s`; scheduler.preemption_mode=swap needs it
     supports_swap: ClassVar[bool] = False
     #: True when the executor runs pipeline stages (an ``executor.pipeline_parallel`` setting,
-    #: `join_pipeline`; sarathi_lab/pipeline.py drives it); False: that setting is an error
+    #: `join_pipeline`; sarathi_lab/topology/pipeline.py drives it); False: that setting is an error
     supports_pipeline: ClassVar[bool] = False
 
     @classmethod
@@ -95,6 +95,11 @@ class Executor(abc.ABC):
     def kv_block_bytes(self, block_size: int) -> int | None:
         """Bytes of one KV block of `block_size` tokens on one GPU (None: unknown). Sizes the
         host swap space (scheduler.swap_space_gib) and the swap traffic."""
+        return None
+
+    def cost_model_record(self) -> dict | None:
+        """Which cost model priced the run (the summary's ``cost_model``); None: none did (a
+        real executor's times are measured)."""
         return None
 
     def check_kv_memory(self, num_blocks: int, block_size: int) -> None:

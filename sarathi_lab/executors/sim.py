@@ -13,7 +13,7 @@ batched copy would be: vLLM v0 issues a copy per block and layer, whose per-copy
 make small blocks slower to swap (the vLLM paper, Fig. 19): not modelled, so the swap time
 here is a lower bound at small block sizes.
 
-With ``pipeline_parallel`` P > 1 the executor is one of P virtual engines' (sarathi_lab/pipeline.py
+With ``pipeline_parallel`` P > 1 the executor is one of P virtual engines' (sarathi_lab/topology/pipeline.py
 makes them and joins them to one stage clock): a batch is a micro-batch whose CPU side, layers
 (split among the stages by their layers), LM head (last stage) and activation transfers are
 placed on the pipeline's stages; its duration runs from its scheduling to its leaving the last
@@ -33,7 +33,14 @@ from sarathi_lab.settings import ConfigError, parse, setting
 
 @dataclass
 class SimConfig(ExecutorConfig):
-    cost_model: str = setting("roofline", help="a registered cost model or a dotted path")
+    cost_model: str = setting(
+        "roofline", help="a registered cost model (roofline, profiled), a dotted path, or auto: "
+        "a measured profile under profile_dirs that matches the run's model, dtype, hardware "
+        "and tensor_parallel, else the roofline (one log line at start-up says which; the "
+        "summary's cost_model records it)")
+    profile_dirs: str | None = setting(
+        None, help="cost_model=auto: folders searched for profiles (os.pathsep-separated); "
+        "null: $SARATHI_LAB_PROFILES; nothing is downloaded")
     tensor_parallel: int = setting(1, ge=1, le=64, help="GPUs per model replica (per stage)")
     gpu_memory_utilization: float = setting(0.9, gt=0, le=1,
                                             help="share of GPU memory the engine may use")
@@ -73,12 +80,18 @@ class SimExecutor(Executor):
         own = {f.name for f in fields(SimConfig) if not f.metadata.get("internal")}
         name = values.get("cost_model", SimConfig.cost_model)
         try:
-            cm_cls = cost_model_class(name)
+            # auto reads the roofline's settings (and passes iteration_overhead_s on to a
+            # profile it chooses; costmodels.auto refuses the others then)
+            cm_cls = cost_model_class("roofline" if name == "auto" else name)
         except ValueError as e:
             raise ConfigError(f"{where}.cost_model: {e}") from None
         theirs = {f.name for f in fields(cm_cls.config_class)}
         # sim.yaml lists the roofline's overrides as null: unset, whichever cost model is chosen
         values = {k: v for k, v in values.items() if v is not None or k in own or k in theirs}
+        if name == "auto" and values.get("profile") is not None:
+            raise ConfigError(f"{where}.profile={values['profile']} with {where}.cost_model=auto: "
+                              f"auto looks for a profile under {where}.profile_dirs; to name "
+                              f"one, set {where}.cost_model=profiled")
         unknown = sorted(set(values) - own - theirs)
         if unknown:
             raise ConfigError(
@@ -87,6 +100,9 @@ class SimExecutor(Executor):
                 f"{', '.join(sorted(theirs)) or '(none)'}")
         cfg = parse(SimConfig, {k: v for k, v in values.items() if k in own}, where,
                     "the sim executor")
+        if cfg.profile_dirs is not None and cfg.cost_model != "auto":
+            raise ConfigError(f"{where}.profile_dirs={cfg.profile_dirs}: read only with "
+                              f"{where}.cost_model=auto (cost_model={cfg.cost_model!r})")
         if cfg.step_jitter is None and cfg.step_jitter_seed != SimConfig.step_jitter_seed:
             raise ConfigError(f"{where}.step_jitter_seed={cfg.step_jitter_seed}: read only with "
                               f"{where}.step_jitter set")
@@ -103,9 +119,15 @@ class SimExecutor(Executor):
         if not hardware:
             raise ConfigError("the sim executor needs a hardware preset (e.g. hardware=a100-80gb)")
         self.cfg = cfg
-        cm_cls = cost_model_class(cfg.cost_model)
-        cm_cfg = cfg.cost_model_settings or cm_cls.config_class()
-        self.cost_model = cm_cls(model, hardware, cfg.tensor_parallel, cm_cfg)
+        self.chosen_by = None
+        if cfg.cost_model == "auto":
+            from sarathi_lab.costmodels import auto
+            self.cost_model, self.chosen_by = auto.choose(
+                model, hardware, cfg.tensor_parallel, cfg.cost_model_settings, cfg.profile_dirs)
+        else:
+            cm_cls = cost_model_class(cfg.cost_model)
+            cm_cfg = cfg.cost_model_settings or cm_cls.config_class()
+            self.cost_model = cm_cls(model, hardware, cfg.tensor_parallel, cm_cfg)
         # bound once: execute() runs hundreds of thousands of times per simulation
         self._step_time = self.cost_model.step_time
         from sarathi_lab.costmodels.roofline import HardwareSpec
@@ -115,7 +137,7 @@ class SimExecutor(Executor):
         self._block_bytes = None   # of the bound KV cache's blocks, set by bind
         self.stage_pricing = None if cfg.pipeline_parallel == 1 else \
             self._price_stages(model, hardware)
-        self._pipe = None   # the stage clock, once joined (sarathi_lab/pipeline.py)
+        self._pipe = None   # the stage clock, once joined (sarathi_lab/topology/pipeline.py)
         # A cost model gives a step's typical (median) time; a real step varies around it (on a
         # shared CPU by +-25% between p10 and p90), and a run's P99 TBT is drawn from that
         # variation's slow tail. One draw per executed batch, in order: a fast-forwarded run
@@ -124,6 +146,20 @@ class SimExecutor(Executor):
         if cfg.step_jitter is not None:
             self._jitter = (np.random.default_rng(cfg.step_jitter_seed), cfg.step_jitter)
             self.supports_fast_forward = False
+
+    def cost_model_record(self) -> dict:
+        """Which cost model priced the run, and from what (the summary's ``cost_model``)."""
+        from sarathi_lab.costmodels.profiled import ProfiledCostModel
+        from sarathi_lab.costmodels.roofline import RooflineCostModel
+        name = self.cfg.cost_model
+        if name == "auto":
+            name = "profiled" if isinstance(self.cost_model, ProfiledCostModel) else "roofline"
+        rec = {"name": name, **self.cost_model.describe()}
+        if isinstance(self.cost_model, RooflineCostModel):
+            rec["hardware"] = self.cost_model.hw.name
+        if self.chosen_by:
+            rec["chosen_by"] = self.chosen_by
+        return rec
 
     def bind(self, kv) -> None:
         super().bind(kv)
@@ -199,7 +235,7 @@ class SimExecutor(Executor):
         its leaving the last stage."""
         if self._pipe is None:
             raise RuntimeError(f"executor.pipeline_parallel={self.cfg.pipeline_parallel}: the "
-                               "executor runs inside a pipeline (sarathi_lab.pipeline."
+                               "executor runs inside a pipeline (sarathi_lab.topology.pipeline."
                                "PipelineReplica), not on an engine of its own")
         st = self.stage_pricing
         cpu, layers, head = st["parts"](out.reqs, out.num_new_tokens)

@@ -276,7 +276,7 @@ class KVCacheManager:
         self.pool.release(reversed(held))
         self.num_stored_tokens -= req.num_computed_tokens
 
-    # -- disaggregated prefill/decode (sarathi_lab/disagg.py) ----------------------------------
+    # -- disaggregated prefill/decode (sarathi_lab/topology/disagg/) ----------------------------------
     def retain(self, req: Request) -> None:
         """When `req` finishes here (its first token, on a prefill replica), keep its blocks in
         use instead of freeing them, until `release(req.request_id)`: the KV waits here for its

@@ -157,7 +157,7 @@ def run_table(paths) -> pd.DataFrame:
     """One row per run below `paths`."""
     rows, keys = [], []
     for d in find(paths, rundir.SUMMARY):
-        s = json.loads((d / rundir.SUMMARY).read_text())
+        s = rundir.read_json(d / rundir.SUMMARY)
         cfg = s.get("config") or {}
         # a multirun leaves out settings the run's components do not read: so does its label
         unread = {n.split(":", 1)[0] for n in (s.get("settings") or {}).get("unread", [])}
@@ -180,7 +180,7 @@ def capacity_table(paths) -> pd.DataFrame:
     from sarathi_lab.capacity import capacity_rows
     rows, keys = [], []
     for d in find(paths, rundir.CAPACITY):
-        res = json.loads((d / rundir.CAPACITY).read_text())
+        res = rundir.read_json(d / rundir.CAPACITY)
         ov = read_overrides(d)
         keys += [k for k in ov if k not in keys]
         for r in capacity_rows(res):

@@ -34,6 +34,9 @@ def resolve_trace(path) -> Path:
     p = Path(os.path.expanduser(str(path)))
     if p.is_file():
         return p
+    if p.is_dir():
+        raise IsADirectoryError(f"trace {str(p)!r} is a directory, not a trace file; "
+                                "name a file in it")
     if not p.is_absolute():
         # Under Hydra with job.chdir the working directory is the run's output folder, not the
         # one the user launched from; relative trace paths mean the latter.

@@ -14,11 +14,11 @@ An iteration of B requests with T scheduled tokens, S of which sample a token, c
   + elementwise(T) = T x bytes of the norms, residual adds, RoPE, SiLU*mul and KV-cache write
                      / (bw me)
   + attention      = sum over scheduled requests of
-                       4 d H pairs / (peak ae)  +  b KV kv_tokens / (bw ke)
+                       4 d H (ctx_pairs / ae + own_pairs / ase) / peak  +  b KV kv_tokens / (bw ke)
   + lm_head(S)     = soft(2 S h V / (peak ce), b h V / (bw me)), sampled rows only (0 if S = 0)
   + allreduce(T)   = 2 L x min(one-shot(m), ring(m)), m = T h b bytes, tp > 1 only
-                     one-shot(m) = fast_ar_latency + 2 (tp-1)/tp m / (link_bw fast_ar_eff)
-                     ring(m)     = link_latency    + 2 (tp-1)/tp m / (link_bw link_eff)
+                     (communication.py: ring steps and per-peer latencies, fitted to NCCL and
+                     vLLM custom all-reduce measurements)
 
 with b bytes per element, h hidden size, V vocabulary, H query heads and KV the per-token KV bytes
 of the GPU's share of the KV heads; P, H, V and the intermediate size are divided by tp.
@@ -29,14 +29,15 @@ lose efficiency near the ridge (tiles and waves only partly fill the GPU, loads 
 imperfectly): with the hard max the 76-306-token layers came out at 0.82 of the measured profiles.
 The fitted n (~1.5) prices a GEMM at its ridge point 2^(1/n) ~ 1.6 x the hard max.
 
-Attention of a chunk of c new tokens after k cached ones: query i of the chunk sees k + i + 1 keys,
-so the causal mask leaves pairs = c k + c (c + 1) / 2 query-key pairs of 4 d FLOPs per head (QK^T
-and PV), and the chunk reads kv_tokens = k + c tokens of KV. Chunking is FLOP-neutral, but every
-chunk re-reads the KV of all earlier chunks; the two costs are added (FlashAttention overlaps them
-only partly; a sum fits the profile as well as a max, see the calibration) so that re-read is
-charged at any chunk size. A decode is the chunk c = 1: k + 1 pairs and k + 1 tokens of KV.
-With a sliding window W (Mistral-7B v0.1) query j sees min(j, W) keys and the chunk reads
-min(k + c, W + c - 1) tokens of KV.
+Attention of a chunk of c new tokens after k cached ones: query i of the chunk sees k + i keys,
+so the causal mask leaves ctx_pairs = c k query-key pairs against the cached context and
+own_pairs = c (c + 1) / 2 within the chunk, each of 4 d FLOPs per head (QK^T and PV), and the chunk
+reads kv_tokens = k + c tokens of KV. The two kinds of pairs run at their own measured speeds
+(attn_eff, attn_self_eff; attention.py says why); the KV reads are added to the FLOPs (a sum fits
+the profile as well as a max, see the calibration), so every chunk's re-read of the KV of the
+chunks before it is charged at any chunk size. A decode is the chunk c = 1: k + 1 context pairs
+and k + 1 tokens of KV. With a sliding window W (Mistral-7B v0.1) query j sees min(j, W) keys and
+the chunk reads min(k + c, W + c - 1) tokens of KV.
 
 Quantization (executor.weight_dtype, weight_only, kv_cache_dtype): the linear layers' weights
 are read, and held, at b_w bytes (lin_weights, weight memory); with 8-bit weights and 8-bit
@@ -49,11 +50,11 @@ swap moves. Attention's FLOPs stay at the 16-bit peak (fp8 KV is converted in th
 vLLM's paged attention does; the conversion's cost is taken as hidden under the KV reads).
 Norms, embeddings, the LM head and all-reduces stay in model.dtype.
 
-Pipeline stages (executor.pipeline_parallel, sarathi_lab/pipeline.py): `iteration_parts` splits an
+Pipeline stages (executor.pipeline_parallel, sarathi_lab/topology/pipeline.py): `iteration_parts` splits an
 iteration into its CPU side, its L layers (a stage of l layers takes l / L: every layer term above
 is linear in L) and its LM head; `send_recv_terms` prices handing the activations to the next
 stage, `gather_terms` the receiving TP group's all-gather, and `pipeline_kv_blocks` the KV cache
-that every stage's GPUs hold beside their layers' weights.
+that every stage's GPUs hold beside their layers' weights (memory.py).
 
 Not modelled (small, or properties of the serving stack rather than the GPU): the embedding lookup
 and its all-reduce, the final norm, the gather of TP-sharded logits, sampling kernels, tile and
@@ -63,185 +64,26 @@ keeps every block).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import numpy as np
 
-from sarathi_lab.costmodels.base import CostModel, CostModelConfig, batch_shape
-from sarathi_lab.models.dtypes import dtype_bytes, dtype_name
+from sarathi_lab.costmodels.base import CostModel, batch_shape
+from sarathi_lab.costmodels.roofline.attention import chunk_pairs
+from sarathi_lab.costmodels.roofline.communication import (allreduce_terms, gather_terms,
+                                                           send_recv_terms)
+from sarathi_lab.costmodels.roofline.hardware import HardwareSpec, RooflineConfig, gemm_peak
+from sarathi_lab.costmodels.roofline.memory import RooflineMemory
+from sarathi_lab.models.dtypes import dtype_bytes
 from sarathi_lab.models.shape import ModelShape
-from sarathi_lab.settings import ConfigError, parse, plain, setting
 
-# vLLM's default max_num_seqs: its memory profile holds this many rows of fp32 full-vocab logits.
-_MAX_SAMPLED_ROWS = 256
 # "no window": larger than any context, so min(k + 1, _NO_WINDOW) is k + 1
 _NO_WINDOW = 1 << 62
 # decode runs up to this many steps are priced in Python floats, longer ones in arrays
 _SHORT_RUN = 48
 
 
-@dataclass(frozen=True)
-class HardwareSpec:
-    """A GPU preset (configs/hardware/*.yaml). The peaks come from datasheets; the efficiencies,
-    the ridge exponent and the floors are fitted by experiments/calibrate_roofline.py (defaults:
-    roughly the A100 fit, for a preset that leaves them out; the per-request and one-shot
-    all-reduce terms default to what leaves them out of the sum)."""
-    name: str = setting(help="label")
-    peak_flops: float = setting(gt=0, help="dense bf16 tensor-core FLOP/s")
-    mem_bandwidth: float = setting(gt=0, help="HBM bytes/s")
-    memory_bytes: float = setting(gt=0, help="GPU memory, bytes")
-    link_bandwidth: float = setting(gt=0, help="GPU-to-GPU bytes/s, one direction")
-    link_latency_s: float = setting(ge=0, help="per ring (NCCL) all-reduce")
-    # 8-bit GEMMs (executor.weight_dtype=fp8 / int8 with 8-bit activations); null: the GPU has
-    # no such tensor cores (A100: no fp8)
-    peak_flops_fp8: float | None = setting(None, gt=0, help="dense fp8 tensor-core FLOP/s")
-    peak_flops_int8: float | None = setting(None, gt=0, help="dense int8 tensor-core OP/s")
-    # links beyond NVLink, for KV moved to host memory (swap) or to another node (disaggregated
-    # prefill/decode): a transfer of B bytes takes latency + B / (bandwidth * eff)
-    pcie_bandwidth: float = setting(32.0e9, gt=0, help="GPU-host bytes/s, one direction")
-    pcie_eff: float = setting(0.8, gt=0, le=1, help="share of pcie_bandwidth a pinned copy gets")
-    pcie_latency_s: float = setting(1.0e-5, ge=0, help="per GPU-host copy")
-    net_bandwidth: float = setting(25.0e9, gt=0,
-                                   help="inter-node bytes/s per GPU (its NIC), one direction")
-    net_eff: float = setting(0.9, gt=0, le=1, help="share of net_bandwidth an RDMA write gets")
-    net_latency_s: float = setting(1.0e-5, ge=0, help="per inter-node transfer")
-    compute_eff: float = setting(0.71, gt=0, le=1, help="achieved share of peak_flops in GEMMs")
-    mem_eff: float = setting(0.81, gt=0, le=1,
-                             help="achieved share of mem_bandwidth reading weights, activations")
-    ridge_exponent: float = setting(
-        1.5, ge=1, le=64, help="GEMM time = (F^n + M^n)^(1/n) of its compute time F and memory "
-        "time M: 1 adds them, large n is the hard max(F, M)")
-    attn_eff: float = setting(0.26, gt=0, le=1, help="achieved share of peak_flops in attention")
-    attn_kv_eff: float = setting(0.9, gt=0, le=1,
-                                 help="achieved share of mem_bandwidth reading KV in attention")
-    link_eff: float = setting(0.56, gt=0, le=1, help="share of link_bandwidth, ring all-reduce")
-    fast_ar_latency_s: float = setting(
-        1.0, ge=0, help="per one-shot (custom, latency-bound) all-reduce; the cheaper of it and "
-        "the ring is charged (default 1 s: never cheaper, ring only)")
-    fast_ar_eff: float = setting(0.13, gt=0, le=1,
-                                 help="share of link_bandwidth, one-shot all-reduce")
-    iteration_overhead_s: float = setting(
-        1.4e-3, ge=0, help="CPU side of an iteration: scheduling, input preparation, sampling, "
-        "output processing (vLLM v0 measured by Vidur: 1.4 ms + 0.1 ms per request)")
-    request_overhead_s: float = setting(0.0, ge=0,
-                                        help="CPU side of an iteration, per request in the batch")
-    layer_overhead_s: float = setting(5.1e-5, ge=0, help="GPU kernel floors per layer")
-    price_per_gpu_hour: float | None = setting(None, gt=0, help="USD, for the run's cost "
-                                               "figures; null: none")
-    # pipeline stages (executor.pipeline_parallel): the activations a stage hands to the next go
-    # by an NCCL send/recv, latency + bytes / (bandwidth * eff), over NVLink (link_bandwidth)
-    # within a node and over the node's NICs (net_bandwidth) across nodes; fitted to Vidur's
-    # send_recv profiles by experiments/pipeline/calibrate_send_recv.py
-    gpus_per_node: int = setting(8, ge=1, le=1024, help="GPUs sharing one NVLink domain (DGX: 8)")
-    p2p_eff: float = setting(0.96, gt=0, le=1, help="share of link_bandwidth, send/recv")
-    p2p_latency_s: float = setting(1.3e-5, ge=0, help="per send/recv within a node")
-    net_p2p_eff: float = setting(0.31, gt=0, le=1, help="share of net_bandwidth, send/recv")
-    net_p2p_latency_s: float = setting(2.9e-5, ge=0, help="per send/recv across nodes")
-
-    @classmethod
-    def from_config(cls, cfg, overrides=None) -> "HardwareSpec":
-        """`overrides` (the cost model's settings) replaces efficiency factors it sets
-        non-null; a preset's keys are checked like any setting (``hardware.<key>``)."""
-        c = plain(cfg)
-        for key, val in plain(overrides).items():
-            if val is not None and key in cls.__dataclass_fields__:
-                c[key] = val
-        return parse(cls, c, "hardware", f"hardware preset {c.get('name')!r}")
-
-
-@dataclass
-class RooflineConfig(CostModelConfig):
-    """Overrides of the hardware preset's fitted terms; null keeps the preset's (fitted by
-    experiments/calibrate_roofline.py)."""
-    compute_eff: float | None = setting(None, gt=0, le=1, help="share of peak FLOP/s in GEMMs")
-    mem_eff: float | None = setting(None, gt=0, le=1, help="share of HBM bandwidth achieved")
-    ridge_exponent: float | None = setting(None, ge=1, le=64,
-                                           help="smoothness of the GEMM roofline (large: max)")
-    attn_eff: float | None = setting(None, gt=0, le=1, help="share of peak FLOP/s in attention")
-    attn_kv_eff: float | None = setting(None, gt=0, le=1,
-                                        help="share of HBM bandwidth reading KV in attention")
-    link_eff: float | None = setting(None, gt=0, le=1, help="share of link bandwidth, ring")
-    fast_ar_latency_s: float | None = setting(None, ge=0,
-                                              help="one-shot all-reduce latency")
-    fast_ar_eff: float | None = setting(None, gt=0, le=1,
-                                        help="share of link bandwidth, one-shot all-reduce")
-    iteration_overhead_s: float | None = setting(
-        None, ge=0, help="CPU side of an iteration (presets: vLLM v0 as measured by Vidur)")
-    request_overhead_s: float | None = setting(
-        None, ge=0, help="CPU side of an iteration per request in the batch (presets: vLLM v0)")
-    layer_overhead_s: float | None = setting(None, ge=0, help="GPU kernel floors per layer")
-    # quantized weights and KV (vLLM's --quantization fp8 / W8A8 int8 and --kv-cache-dtype)
-    weight_dtype: str | None = setting(
-        None, help="the linear layers' weights: null (model.dtype) | bfloat16 | float16 | fp8 | "
-                   "int8; 8-bit weights run 8-bit GEMMs at the GPU's 8-bit peak (activations "
-                   "quantized on the fly) unless weight_only")
-    weight_only: bool | None = setting(
-        None, help="true: 8-bit weights dequantised to model.dtype inside the GEMM, which runs at "
-                   "the 16-bit peak (vLLM's FP8 Marlin on GPUs without fp8 tensor cores); null: "
-                   "false")
-    kv_cache_dtype: str | None = setting(None, help="the KV cache: null (model.dtype) | bfloat16 "
-                                                    "| float16 | fp8: bytes read, written, held")
-
-    def validate(self) -> None:
-        for key, allowed in (("weight_dtype", _WEIGHT_DTYPES), ("kv_cache_dtype", _KV_DTYPES)):
-            v = getattr(self, key)
-            if v is not None:
-                name = dtype_name(v, key)
-                if name not in allowed:
-                    raise ValueError(f"{key}={v!r}: must be null or one of {', '.join(allowed)}")
-                setattr(self, key, name)
-        if self.weight_only and self.weight_dtype not in ("float8", "int8"):
-            raise ValueError(f"weight_only=true: needs 8-bit weights (weight_dtype=fp8 or int8), "
-                             f"not weight_dtype={self.weight_dtype or 'null (model.dtype)'}")
-
-
-_WEIGHT_DTYPES = ("float32", "bfloat16", "float16", "float8", "int8")
-_KV_DTYPES = ("float32", "bfloat16", "float16", "float8")
-
-
-def gemm_peak(hw: HardwareSpec, weight_dtype: str, weight_only: bool) -> float:
-    """The tensor-core peak the linear layers' GEMMs run at: the 8-bit one for 8-bit weights
-    with 8-bit activations (W8A8), else the 16-bit one (weight-only dequantisation is assumed
-    free: fused into the GEMM's loads, as Marlin-style kernels do)."""
-    if weight_dtype not in ("float8", "int8") or weight_only:
-        return hw.peak_flops
-    peak = hw.peak_flops_fp8 if weight_dtype == "float8" else hw.peak_flops_int8
-    if peak is None:
-        kind = "fp8" if weight_dtype == "float8" else "int8"
-        raise ConfigError(
-            f"executor.weight_dtype={kind}: {hw.name} has no {kind} tensor cores "
-            f"(hardware.peak_flops_{kind} is null); set executor.weight_only=true ({kind} "
-            "weights dequantised to 16 bits in the GEMM)"
-            + (" or executor.weight_dtype=int8 (W8A8 int8)" if kind == "fp8"
-               and hw.peak_flops_int8 else ""))
-    return peak
-
-
-def window_pairs(c: int, k: int, w: int) -> int:
-    """Query-key pairs of a chunk of c tokens after k cached ones under a causal sliding window
-    of w keys: query j (1-based position k + 1 .. k + c) sees min(j, w) keys."""
-    if k + c <= w:
-        return c * k + c * (c + 1) // 2
-    if k >= w:
-        return c * w
-    return (w * (w + 1) - k * (k + 1)) // 2 + (k + c - w) * w
-
-
-def stage_layers(num_layers: int, stages: int) -> list[int]:
-    """The layers of each pipeline stage, as vLLM partitions them (get_pp_indices in
-    vllm/distributed/utils.py): num_layers // stages each, and the remainder one more each on
-    the stages before the last, from the last but one backwards (the last stage also holds the
-    final norm and the LM head; with stages > 2 and a small remainder, the middle ones)."""
-    if not 1 <= stages <= num_layers:
-        raise ValueError(f"pipeline_parallel={stages}: must be between 1 and the model's "
-                         f"{num_layers} layers")
-    parts = [num_layers // stages] * stages
-    for i in range(2, num_layers % stages + 2):
-        parts[-i] += 1
-    return parts
-
-
-class RooflineCostModel(CostModel):
+class RooflineCostModel(RooflineMemory, CostModel):
     """Iteration time of `model` on one GPU of a `tensor_parallel` group of `hardware`."""
 
     config_class = RooflineConfig
@@ -302,18 +144,18 @@ class RooflineCostModel(CostModel):
             # fused); the output's dequantization is in the GEMM's epilogue
             ew_bytes += (b + b_w) * (2 * h + self.heads * d + inter)
         self.ew_per_token = L * ew_bytes / bw
+        # attention: 4 d FLOPs per query-key pair and head (QK^T and PV); the pairs against
+        # cached context and those within a prefill chunk at their own efficiencies (attention.py)
         self.attn_per_pair = L * 4 * d * self.heads / (flops * hw.attn_eff)
+        self.attn_per_self_pair = L * 4 * d * self.heads / (flops * (hw.attn_self_eff
+                                                                      or hw.attn_eff))
         self.attn_per_kv_token = self.kv_bytes_per_token / (hw.mem_bandwidth * hw.attn_kv_eff)
+        # a decode's k + 1 pairs are all priced as context pairs (its one pair with itself too)
         self.decode_per_kv_token = self.attn_per_pair + self.attn_per_kv_token
         self.lm_per_row = 2 * vocab_params / (flops * hw.compute_eff)
         self.lm_weights = b * vocab_params / bw
-        if tp > 1:
-            per_token = 2 * L * (2 * (tp - 1) / tp) * h * b / hw.link_bandwidth
-            self.ar_fixed, self.ar_per_token = 2 * L * hw.link_latency_s, per_token / hw.link_eff
-            self.far_fixed = 2 * L * hw.fast_ar_latency_s
-            self.far_per_token = per_token / hw.fast_ar_eff
-        else:
-            self.ar_fixed = self.ar_per_token = self.far_fixed = self.far_per_token = 0.0
+        self.ar_fixed, self.ar_per_token, self.far_fixed, self.far_per_token = \
+            allreduce_terms(hw, tp, L, h * b)
         self.overhead = hw.iteration_overhead_s
         self.req_overhead = hw.request_overhead_s
         self.layer_floors = L * hw.layer_overhead_s
@@ -333,12 +175,15 @@ class RooflineCostModel(CostModel):
         return T * self.ew_per_token
 
     def chunk_attention_time(self, c: int, k: int) -> float:
-        """Attention of c new tokens after k cached ones (a decode is c = 1)."""
+        """Attention of c new tokens after k cached ones (a decode is c = 1, priced as one)."""
         w = self.window
+        if c == 1:
+            return min(k + 1, w) * self.decode_per_kv_token
         if k + c <= w:
-            return (c * k + c * (c + 1) // 2) * self.attn_per_pair \
+            return c * k * self.attn_per_pair + c * (c + 1) // 2 * self.attn_per_self_pair \
                 + (k + c) * self.attn_per_kv_token
-        return window_pairs(c, k, w) * self.attn_per_pair \
+        ctx, own = chunk_pairs(c, k, w)
+        return ctx * self.attn_per_pair + own * self.attn_per_self_pair \
             + min(k + c, w + c - 1) * self.attn_per_kv_token
 
     def attention_time(self, prefills, decode_contexts) -> float:
@@ -408,7 +253,7 @@ class RooflineCostModel(CostModel):
             return self._windowed_step_time(reqs, num_new_tokens)
         S = dec = 0
         pre = 0.0
-        a_pair, a_kv = self.attn_per_pair, self.attn_per_kv_token
+        a_pair, a_self, a_kv = self.attn_per_pair, self.attn_per_self_pair, self.attn_per_kv_token
         for r, c in zip(reqs, num_new_tokens):
             k = r.num_computed_tokens
             end = k + c
@@ -417,7 +262,7 @@ class RooflineCostModel(CostModel):
             if c == 1:
                 dec += end                   # decode (or a 1-token chunk: same cost)
             else:
-                pre += (c * k + c * (c + 1) // 2) * a_pair + end * a_kv
+                pre += c * k * a_pair + c * (c + 1) // 2 * a_self + end * a_kv
         return self._fixed(sum(num_new_tokens), S, len(num_new_tokens)) \
             + (pre + dec * self.decode_per_kv_token)
 
@@ -474,7 +319,8 @@ class RooflineCostModel(CostModel):
             return None
         B = len(contexts)
         total = sum(contexts)
-        a_pair, a_kv, rate = self.attn_per_pair, self.attn_per_kv_token, self.decode_per_kv_token
+        a_pair, a_self, a_kv = self.attn_per_pair, self.attn_per_self_pair, self.attn_per_kv_token
+        rate = self.decode_per_kv_token
         fixed, out, k = self._fixed, [], computed
         last = len(chunks) - 1
         for j, c in enumerate(chunks):
@@ -484,7 +330,7 @@ class RooflineCostModel(CostModel):
             if c == 1:
                 dec += end
             else:
-                pre += (c * k + c * (c + 1) // 2) * a_pair + end * a_kv
+                pre += c * k * a_pair + c * (c + 1) // 2 * a_self + end * a_kv
             S = B + 1 if samples_last and j == last else B
             out.append(fixed(B + c, S, B + 1) + (pre + dec * rate))
             k = end
@@ -514,12 +360,8 @@ class RooflineCostModel(CostModel):
         sends two tensors per token (hidden states and residual, its IntermediateTensors), each
         TP rank its 1/tp slice to its peer of the next stage, all pairs at once (send-allgather):
         2 h b / tp bytes per token over NVLink within a node, over a NIC across nodes."""
-        hw, m = self.hw, self.model
-        if across_nodes:
-            bw, eff, lat = hw.net_bandwidth, hw.net_p2p_eff, hw.net_p2p_latency_s
-        else:
-            bw, eff, lat = hw.link_bandwidth, hw.p2p_eff, hw.p2p_latency_s
-        return lat, 2 * m.hidden_size * m.dtype_bytes / self.tp / (bw * eff)
+        m = self.model
+        return send_recv_terms(self.hw, 2 * m.hidden_size * m.dtype_bytes / self.tp, across_nodes)
 
     def send_recv_time(self, num_tokens: int, across_nodes: bool = False) -> float:
         lat, per_token = self.send_recv_terms(across_nodes)
@@ -528,90 +370,6 @@ class RooflineCostModel(CostModel):
     def gather_terms(self) -> tuple[float, float]:
         """(latency, seconds per token) of the receiving stage's all-gather of those slices
         within its TP group (tp > 1; none at tp 1): a ring all-gather, (tp-1)/tp of the 2 h b
-        bytes per token, at the fitted ring all-reduce's latency and bus bandwidth (an
-        ASSUMPTION: NCCL's all-gather moves half the bytes of an all-reduce at the same speed)."""
-        if self.tp == 1:
-            return 0.0, 0.0
-        hw, m = self.hw, self.model
-        return hw.link_latency_s, ((self.tp - 1) / self.tp * 2 * m.hidden_size * m.dtype_bytes
-                                   / (hw.link_bandwidth * hw.link_eff))
-
-    def pipeline_kv_blocks(self, layers: list[int], block_size: int,
-                           gpu_memory_utilization: float = 0.9, workspace_bytes: float = 2**30,
-                           activation_tokens: int = 8192) -> int:
-        """KV blocks of `block_size` tokens that fit every stage of a pipeline whose stages hold
-        `layers` layers each: a GPU of a stage holds its layers' weights (/tp), the embedding
-        on the first stage and the final norm and LM head on the last (a tied embedding is
-        loaded on both, as vLLM does), the same workspace and activations as without stages,
-        and a block holds the KV of its stage's layers only. The fewest over the stages (vLLM
-        takes the smallest cache any worker can hold)."""
-        m, hw = self.model, self.hw
-        L, P, h = m.num_layers, len(layers), m.hidden_size
-        assert P > 1 and sum(layers) == L, (layers, L)
-        per_layer = self.linear_params + 2 * h
-        vocab = m.vocab_size * h / self.tp
-        # bytes per weight element: the whole model's weights over its elements (its dtypes)
-        per_param = self.weight_bytes / (L * per_layer + h
-                                         + vocab * (1 if m.tie_word_embeddings else 2))
-        usable = hw.memory_bytes * gpu_memory_utilization
-        reserve = workspace_bytes + self.activation_bytes(activation_tokens)
-        gib = 2**30
-        fewest = None
-        for s, n in enumerate(layers):
-            first, last = s == 0, s == P - 1
-            weights = per_param * (n * per_layer + (h if last else 0) + vocab * (first + last))
-            if weights + reserve >= usable:
-                raise ValueError(
-                    f"{m.name} does not fit on {hw.name} at tensor_parallel={self.tp} "
-                    f"pipeline_parallel={P}: stage {s} ({n} layers) takes {weights / gib:.1f} "
-                    f"GiB of weights per GPU plus {reserve / gib:.1f} GiB of activations/"
-                    f"workspace, but gpu_memory_utilization={gpu_memory_utilization} of "
-                    f"{hw.memory_bytes / gib:.1f} GiB leaves {usable / gib:.1f} GiB (try more "
-                    "pipeline stages or a larger tensor_parallel)")
-            blocks = int((usable - weights - reserve)
-                         // (block_size * self.kv_bytes_per_token * n / L))
-            fewest = blocks if fewest is None else min(fewest, blocks)
-        if fewest < 1:
-            raise ValueError(f"{m.name} on {hw.name} at tensor_parallel={self.tp} "
-                             f"pipeline_parallel={P}: no room for one KV block of {block_size} "
-                             "tokens")
-        return fewest
-
-    # ---- memory ------------------------------------------------------------------------------
-    def activation_bytes(self, num_tokens: int) -> float:
-        """Transient memory of one forward over num_tokens tokens: residual and normed input,
-        QKV, the MLP's gate/up output and activation, plus sampled logits in fp32."""
+        bytes per token (communication.gather_terms)."""
         m = self.model
-        per_tok = 2 * m.hidden_size + (self.heads + 2 * self.kv_heads) * m.head_dim \
-            + 3 * m.intermediate_size / self.tp
-        return num_tokens * m.dtype_bytes * per_tok + _MAX_SAMPLED_ROWS * m.vocab_size * 4
-
-    @property
-    def max_model_len(self) -> int:
-        return self.model.max_model_len
-
-    def kv_block_bytes(self, block_size: int) -> int:
-        return int(block_size * self.kv_bytes_per_token)
-
-    def num_kv_blocks(self, block_size: int, gpu_memory_utilization: float = 0.9,
-                      workspace_bytes: float = 2**30, activation_tokens: int = 8192) -> int:
-        m, hw = self.model, self.hw
-        usable = hw.memory_bytes * gpu_memory_utilization
-        reserve = workspace_bytes + self.activation_bytes(activation_tokens)
-        gib = 2**30
-        if self.weight_bytes + reserve >= usable:
-            need_tp = self.tp
-            while need_tp < 64 and self.weight_bytes * self.tp / need_tp + reserve >= usable:
-                need_tp *= 2
-            raise ValueError(
-                f"{m.name} does not fit on {hw.name} at tensor_parallel={self.tp}: weights take "
-                f"{self.weight_bytes / gib:.1f} GiB per GPU plus {reserve / gib:.1f} GiB of "
-                f"activations/workspace, but gpu_memory_utilization={gpu_memory_utilization} "
-                f"of {hw.memory_bytes / gib:.1f} GiB leaves {usable / gib:.1f} GiB "
-                f"(try tensor_parallel={need_tp})")
-        blocks = int((usable - self.weight_bytes - reserve)
-                     // (block_size * self.kv_bytes_per_token))
-        if blocks < 1:
-            raise ValueError(f"{m.name} on {hw.name} at tensor_parallel={self.tp}: no room for "
-                             f"one KV block of {block_size} tokens")
-        return blocks
+        return gather_terms(self.hw, self.tp, 2 * m.hidden_size * m.dtype_bytes)

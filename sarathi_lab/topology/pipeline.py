@@ -6,7 +6,7 @@ the replica runs P *virtual engines*: each is a whole `Engine` (its own policy a
 of the KV blocks), a request goes on arrival to the one with the fewest unfinished requests
 (the lowest index among equals) and stays there, and each keeps one micro-batch in flight: it
 schedules its next batch when its last one has left the last stage. The P engines run on one
-virtual clock through their public API (`cluster.Cluster`, the fleet driver, with vLLM's
+virtual clock through their public API (`fleet.Fleet` on the driver's clock, with vLLM's
 assignment as its router), and their executors share one stage clock, `Pipeline`, on which
 every micro-batch is placed, in the order it was scheduled (the driver always steps the engine
 furthest behind):
@@ -37,9 +37,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from sarathi_lab.cluster import Cluster
 from sarathi_lab.engine import ITER_COLUMNS, Engine
+from sarathi_lab.metrics import iterations_table, summarize
 from sarathi_lab.routers import Router, RouterConfig
+from sarathi_lab.topology.fleet import Fleet
+from sarathi_lab.topology.results import (one_kv_size, pooled_prefix, replica_column,
+                                          replica_gpus, requests_frame)
 
 #: columns the iterations table gains under pipeline parallelism (besides bubble_stage<s>)
 PIPELINE_COLUMNS = ("virtual_engine", "pipeline_enter", "bubble")
@@ -117,10 +120,12 @@ class Pipeline:
                 if total_b + total_w > 0 else 0.0}
 
 
-class PipelineReplica:
+class PipelineReplica(Fleet):
     """One pipeline-parallel replica: `engines` are its virtual engines (one per stage, their
     executors built with the same ``pipeline_parallel``), joined to one `Pipeline` and driven
-    on one clock. `progress` as `Engine`'s."""
+    as a fleet on the driver's clock. `progress` as `Engine`'s."""
+
+    replica_col = "virtual_engine"
 
     def __init__(self, engines: list[Engine], progress=None):
         P = len(engines)
@@ -134,25 +139,16 @@ class PipelineReplica:
             if e.executor.cfg.pipeline_parallel != P:
                 raise ValueError(f"{P} virtual engines for executor.pipeline_parallel="
                                  f"{e.executor.cfg.pipeline_parallel}: one per stage")
-        self.engines = engines
         self.pipeline = Pipeline(P)
         for j, e in enumerate(engines):
             e.executor.join_pipeline(self.pipeline, j, lambda e=e: e.now)
-        self.fleet = Cluster(engines, FewestUnfinished(RouterConfig(), P), progress=progress)
-
-    def run(self, requests):
-        return self.fleet.run(requests)
+        super().__init__(engines, FewestUnfinished(RouterConfig(), P), progress=progress)
 
     def tables(self, requests):
         """(requests table with `virtual_engine`, iterations table in the order the
         micro-batches were scheduled, with PIPELINE_COLUMNS and `bubble_stage<s>`)."""
-        from sarathi_lab.metrics import iterations_table, requests_table
-        lens = {}
-        for e in self.engines:
-            lens.update(e.output_lens)
-        req_df = requests_table(requests, lens)
-        req_df["virtual_engine"] = np.fromiter(
-            (self.fleet.replica_of.get(id(r), -1) for r in requests), np.int64, len(requests))
+        req_df = requests_frame(requests, self.engines)
+        req_df[self.replica_col] = replica_column(requests, self.replica_of)
         recs = self.pipeline.records
         P = self.pipeline.num_stages
         owner = np.fromiter((r[0] for r in recs), np.int64, len(recs))
@@ -172,20 +168,18 @@ class PipelineReplica:
         return req_df, it_df
 
     def summarize(self, req_df, it_df, slo: dict | None = None,
-                  price_per_gpu_hour: float | None = None, num_gpus: int = 1) -> dict:
+                  price_per_gpu_hour: float | None = None,
+                  num_gpus: int | None = None) -> dict:
         """The replica's summary: every request and micro-batch (`kv.blocks_total`: all the
         virtual engines' blocks; utilisation per iteration against its engine's share), with
         `pipeline` (Pipeline.summary, each stage's layers, the requests of each virtual
-        engine)."""
-        from sarathi_lab.metrics import summarize
+        engine; `num_gpus`: the replica's, by default its executors')."""
+        if num_gpus is None:
+            num_gpus = replica_gpus(self.engines[0])
         kvs = [e.kv for e in self.engines]
-        blocks, block_size = kvs[0].num_blocks, kvs[0].block_size
-        assert all((kv.num_blocks, kv.block_size) == (blocks, block_size) for kv in kvs)
-        stats = [kv.prefix_cache_stats() for kv in kvs]
-        pooled = None if stats[0] is None else {
-            k: sum(s[k] for s in stats) for k in ("hit_tokens", "query_tokens")}
+        blocks, block_size = one_kv_size(kvs)
         out = summarize(req_df, it_df, slo=slo, kv_blocks_total=blocks, block_size=block_size,
-                        prefix_cache=pooled, price_per_gpu_hour=price_per_gpu_hour,
+                        prefix_cache=pooled_prefix(kvs), price_per_gpu_hour=price_per_gpu_hour,
                         num_gpus=num_gpus)
         out["kv"]["blocks_total"] = blocks * len(kvs)
         ve = req_df["virtual_engine"].to_numpy()

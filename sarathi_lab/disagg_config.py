@@ -1,38 +1,17 @@
-"""The settings of disaggregated prefill/decode (``cluster=disagg``) and their resolution: each
-pool is resolved as a run of its own, so its policy, executor and fleet are typed and checked by
-the code that checks a single run's."""
+"""The run layer's part of disaggregated prefill/decode (``cluster=disagg``): each pool is
+resolved as a run of its own, so its policy, executor and fleet are typed and checked by the code
+that checks a single run's (`config.resolve`). The pools themselves, their driver and results are
+`topology.disagg`; `runner` builds them."""
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 
-from sarathi_lab.disagg.transfer import LINKS, Link, Transfer
+from sarathi_lab import registry
 from sarathi_lab.routers import Router, RoundRobin, RouterConfig
-from sarathi_lab.settings import ConfigError, parse, setting
-
-POOLS = ("prefill", "decode")
-
-
-@dataclass
-class DisaggConfig:
-    """The link between the pools (`cluster=disagg`); each pool's own settings are under
-    ``cluster.prefill`` and ``cluster.decode`` (a fleet's: num_replicas, router and its knobs,
-    plus ``scheduler`` and ``executor`` overrides of the run's nodes)."""
-    link: str = setting("net", choices=LINKS,
-                        help="nvlink: the preset's link_* (same node) | net: its net_* (one NIC "
-                             "per GPU, another node) | pcie: its pcie_* (through host memory)")
-    link_bandwidth: float | None = setting(None, gt=0, help="bytes/s per GPU pair, one "
-                                           "direction; null: the preset's for `link`")
-    link_eff: float | None = setting(None, gt=0, le=1,
-                                     help="share of link_bandwidth a transfer gets; null: preset")
-    link_latency_s: float | None = setting(None, ge=0,
-                                           help="per transfer, s; null: the preset's")
-    transfer: str = setting("whole", choices=("whole", "layerwise"),
-                            help="whole: the KV moves after the first token, once the decode "
-                                 "replica takes it at an iteration boundary (DistServe) | "
-                                 "layerwise: room is reserved at the first token and the KV "
-                                 "streams layer by layer during the last prefill iteration "
-                                 "(Splitwise)")
+from sarathi_lab.settings import ConfigError, parse
+from sarathi_lab.topology.disagg.settings import POOLS, DisaggConfig
+from sarathi_lab.topology.disagg.transfer import Link, Transfer
 
 
 @dataclass
@@ -79,33 +58,18 @@ class DisaggResolved:
                                    "prefill": self.prefill.effective(),
                                    "decode": self.decode.effective()}}
 
-    def used_settings(self, prefill_policy, decode_policy) -> dict:
-        """summary.json's `settings`: the run's, and each pool's as used (derived values
-        filled in, as `runner.used_settings` does for one engine)."""
-        from sarathi_lab.runner import used_settings
-        eff = used_settings(self.prefill.resolved, prefill_policy)
-        dec = used_settings(self.decode.resolved, decode_policy)
-        pools = {}
-        for pool, e in ((self.prefill, eff), (self.decode, dec)):
-            pools[pool.name] = {"scheduler": e["scheduler"], "executor": e["executor"],
-                                "cluster": pool.effective()["cluster"]}
-        out = {k: v for k, v in eff.items() if k not in ("scheduler", "executor", "cluster")}
-        out["disagg"] = {**dataclasses.asdict(self.config), **self.transfer.as_dict(), **pools}
-        return out
-
 
 # settings a pool's own node holds besides its fleet's (num_replicas, router, router knobs)
 _POOL_NODES = ("scheduler", "executor")
 
 
-def resolve_disagg(c: dict, user: list[str], *, drop_unread: bool = False):
+def resolve_disagg(c: dict, user: list[str], resolve, *, drop_unread: bool = False):
     """`config.resolve` for ``cluster=disagg``: each pool is resolved as a run of its own (the
     run's scheduler and executor nodes with the pool's overrides, its fleet from the pool's
     node), so every setting is typed and checked by the code that checks a single run's. A
-    setting neither pool reads is an error (a multirun notes it). Returns the prefill pool's
-    `Resolved` with `disagg` set."""
-    from sarathi_lab import registry
-    from sarathi_lab.config import resolve
+    setting neither pool reads is an error (a multirun notes it). `resolve`: `config.resolve`,
+    passed in so that this module sits below `config`. Returns the prefill pool's `Resolved`
+    with `disagg` set."""
     node = _mapping(c, "cluster")
     pools = {p: node.pop(p, None) or {} for p in POOLS}
     for p, pn in pools.items():
@@ -113,9 +77,6 @@ def resolve_disagg(c: dict, user: list[str], *, drop_unread: bool = False):
             raise ConfigError(f"cluster.{p}={pn!r}: must be a mapping (num_replicas, router, "
                               "scheduler, executor)")
     cfg = parse(DisaggConfig, node, "cluster", "disaggregated prefill/decode")
-    if (c.get("trace") or {}).get("clients") is not None:
-        raise ConfigError(f"trace.clients={c['trace']['clients']}: closed-loop users are not "
-                          "served by disaggregated pools (use trace.clients=null)")
     base_sched = _mapping(c, "scheduler")
     user_sched = [k.split(".", 1)[1] for k in user if k.startswith("scheduler.")]
     resolved, readers = {}, {}
@@ -212,27 +173,3 @@ def _pool_error(msg: str, pool: str, own: dict) -> str:
     if first in _POOL_NODES and own.get(first, {}).get(key.split(".", 1)[-1]) is not None:
         return f"cluster.{pool}.{msg}"
     return f"{msg} (in the {pool} pool)"
-
-
-def build_pools(r, first=None, progress=None):
-    """The two pools of a resolved ``cluster=disagg`` config (`Disaggregated`), each replica
-    built as a single run's (`runner.build`); `first`, if given, is prefill replica 0 (an
-    `Engine` already built)."""
-    from sarathi_lab.disagg.driver import Disaggregated
-    from sarathi_lab.engine import Engine
-    from sarathi_lab.runner import build
-    spec: DisaggResolved = r.disagg
-    run = r.run
-
-    def engines(pool: Pool, have: list):
-        while len(have) < pool.num_replicas:
-            have.append(Engine(*build(None, pool.resolved), fast_forward=run.fast_forward,
-                               overlong=run.overlong))
-        return have
-    prefill = engines(spec.prefill, [first] if first is not None else [])
-    decode = engines(spec.decode, [])
-    return Disaggregated(prefill, decode, spec.prefill.router(run.seed),
-                         spec.decode.router(run.seed), spec.transfer,
-                         progress=progress)
-
-

@@ -12,31 +12,35 @@ at a time on each replica's link), the prefill side frees its copy when the tran
 the request joins the decode replica's running batch at its next iteration
 (`Engine.adopt`), where it decodes to its end.
 
-Every engine is driven through its public API (`add_request`, `step`, `skip_ahead`, `adopt`); as
-in `cluster.py`, the busy engine furthest behind steps next and an event (an arrival, a first
-token, a transfer's end) is handled before any engine steps past it. A decode replica's
+Every engine is driven through its public API (`add_request`, `adopt`, `step`, `resume`,
+`skip_after`) on the driver's clock (topology/driver.py): as in a fleet, the busy engine furthest
+behind steps next and an event (an arrival, a first token, a transfer's end: the last two pushed
+on the driver's heap) is handled before any engine steps past it. A decode replica's
 fast-forward stops where a new request could reach it: the next arrival or event, the clock of
 every prefill replica at work (its next iteration may end in a first token), and, while a prefill
-replica is blocked on KV waiting to leave, the clocks of the other decode replicas (whose next
-iteration may take that KV). Timing and design: sarathi_lab/DESIGN.md, "Disaggregated
-prefill/decode".
+replica is blocked on KV waiting to leave or the load watches requests end (closed-loop
+clients), the clocks of the other decode replicas (whose next iteration may take that KV, or end
+a request whose answer becomes a new one). Timing and design: sarathi_lab/DESIGN.md,
+"Disaggregated prefill/decode".
 """
 from __future__ import annotations
 
-import heapq
 import math
 from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
-from sarathi_lab.cluster import route
-from sarathi_lab.disagg.pools import POOLS
-from sarathi_lab.disagg.transfer import Transfer
 from sarathi_lab.engine import Engine
 from sarathi_lab.guard import RuleViolation
+from sarathi_lab.metrics import summarize, transfer_stats
 from sarathi_lab.request import Request
-from sarathi_lab.routers import ReplicaView, Router
+from sarathi_lab.routers import Router
+from sarathi_lab.topology.disagg.settings import POOLS
+from sarathi_lab.topology.disagg.transfer import Transfer
+from sarathi_lab.topology.driver import INTERNAL, Topology
+from sarathi_lab.topology.fleet import Counts, route
+from sarathi_lab.topology.results import iterations_frame, pooled_prefix, requests_frame
 
 
 @dataclass(slots=True)
@@ -53,37 +57,10 @@ class _Track:
     nbytes: int = 0
 
 
-class _Views:
-    """A pool's `ReplicaView`s, counted exactly as of the time a router asks: a change made by
-    an iteration that ends later waits in a heap until then."""
-
-    def __init__(self, engines: list[Engine]):
-        self.views = [ReplicaView(j, e) for j, e in enumerate(engines)]
-        self._changes: list[tuple] = []
-        self._seq = 0
-
-    def add(self, j: int, tokens: int) -> None:
-        self.views[j].num_outstanding += 1
-        self.views[j].outstanding_tokens += tokens
-
-    def remove(self, t: float, j: int, tokens: int) -> None:
-        """From time t on, replica j has one outstanding request and `tokens` tokens fewer."""
-        heapq.heappush(self._changes, (t, self._seq, j, tokens))
-        self._seq += 1
-
-    def until(self, t: float) -> None:
-        changes, views = self._changes, self.views
-        while changes and changes[0][0] <= t:
-            _, _, j, tokens = heapq.heappop(changes)
-            views[j].outstanding_tokens -= tokens
-            views[j].num_outstanding -= 1
 
 
-_HANDOFF, _LAND = 0, 1
-
-
-class Disaggregated:
-    """`run(requests)` serves a workload on a prefill pool and a decode pool. `transfer` prices
+class Disaggregated(Topology):
+    """A prefill pool and a decode pool. `transfer` prices
     each KV move, and its tensor-parallel sizes count the GPUs. `progress`, if given, is called
     as progress(num_done, num_tokens)."""
 
@@ -101,18 +78,16 @@ class Disaggregated:
         self.routers = (prefill_router, decode_router)
         self.transfer = transfer
         self.tensor_parallel = (transfer.tp_prefill, transfer.tp_decode)
-        self.views = (_Views(prefill), _Views(decode))
+        self.views = (Counts(prefill), Counts(decode))
         self.track: dict[int, _Track] = {}
-        self._events: list[tuple] = []   # (time, seq, kind, request, prefill j, decode j)
-        self._seq = 0
+        self._driver = None
+        self._answered = None    # the load's answered(request, t), when it watches
+        self._next = None        # (pool, j) of the engine `earliest` found
         self._queue = [deque() for _ in decode]     # awaiting room: (request, prefill j)
         self._in_flight = [0] * len(decode)          # transfers under way to each
         self._landed = [deque() for _ in decode]     # KV here, waiting for a seat
         self._send_free = [0.0] * len(prefill)       # each replica's link, free from
         self._recv_free = [0.0] * len(decode)
-        self._asleep: set[tuple[int, int]] = set()   # (pool, j): blocked until an event
-        self._resume: list[tuple | None] = [None] * len(decode)
-        self._next_arrival = math.inf
         self._handed = 0    # requests a prefill replica counted done, handed on
         self._refused = 0   # refused on arrival for the decode pool's limits
         if progress is not None:
@@ -131,17 +106,20 @@ class Disaggregated:
         views.until(t)
         return route(self.routers[pool], req, views.views, t, POOLS[pool])
 
-    @staticmethod
-    def _wake(e: Engine, t: float) -> None:
-        if e.now < t:   # an idle (or blocked) replica waits for what comes at t
-            e.now = t
+    # -- the driver's calls -------------------------------------------------------------------
+    def attach(self, driver) -> None:
+        self._driver = driver
 
-    # -- events -------------------------------------------------------------------------------
-    def _push(self, t: float, kind: int, req: Request, p: int, d: int) -> None:
-        heapq.heappush(self._events, (t, self._seq, kind, req, p, d))
-        self._seq += 1
+    def watch(self, answered) -> None:
+        self._answered = answered
 
-    def _arrive(self, req: Request, t: float) -> None:
+    def _answer(self, reqs, t: float | None = None) -> None:
+        """Requests ended (rejected at t, or finished: at their finish time)."""
+        if self._answered is not None:
+            for r in reqs:
+                self._answered(r, r.finish_time if t is None else t)
+
+    def submit(self, req: Request, t: float) -> None:
         out_len = req.take_output_len()
         d0 = self.decode[0]
         room = d0.kv.max_model_len - req.num_prompt_tokens
@@ -152,21 +130,23 @@ class Disaggregated:
             if reason is not None:
                 d0.policy.reject(req, f"decode pool: {reason}")
                 self._refused += 1
+                self._answer((req,), t)
                 return
         j = tr.prefill = self._route(0, req, t)
         e = self.prefill[j]
-        self._wake(e, t)
-        self._asleep.discard((0, j))
+        e.wake(t)   # an idle (or blocked) replica waits for what comes at t
         self.views[0].add(j, req.num_prompt_tokens)
         if tr.continues:
             e.kv.retain(req)
         if not e.add_request(req, output_len=1 if tr.continues else out_len):
             self.views[0].remove(t, j, req.num_prompt_tokens)
             e.kv.release(req.request_id)
+            self._answer((req,), e.now)
 
-    def _handoff(self, req: Request, p: int, t: float) -> None:
+    def _handoff(self, handed: tuple, t: float) -> None:
         """The first token is out on prefill replica p at t: the request goes to a decode
         replica's queue, its KV held where it is."""
+        req, p = handed
         d = self._route(1, req, t)
         tr = self.track[id(req)]
         tr.decode = d
@@ -201,21 +181,21 @@ class Disaggregated:
                                                    overlapped=start == tr.ready)
             self._send_free[p] = self._recv_free[d] = tr.end
             self._in_flight[d] += 1
-            self._push(tr.end, _LAND, req, p, d)
+            self._driver.push(tr.end, self._land, (req, p, d), rank=INTERNAL)
             took = True
         if took:
-            self._resume[d] = None
+            e.interrupt()
         return took
 
-    def _land(self, req: Request, p: int, d: int, t: float) -> None:
+    def _land(self, landed: tuple, t: float) -> None:
         """A transfer ends at t: the prefill side frees its copy, the decode side seats it."""
+        req, p, d = landed
         pe = self.prefill[p]
         pe.kv.release(req.request_id)
-        self._wake(pe, t)
-        self._asleep.discard((0, p))
+        pe.wake(t)
         self._in_flight[d] -= 1
         self._landed[d].append(req)
-        self._wake(self.decode[d], t)
+        self.decode[d].wake(t)
         self._seat(d)
 
     def _seat(self, d: int) -> None:
@@ -229,27 +209,28 @@ class Disaggregated:
             seated = True
             if not e.adopt(req, tr.output_len):
                 self.views[1].remove(e.now, d, req.num_prompt_tokens)
+                self._answer((req,), e.now)
         if seated:
-            self._asleep.discard((1, d))
-            self._resume[d] = None
+            e.blocked = False
+            e.interrupt()
 
     # -- steps --------------------------------------------------------------------------------
     def _bound(self, d: int) -> float:
         """The earliest time a request could reach decode replica d (its fast-forward stops
         there)."""
-        b = self._next_arrival
-        if self._events:
-            b = min(b, self._events[0][0])
+        b = self._driver.next_time()   # the next arrival, send, first token or transfer
         blocked = False
-        for j, e in enumerate(self.prefill):
+        for e in self.prefill:
             if e.policy.has_work():
-                if (0, j) in self._asleep:
+                if e.blocked:
                     blocked = True
                 elif e.now < b:
                     b = e.now
-        if blocked:   # its KV may leave at another decode replica's next iteration
+        # a prefill replica's KV may leave at another decode replica's next iteration; an
+        # answer there may become a request
+        if blocked or self._answered is not None:
             for k, e in enumerate(self.decode):
-                if k != d and e.policy.has_work() and (1, k) not in self._asleep and e.now < b:
+                if k != d and e.next_event_time() < b:
                     b = e.now
         return b
 
@@ -258,25 +239,15 @@ class Disaggregated:
             self.views[pool].remove(t, j, r.num_prompt_tokens)
             if pool == 0:
                 self.prefill[j].kv.release(r.request_id)
+        if self._answered is not None:
+            for r in reqs:   # rejected at t; finished at its finish time
+                self._answered(r, t if r.finish_time is None else r.finish_time)
 
-    def _empty(self, pool: int, j: int, e: Engine, out) -> bool:
-        """An empty batch: rejections, nothing left, or blocked until an event; True when
-        the replica may go on."""
+    def _empty(self, pool: int, j: int, e: Engine, out) -> None:
+        """An empty batch: rejections, nothing left, or blocked until an event."""
         if out.rejected:
             self._ended(pool, j, e.now, out.rejected)
-            return True
-        policy = e.policy
-        if not policy.has_work():
-            return True
-        if not policy.running:
-            self._asleep.add((pool, j))
-            return False
-        kv = e.kv
-        raise RuntimeError(
-            f"{POOLS[pool]} replica {j}: policy {policy.name!r} scheduled nothing at "
-            f"t={e.now:.3f}s with {len(policy.waiting)} waiting and {len(policy.running)} "
-            f"running requests and {kv.num_free_blocks}/{kv.num_blocks} KV blocks free; it "
-            "would never make progress")
+        e.settle_empty(out, f"{POOLS[pool]} replica {j}: ")
 
     def _step_prefill(self, j: int) -> None:
         e = self.prefill[j]
@@ -293,22 +264,21 @@ class Disaggregated:
             if tr.continues:
                 tr.ready, tr.last_prefill_s = e.now, e.now - start
                 self._handed += 1
-                self._push(e.now, _HANDOFF, r, j, -1)
+                self._driver.push(e.now, self._handoff, (r, j), rank=INTERNAL)
+            else:
+                self._answer((r,))
 
     def _step_decode(self, d: int) -> None:
         e = self.decode[d]
-        last = self._resume[d]
-        if last is not None:
-            # its decode run was cut where a request could have come; none did
-            before = e.now
-            e.skip_ahead(*last, self._bound(d))
-            if e.now != before:
-                return
-            self._resume[d] = None
+        # its decode run was cut where a request could have come; none did
+        if e.resume(self._bound(d)):
+            return
         start = e.now
-        out, done, n_pre, n_dec = e.step()
+        stepped = e.step()
+        out, done = stepped[:2]
         if not out:
-            if self._empty(1, d, e, out) and self._queue[d]:
+            self._empty(1, d, e, out)
+            if not e.blocked and self._queue[d]:
                 self._accept(d, e.now)
             return
         if out.rejected:
@@ -319,50 +289,29 @@ class Disaggregated:
             self._accept(d, e.now)
         if self._landed[d]:
             self._seat(d)
-        if e.fast_forward:
-            e.skip_ahead(out, done, n_pre, n_dec, self._bound(d))
-            self._resume[d] = (out, done, n_pre, n_dec)
+        e.skip_after(stepped, self._bound(d))
 
-    def _earliest(self) -> tuple[int, int, Engine] | None:
-        """The busy replica furthest behind (the prefill pool first, lowest index among
-        equals)."""
-        best = None
+    def earliest(self) -> float:
+        """When the busy replica furthest behind steps (the prefill pool first, lowest index
+        among equals)."""
+        best, t_best = None, math.inf
         for pool, engines in enumerate((self.prefill, self.decode)):
             for j, e in enumerate(engines):
-                if (best is None or e.now < best[2].now) and e.policy.has_work() \
-                        and (pool, j) not in self._asleep:
-                    best = (pool, j, e)
-        return best
+                t = e.next_event_time()
+                if t < t_best:
+                    best, t_best = (pool, j), t
+        self._next = best
+        return t_best
 
-    def run(self, requests: list[Request]) -> list[Request]:
-        reqs = sorted(requests, key=lambda r: r.arrival_time)
-        i, n = 0, len(reqs)
-        events = self._events
-        while True:
-            self._next_arrival = reqs[i].arrival_time if i < n else math.inf
-            busy = self._earliest()
-            t_busy = busy[2].now if busy is not None else math.inf
-            t_event = events[0][0] if events else math.inf
-            if t_event <= t_busy and t_event <= self._next_arrival and events:
-                t, _, kind, req, p, d = heapq.heappop(events)
-                if kind == _HANDOFF:
-                    self._handoff(req, p, t)
-                else:
-                    self._land(req, p, d, t)
-                continue
-            if i < n and self._next_arrival <= t_busy:
-                self._arrive(reqs[i], self._next_arrival)
-                i += 1
-                continue
-            if busy is None:
-                break
-            pool, j, _ = busy
-            if pool == 0:
-                self._step_prefill(j)
-            else:
-                self._step_decode(j)
+    def advance(self, until: float) -> None:
+        pool, j = self._next
+        if pool == 0:
+            self._step_prefill(j)
+        else:
+            self._step_decode(j)
+
+    def finish(self) -> None:
         self._check_finished()
-        return reqs
 
     def _check_finished(self) -> None:
         stuck = [f"decode replica {d}: {len(q)} requests waiting for room, "
@@ -373,7 +322,7 @@ class Disaggregated:
         for pool, engines in enumerate((self.prefill, self.decode)):
             for j, e in enumerate(engines):
                 try:
-                    e.guard.finished()
+                    e.finish(f"{POOLS[pool]} replica {j}: ")
                 except RuleViolation as err:
                     raise RuleViolation(f"{POOLS[pool]} replica {j}: {err}") from err
 
@@ -383,13 +332,10 @@ class Disaggregated:
         `decode_replica` (-1: none), `transfer_start`, `transfer_end` (NaN: no transfer) and
         `transfer_bytes`; iterations are every replica's, with `pool` and `replica`, in order
         of start (prefill pool first among equal starts)."""
-        import pandas as pd
-
-        from sarathi_lab.metrics import iterations_table, requests_table
         tracks = [self.track.get(id(r)) for r in requests]
         lens = {r.request_id: (t.output_len if t is not None else None)
                 for r, t in zip(requests, tracks)}
-        req_df = requests_table(requests, lens)
+        req_df = requests_frame(requests, (), lens)
         none = _Track(None, False)
         tracks = [t or none for t in tracks]
         n = len(requests)
@@ -398,15 +344,9 @@ class Disaggregated:
         req_df["transfer_start"] = np.fromiter((t.start for t in tracks), float, n)
         req_df["transfer_end"] = np.fromiter((t.end for t in tracks), float, n)
         req_df["transfer_bytes"] = np.fromiter((t.nbytes for t in tracks), np.int64, n)
-        parts = []
-        for pool, engines in enumerate((self.prefill, self.decode)):
-            for j, e in enumerate(engines):
-                it = iterations_table(e.iteration_columns())
-                it["pool"] = POOLS[pool]
-                it["replica"] = np.full(len(it), j, np.int64)
-                parts.append(it)
-        it_df = pd.concat(parts, ignore_index=True)
-        it_df = it_df.sort_values("start", kind="stable", ignore_index=True)
+        it_df = iterations_frame([(e, {"pool": POOLS[pool], "replica": j})
+                                  for pool, engines in enumerate((self.prefill, self.decode))
+                                  for j, e in enumerate(engines)])
         return req_df, it_df
 
     def num_gpus(self) -> int:
@@ -414,16 +354,18 @@ class Disaggregated:
         return len(self.prefill) * tp_p + len(self.decode) * tp_d
 
     def summarize(self, req_df, it_df, slo: dict | None = None,
-                  price_per_gpu_hour: float | None = None) -> dict:
+                  price_per_gpu_hour: float | None = None,
+                  num_gpus: int | None = None) -> dict:
         """The run's summary over both pools (every GPU counted in `num_gpus`, the cost and the
         goodput per GPU; no fleet-wide `kv`, the pools' caches differing), with `pools` (each
         pool's size, load and KV), `transfer` (the link and the KV's shape) and `transfers`
-        (the KV moved)."""
-        from sarathi_lab.metrics import summarize, transfer_stats
-        stats = [e.kv.prefix_cache_stats() for e in self.prefill]
-        pooled = None if stats[0] is None else {
-            k: sum(s[k] for s in stats) for k in ("hit_tokens", "query_tokens")}
-        out = summarize(req_df, it_df, slo=slo, prefix_cache=pooled,
+        (the KV moved). The pools count their GPUs themselves (each its replicas' tensor
+        parallel): `num_gpus` must be None."""
+        if num_gpus is not None:
+            raise ValueError(f"num_gpus={num_gpus}: disaggregated pools count their own GPUs "
+                             "(each pool's replicas x its tensor_parallel)")
+        out = summarize(req_df, it_df, slo=slo,
+                        prefix_cache=pooled_prefix([e.kv for e in self.prefill]),
                         price_per_gpu_hour=price_per_gpu_hour, num_gpus=self.num_gpus())
         span = out["makespan_s"]
         out["pools"] = {
@@ -434,7 +376,6 @@ class Disaggregated:
         return out
 
     def _pool_summary(self, pool: int, req_df, it_df, span: float) -> dict:
-        from sarathi_lab.metrics import summarize
         engines = (self.prefill, self.decode)[pool]
         kv = engines[0].kv
         col = "prefill_replica" if pool == 0 else "decode_replica"

@@ -1,0 +1,105 @@
+"""What a GPU holds: the weights, the activations of a forward and the KV cache it leaves room for,
+with and without pipeline stages (a mixin of `RooflineCostModel`, which sets model, hw, tp,
+linear_params, weight_bytes and kv_bytes_per_token)."""
+from __future__ import annotations
+
+# vLLM's default max_num_seqs: its memory profile holds this many rows of fp32 full-vocab logits.
+_MAX_SAMPLED_ROWS = 256
+
+
+def stage_layers(num_layers: int, stages: int) -> list[int]:
+    """The layers of each pipeline stage, as vLLM partitions them (get_pp_indices in
+    vllm/distributed/utils.py): num_layers // stages each, and the remainder one more each on
+    the stages before the last, from the last but one backwards (the last stage also holds the
+    final norm and the LM head; with stages > 2 and a small remainder, the middle ones)."""
+    if not 1 <= stages <= num_layers:
+        raise ValueError(f"pipeline_parallel={stages}: must be between 1 and the model's "
+                         f"{num_layers} layers")
+    parts = [num_layers // stages] * stages
+    for i in range(2, num_layers % stages + 2):
+        parts[-i] += 1
+    return parts
+
+
+class RooflineMemory:
+    """KV capacity of one GPU of the group (and of every pipeline stage)."""
+
+    def activation_bytes(self, num_tokens: int) -> float:
+        """Transient memory of one forward over num_tokens tokens: residual and normed input,
+        QKV, the MLP's gate/up output and activation, plus sampled logits in fp32."""
+        m = self.model
+        per_tok = 2 * m.hidden_size + (self.heads + 2 * self.kv_heads) * m.head_dim \
+            + 3 * m.intermediate_size / self.tp
+        return num_tokens * m.dtype_bytes * per_tok + _MAX_SAMPLED_ROWS * m.vocab_size * 4
+
+    @property
+    def max_model_len(self) -> int:
+        return self.model.max_model_len
+
+    def kv_block_bytes(self, block_size: int) -> int:
+        return int(block_size * self.kv_bytes_per_token)
+
+    def num_kv_blocks(self, block_size: int, gpu_memory_utilization: float = 0.9,
+                      workspace_bytes: float = 2**30, activation_tokens: int = 8192) -> int:
+        m, hw = self.model, self.hw
+        usable = hw.memory_bytes * gpu_memory_utilization
+        reserve = workspace_bytes + self.activation_bytes(activation_tokens)
+        gib = 2**30
+        if self.weight_bytes + reserve >= usable:
+            need_tp = self.tp
+            while need_tp < 64 and self.weight_bytes * self.tp / need_tp + reserve >= usable:
+                need_tp *= 2
+            raise ValueError(
+                f"{m.name} does not fit on {hw.name} at tensor_parallel={self.tp}: weights take "
+                f"{self.weight_bytes / gib:.1f} GiB per GPU plus {reserve / gib:.1f} GiB of "
+                f"activations/workspace, but gpu_memory_utilization={gpu_memory_utilization} "
+                f"of {hw.memory_bytes / gib:.1f} GiB leaves {usable / gib:.1f} GiB "
+                f"(try tensor_parallel={need_tp})")
+        blocks = int((usable - self.weight_bytes - reserve)
+                     // (block_size * self.kv_bytes_per_token))
+        if blocks < 1:
+            raise ValueError(f"{m.name} on {hw.name} at tensor_parallel={self.tp}: no room for "
+                             f"one KV block of {block_size} tokens")
+        return blocks
+
+    def pipeline_kv_blocks(self, layers: list[int], block_size: int,
+                           gpu_memory_utilization: float = 0.9, workspace_bytes: float = 2**30,
+                           activation_tokens: int = 8192) -> int:
+        """KV blocks of `block_size` tokens that fit every stage of a pipeline whose stages hold
+        `layers` layers each: a GPU of a stage holds its layers' weights (/tp), the embedding
+        on the first stage and the final norm and LM head on the last (a tied embedding is
+        loaded on both, as vLLM does), the same workspace and activations as without stages,
+        and a block holds the KV of its stage's layers only. The fewest over the stages (vLLM
+        takes the smallest cache any worker can hold)."""
+        m, hw = self.model, self.hw
+        L, P, h = m.num_layers, len(layers), m.hidden_size
+        assert P > 1 and sum(layers) == L, (layers, L)
+        per_layer = self.linear_params + 2 * h
+        vocab = m.vocab_size * h / self.tp
+        # bytes per weight element: the whole model's weights over its elements (its dtypes)
+        per_param = self.weight_bytes / (L * per_layer + h
+                                         + vocab * (1 if m.tie_word_embeddings else 2))
+        usable = hw.memory_bytes * gpu_memory_utilization
+        reserve = workspace_bytes + self.activation_bytes(activation_tokens)
+        gib = 2**30
+        fewest = None
+        for s, n in enumerate(layers):
+            first, last = s == 0, s == P - 1
+            weights = per_param * (n * per_layer + (h if last else 0) + vocab * (first + last))
+            if weights + reserve >= usable:
+                raise ValueError(
+                    f"{m.name} does not fit on {hw.name} at tensor_parallel={self.tp} "
+                    f"pipeline_parallel={P}: stage {s} ({n} layers) takes {weights / gib:.1f} "
+                    f"GiB of weights per GPU plus {reserve / gib:.1f} GiB of activations/"
+                    f"workspace, but gpu_memory_utilization={gpu_memory_utilization} of "
+                    f"{hw.memory_bytes / gib:.1f} GiB leaves {usable / gib:.1f} GiB (try more "
+                    "pipeline stages or a larger tensor_parallel)")
+            blocks = int((usable - weights - reserve)
+                         // (block_size * self.kv_bytes_per_token * n / L))
+            fewest = blocks if fewest is None else min(fewest, blocks)
+        if fewest < 1:
+            raise ValueError(f"{m.name} on {hw.name} at tensor_parallel={self.tp} "
+                             f"pipeline_parallel={P}: no room for one KV block of {block_size} "
+                             "tokens")
+        return fewest
+

@@ -1,0 +1,214 @@
+"""Fast-forward: the engine's skips through runs of identical iterations (the simulator's speed).
+
+A steady decode run (every running request decodes, k times) and a chunked prefill beside
+steady decodes are run at once, exactly as k single steps would run them: the policy's
+declared `FastForward` (schedulers/mechanics/fast_forward.py) says when a run is steady and
+advances its requests; the executor prices the k iterations in one call (`decode_run`,
+`chunk_run`). Kept apart from engine.py so that a reader of the loop reads the loop; the engine
+inherits these methods (`SkipRuns`), so they run on the engine's own state.
+"""
+from __future__ import annotations
+
+from bisect import bisect_right
+from operator import attrgetter
+
+import numpy as np
+
+from sarathi_lab.request import Request, Status
+
+_COMPUTED = attrgetter("num_computed_tokens")
+NO_SWAPS = (0, 0, 0, 0, 0.0, 0)   # the swap columns of an iteration that swapped nothing
+
+
+def all_decoding(reqs: list[Request]) -> bool:
+    # Request.is_decoding, inlined: asked after most iterations; from the latest admitted,
+    # which are the ones still in their prompts
+    for r in reversed(reqs):
+        n = r.num_output_tokens
+        if not n or r.num_computed_tokens != r.num_prompt_tokens + n - 1:
+            return False
+    return True
+
+
+class SkipRuns:
+    """The skips of `Engine` (which defines every attribute used here)."""
+
+    def skip_ahead(self, out, done, n_pre: int, n_dec: int, next_arrival: float) -> None:
+        """After `step()` returned (out, done, n_pre, n_dec), with fast-forward on: if every
+        running request is now decoding (after a decode batch, a finish or the last chunk of a
+        prompt), the last batch preempted nothing and the policy says the next batch is one
+        decode of each of them, run the decode iterations before `next_arrival` at once, up to
+        (not including) the first that ends a request. For a watched engine (`skip_after`: a
+        fleet, closed-loop clients, disaggregated pools): every request still ends in a
+        `step` the topology sees."""
+        policy = self.policy
+        if policy.running and not out.preempted \
+                and (n_pre == 0 and n_dec == len(out) == len(policy.running) + len(done)
+                     or all_decoding(policy.running)) and self._steady():
+            self._skip_decodes(next_arrival, False)
+
+    def _steady(self) -> bool:
+        """Whether the policy says its next batches are one decode of every running request;
+        a swap-in that could happen now is the next batch's, which a run would skip."""
+        policy = self.policy
+        return bool(policy.running) and self._ff.steady_decode(policy) \
+            and not (policy.swapped and policy.swap_in_possible())
+
+    def _ends(self, durs: list[float], next_arrival: float) -> list[float]:
+        """The clocks at which iterations of durations `durs` end, left to right from `now` as
+        single steps add them (the same rounding). Iteration j starts at the end of j - 1, and
+        arrivals at or before a start are admitted first: a run stops at the first end at or
+        after the next arrival."""
+        times, t = [], self.now
+        for d in durs:
+            t += d
+            times.append(t)
+            if t >= next_arrival:
+                break
+        return times
+
+    def _skip_chunks(self, next_arrival: float) -> bool:
+        """Run k batches at once of one decode of every running request but one and a chunk of
+        that one's prompt, as the policy's `steady_chunks` offers them, stopping before an
+        arrival is due, before a batch that would end a request or run out of KV, and at the
+        prompt's last chunk (before it if a request waits: that batch could admit it). Produces
+        exactly what k single steps would, through the policy's `advance_chunks`; each batch
+        is recorded as `step` records it. True if it ran any."""
+        policy, kv = self.policy, self.kv
+        offer = self._ff.steady_chunks(policy)
+        if offer is None:
+            return False
+        req, chunk = offer
+        stops = self._stops
+        computed = req.num_computed_tokens
+        todo = req.num_prompt_tokens + req.num_output_tokens - computed
+        n_chunks = -(-todo // chunk)
+        # the last chunk is stepped: while a request waits (its leftover budget could admit
+        # it), if the first token ends the request, and if it is a recomputed request's last
+        # token alone (a batch counts that entry as a decode)
+        last_ok = not policy.waiting and req.num_output_tokens + 1 < stops[req.request_id] \
+            and not (req.num_output_tokens and todo - chunk * (n_chunks - 1) == 1)
+        k = n_chunks if last_ok else n_chunks - 1
+        if k < 1:
+            return False
+        decodes = [r for r in policy.running if r is not req]
+        for r in decodes:   # batch j (from 1) ends a decode with j tokens left: none may end
+            left = stops[r.request_id] - r.num_output_tokens
+            if left <= k:
+                k = left - 1
+        if k < 1:
+            return False
+        chunks = [chunk] * k
+        if k == n_chunks:
+            chunks[-1] = todo - chunk * (k - 1)
+        ctx = list(map(_COMPUTED, decodes))
+        durs = self.executor.chunk_run(ctx, computed, chunks, k == n_chunks)
+        if durs is None:
+            return False
+        times = self._ends(durs, next_arrival)
+        k = len(times)
+        extra = kv.decode_growth_list(decodes, ctx, k)
+        free = kv.pool.num_free
+        if extra[-1] > free:
+            k = bisect_right(extra, free)
+            if k < 1:
+                return False
+            del times[k:], extra[k:]
+        del chunks[k:]
+        B = len(decodes)
+        used, stored = kv.pool.num_used, kv.num_stored_tokens
+        waiting, host = len(policy.waiting), kv.num_used_host_blocks
+        try:
+            self._ff.advance_chunks(policy, times, req, chunks)
+        except Exception as e:
+            raise self._blame(policy, "fast_forward.advance_chunks", e) from e
+        assert kv.num_used_blocks == used + extra[-1] \
+            and kv.num_stored_tokens == stored + B * k + sum(chunks) \
+            and req.num_computed_tokens == computed + sum(chunks), \
+            "advance_chunks did not do what k batches would"
+        start, rows = self.now, self.rows
+        for j, (c, end) in enumerate(zip(chunks, times)):
+            stored += B + c
+            rows.append((start, durs[j], c, B, B + 1, used + extra[j], stored, 0, waiting,
+                         *NO_SWAPS, host))
+            start = end
+        emitted = B + (k == n_chunks)   # the prompt's last chunk samples its first token
+        for _ in range(k - 1):
+            self.guard.progressed(B, 0, self._where)
+        self.guard.progressed(emitted, 0, self._where)
+        self.now = times[-1]
+        return True
+
+    def _skip_decodes(self, next_arrival: float, fold: bool) -> bool:
+        """Run k identical decode-only iterations at once: same requests, contexts +1 each step,
+        stopping before an arrival is due or KV would run out, and at the first iteration that
+        ends a request: with `fold`, that iteration is the run's last (its requests end in
+        it), else the run stops before it (and needs k >= 2). Produces exactly what k single
+        steps would, through the policy's `advance_decodes`. True if it ran any."""
+        policy, kv, ex = self.policy, self.kv, self.executor
+        running = policy.running
+        stops = self._stops
+        if stops is not None:   # the default stop rule, read directly: asked after most steps
+            left = [stops[r.request_id] - r.num_output_tokens for r in running]
+            k_end = min(left)
+        else:
+            k_end = int(ex.tokens_left(running).min())
+        # iteration k_end ends the requests with the fewest tokens left
+        k = k_end if fold else k_end - 1
+        if k < (1 if fold else 2):
+            return False
+        B = len(running)
+        ctx = np.fromiter(map(_COMPUTED, running), np.int64, B)
+        # a run is a few dozen steps of a few dozen requests: past the executor's prices, it is
+        # counted in lists, where numpy's per-call cost would be most of the work
+        durs = ex.decode_run(ctx, k).tolist()
+        times = self._ends(durs, next_arrival)
+        k = len(times)
+        # blocks beyond today's after each step (non-decreasing)
+        extra = kv.decode_growth_list(running, ctx.tolist(), k)
+        free = kv.pool.num_free
+        if extra and extra[-1] > free:
+            k = bisect_right(extra, free)
+        if k < (1 if fold else 2):
+            return False
+        ended = [r for r, n in zip(running, left) if n == k] if fold and k == k_end else ()
+        del times[k:]
+        del durs[k:], extra[k:]
+        n_steady = k - 1 if ended else k   # iterations recorded as a run; a finish: a row
+        ends = times[:n_steady]   # taken before the policy sees `times`
+        used_before, stored_before = kv.pool.num_used, kv.num_stored_tokens
+        waiting = len(policy.waiting)   # nothing arrives or is admitted inside the run
+        try:
+            done = self._ff.advance_decodes(policy, times, ended)
+        except Exception as e:
+            raise self._blame(policy, "fast_forward.advance_decodes", e) from e
+        if ended:
+            holders = kv.block_counts()
+            assert list(done or ()) == ended and all(
+                r.status is Status.FINISHED and r.request_id not in holders for r in ended) \
+                and kv.num_stored_tokens == stored_before + B * k \
+                - sum(r.num_computed_tokens for r in ended) \
+                and kv.num_used_blocks <= used_before + extra[-1], \
+                "advance_decodes did not do what k decode steps would"
+        else:
+            assert kv.num_used_blocks == used_before + extra[-1] \
+                and kv.num_stored_tokens == stored_before + B * k, \
+                "advance_decodes did not do what k decode steps would"
+        if n_steady:
+            self._runs.append((len(self.rows) + self._n_skipped, self.now, durs[:n_steady],
+                               ends, extra[:n_steady], B, used_before, stored_before, waiting,
+                               kv.num_used_host_blocks))
+            self._n_skipped += n_steady
+        if ended:   # the last iteration, recorded as `step` would (KV after the finishes)
+            start = ends[-1] if k > 1 else self.now
+            self.rows.append((start, float(durs[-1]), 0, B, B, kv.pool.num_used,
+                              kv.num_stored_tokens, 0, waiting, *NO_SWAPS,
+                              kv.num_used_host_blocks))
+            for r in ended:
+                r.finish_reason = ex.finish_reason(r)
+            self.num_done += len(ended)
+            self.guard.progressed(B, len(ended), self._where)
+            if self.progress is not None:
+                self.progress(self.num_done, self.num_tokens)
+        self.now = times[-1]
+        return True

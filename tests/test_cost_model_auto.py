@@ -11,8 +11,8 @@ from sarathi_lab.costmodels.profiled import ProfiledCostModel
 from sarathi_lab.costmodels.roofline import RooflineConfig, RooflineCostModel
 from sarathi_lab.executors.sim import SimExecutor
 from sarathi_lab.settings import ConfigError
-from test_cli import cli
-from test_profiled import VIDUR, preset, synthetic_rows, write_csv
+from helpers import cli
+from profile_helpers import VIDUR, preset, synthetic_rows, write_csv
 
 FIXTURES = VIDUR.parents[2]          # tests/data/vidur: <device>/<org>/<model>/
 

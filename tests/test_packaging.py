@@ -62,7 +62,7 @@ def test_the_tree_has_what_the_check_counts_on():
     """The expectations come from the tree, so a tree read wrongly would make the wheel test
     vacuous: the packages and data files known to exist today must be among them."""
     packages, data = expected(source_files())
-    assert {"sarathi_lab", "sarathi_lab.disagg", "sarathi_lab.plots", "sarathi_lab.report",
+    assert {"sarathi_lab", "sarathi_lab.schedulers", "sarathi_lab.plots", "sarathi_lab.report",
             "sarathi_lab.kernels", "sarathi_lab.configs"} <= packages
     assert {"sarathi_lab/DESIGN.md", "sarathi_lab/configs/config.yaml",
             "sarathi_lab/configs/cluster/disagg.yaml"} <= data

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sarathi_lab.costmodels.profiles import ProfileError
-from test_profiled import META, VIDUR, profiled, synthetic_rows, write_csv
+from profile_helpers import META, VIDUR, profiled, synthetic_rows, write_csv
 
 
 @pytest.fixture(scope="module")

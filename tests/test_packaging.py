@@ -14,9 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = {"sarathi_lab": "sarathi_lab", "kernels": "sarathi_lab/kernels",
            "configs": "sarathi_lab/configs"}
 # the build metadata the copy needs beside the shipped folders
-BUILD_FILES = ("pyproject.toml", "setup.py", "README.md")
+BUILD_FILES = ("pyproject.toml", "README.md")
 
-pytestmark = pytest.mark.slow   # a setuptools build: ~10-20 s
 
 
 def source_files() -> list[Path]:
@@ -70,6 +69,19 @@ def test_the_tree_has_what_the_check_counts_on():
     assert not any("__pycache__" in d or d.endswith(".pyc") for d in data)
 
 
+def test_pyproject_lists_every_package_of_the_tree():
+    """Fast: the hand list in pyproject.toml names every package of the tree (a new folder with
+    an `__init__.py` left out would be missing from every built wheel), and nothing else."""
+    import tomllib
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())
+                 ["tool"]["setuptools"]["packages"])
+    packages, _ = expected(source_files())
+    assert not packages - listed, \
+        f"add to [tool.setuptools] packages in pyproject.toml: {sorted(packages - listed)}"
+    assert not listed - packages, f"not packages of the tree: {sorted(listed - packages)}"
+
+
+@pytest.mark.slow   # a setuptools build: ~10-20 s
 def test_the_wheel_holds_every_package_and_data_file(wheel):
     packages, data = expected(source_files())
     names = set(wheel.namelist())
@@ -82,6 +94,7 @@ def test_the_wheel_holds_every_package_and_data_file(wheel):
     assert not modules - names, f"modules missing from the wheel: {sorted(modules - names)}"
 
 
+@pytest.mark.slow
 def test_the_wheel_declares_the_commands_and_plugins(wheel):
     """The console scripts and the plug-in entry points are in the wheel's metadata."""
     (ep,) = [n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt")]

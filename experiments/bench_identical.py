@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import tempfile
@@ -27,22 +26,13 @@ from pathlib import Path
 
 from bench_cli_compare import command, install_args, timed_run
 
+from sarathi_lab.rundir import json_differences
+
 NOT_FIGURES = ("wall_time_s", "config", "settings")
 
 
 def differences(a, b, path="") -> list[str]:
-    """Where two JSON values differ (NaN equals NaN), as 'path: a != b' lines."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        out = [f"{path}.{k}: only in {'base' if k in a else 'new'}"
-               for k in sorted(set(a) ^ set(b))]
-        for k in sorted(set(a) & set(b)):
-            out += differences(a[k], b[k], f"{path}.{k}")
-        return out
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}[{i}]")]
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return []
-    return [] if a == b and type(a) is type(b) else [f"{path}: {a!r} != {b!r}"]
+    return json_differences(a, b, path, sides=("base", "new"))
 
 
 def table_differences(a: Path, b: Path) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import secrets
 from pathlib import Path
@@ -135,3 +136,21 @@ def write_json(path, obj) -> None:
     """`obj` as indented JSON, atomically; values JSON cannot hold are written as their str()."""
     text = json.dumps(obj, indent=2, default=str)
     atomic_write(path, lambda p: p.write_text(text))
+
+
+def json_differences(a, b, path: str = "", sides: tuple[str, str] = ("a", "b")) -> list[str]:
+    """Where two JSON values (two runs' summary.json, say) differ, as 'path: a != b' lines; NaN
+    equals NaN, and 1 differs from 1.0. `sides` names the two in 'only in' lines. Used by
+    tests/test_reference_runs.py and experiments/bench_identical.py."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = [f"{path}.{k}: only in {sides[0] if k in a else sides[1]}"
+               for k in sorted(set(a) ^ set(b))]
+        for k in sorted(set(a) & set(b)):
+            out += json_differences(a[k], b[k], f"{path}.{k}", sides)
+        return out
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b))
+                for d in json_differences(x, y, f"{path}[{i}]", sides)]
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return []
+    return [] if a == b and type(a) is type(b) else [f"{path}: {a!r} != {b!r}"]

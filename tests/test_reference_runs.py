@@ -14,11 +14,12 @@ A refactor must leave every one of them equal.
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 
 import pytest
+
+from sarathi_lab.rundir import json_differences
 
 REF = Path(__file__).parent / "data" / "reference_runs"
 
@@ -67,22 +68,6 @@ def run_case(name: str, out: Path) -> None:
     run(cfg, out)
 
 
-def json_differences(a, b, path="") -> list[str]:
-    """Where two JSON values differ (NaN equal to NaN), as 'path: a != b' lines."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        out = [f"{path}.{k}: only in {'reference' if k in a else 'this run'}"
-               for k in sorted(set(a) ^ set(b))]
-        for k in sorted(set(a) & set(b)):
-            out += json_differences(a[k], b[k], f"{path}.{k}")
-        return out
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return [d for i, (x, y) in enumerate(zip(a, b))
-                for d in json_differences(x, y, f"{path}[{i}]")]
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return []
-    return [] if a == b and type(a) is type(b) else [f"{path}: {a!r} != {b!r}"]
-
-
 def differences(ref: Path, new: Path) -> list[str]:
     import pyarrow.parquet as pq
     out = []
@@ -98,7 +83,7 @@ def differences(ref: Path, new: Path) -> list[str]:
     for k in NOT_COMPARED:
         sa.pop(k, None)
         sb.pop(k, None)
-    out += [f"summary.json{d}" for d in json_differences(sa, sb)]
+    out += [f"summary.json{d}" for d in json_differences(sa, sb, sides=("reference", "this run"))]
     return out
 
 

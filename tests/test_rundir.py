@@ -147,3 +147,13 @@ def test_to_arrow_builds_float_array_columns_in_one_piece_as_pyarrow_would(tmp_p
     other = pd.DataFrame({"t": [np.array([1.0]), np.array([1], np.int64)]})
     assert rundir.to_arrow(other).equals(pa.Table.from_pandas(other, preserve_index=False))
     assert seen[-1] is False
+
+
+def test_json_differences_by_hand():
+    from sarathi_lab.rundir import json_differences
+    nan = float("nan")
+    assert json_differences({"a": [1, nan]}, {"a": [1, nan]}) == []        # NaN equals NaN
+    assert json_differences({"a": 1}, {"a": 1.0}) == [".a: 1 != 1.0"]   # types count
+    assert json_differences({"x": 1}, {"y": 1}, sides=("ref", "new")) == \
+        [".x: only in ref", ".y: only in new"]
+    assert json_differences({"l": [1, 2]}, {"l": [1, 3]}) == [".l[1]: 2 != 3"]

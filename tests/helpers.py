@@ -115,3 +115,16 @@ def add(policy, ex, r):
 def step(policy, ex):
     out = engine(policy, ex).step()[0]
     return [(r.request_id, n) for r, n in zip(out.reqs, out.num_new_tokens)]
+
+
+def random_requests(seed: int, n: int, rate: float, max_prompt: int, max_output: int) -> list:
+    """n requests with Poisson arrivals at `rate` per second and lengths uniform in
+    1..max_prompt / 1..max_output, drawn from `random.Random(seed)` (the same list every time)."""
+    import random
+
+    from sarathi_lab.request import Request
+    rng, t, out = random.Random(seed), 0.0, []
+    for i in range(n):
+        t += rng.expovariate(rate)
+        out.append(Request(i, t, rng.randint(1, max_prompt), rng.randint(1, max_output)))
+    return out

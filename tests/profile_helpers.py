@@ -10,6 +10,9 @@ from sarathi_lab.costmodels.profiled import ProfiledConfig, ProfiledCostModel
 
 # a few rows of Vidur's Llama-2-70B TP2 A100 profiles (MIT, microsoft/vidur; see SOURCES.md)
 VIDUR = TESTS / "data" / "vidur" / "a100" / "meta-llama" / "Llama-2-70b-hf"
+# the CLI overrides of a run the Vidur fixture above matches (model, TP, GPU), on a short trace
+VIDUR_RUN = ("trace=synthetic", "model=llama-2-70b", "executor.tensor_parallel=2",
+             "hardware=a100-80gb")
 
 
 def preset(kind, name):

@@ -5,7 +5,6 @@ no policy can read
 a request's true output length unless it declares itself an oracle; the config files mirror the
 settings classes."""
 import collections
-import random
 import types
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import LinearCost, make_policy
-from helpers import composed, defaults
+from helpers import composed, defaults, random_requests
 
 from sarathi_lab.config import CapacityConfig, RunConfig, SLOConfig
 from sarathi_lab.engine import Engine
@@ -95,11 +94,7 @@ def subclass(mixin, name, body=None, **kw):
 
 
 def trace(seed=7, n=30):
-    rng, t, out = random.Random(seed), 0.0, []
-    for i in range(n):
-        t += rng.expovariate(20.0)
-        out.append(Request(i, t, rng.randint(1, 60), rng.randint(1, 40)))
-    return out
+    return random_requests(seed, n, rate=20.0, max_prompt=60, max_output=40)
 
 
 def run(p, ff):

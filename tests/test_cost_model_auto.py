@@ -12,7 +12,7 @@ from sarathi_lab.costmodels.roofline import RooflineConfig, RooflineCostModel
 from sarathi_lab.executors.sim import SimExecutor
 from sarathi_lab.settings import ConfigError
 from helpers import cli
-from profile_helpers import VIDUR, preset, synthetic_rows, write_csv
+from profile_helpers import VIDUR, VIDUR_RUN, preset, synthetic_rows, write_csv
 
 FIXTURES = VIDUR.parents[2]          # tests/data/vidur: <device>/<org>/<model>/
 
@@ -83,8 +83,7 @@ def test_profile_dirs_is_read_only_by_auto():
 
 
 def test_the_summary_records_the_cost_model(tmp_path):
-    common = ("trace=synthetic", "trace.num_requests=10", "model=llama-2-70b",
-              "executor.tensor_parallel=2", "hardware=a100-80gb")
+    common = (*VIDUR_RUN, "trace.num_requests=10")
     r = cli(f"hydra.run.dir={tmp_path}/auto", *common, "executor.cost_model=auto",
             f"executor.profile_dirs={FIXTURES}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr

@@ -2,7 +2,6 @@
 fast-forward on and off, in code and through the CLI, with identical results; a subclass of a
 built-in that changes `schedule()` is stepped rather than skipped by the built-in's opt-in."""
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -11,21 +10,17 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import LinearCost, make_policy
+from helpers import random_requests
 from plugin_policy import Alternate, DecodeFirst
 
 from sarathi_lab.engine import Engine
-from sarathi_lab.request import Request
 from sarathi_lab.schedulers.sarathi import Sarathi
 
 TESTS = Path(__file__).resolve().parent
 
 
 def trace(seed=3, n=40):
-    rng, t, out = random.Random(seed), 0.0, []
-    for i in range(n):
-        t += rng.expovariate(10.0)
-        out.append(Request(i, t, rng.randint(1, 60), rng.randint(1, 60)))
-    return out
+    return random_requests(seed, n, rate=10.0, max_prompt=60, max_output=60)
 
 
 def run(cls, ff, **kw):

@@ -13,8 +13,8 @@ from sarathi_lab.costmodels.profiled import ProfiledConfig, ProfiledCostModel
 from sarathi_lab.costmodels.profiles import Curve, ProfileError, Surface, monotone
 from sarathi_lab.costmodels.roofline import RooflineCostModel
 from helpers import cli
-from profile_helpers import (META, OVERHEAD, VIDUR, dec, head, lin, pre, preset, profiled,
-                             synthetic_rows, write_csv)
+from profile_helpers import (META, OVERHEAD, VIDUR, VIDUR_RUN, dec, head, lin, pre, preset,
+                             profiled, synthetic_rows, write_csv)
 
 TESTS = Path(__file__).resolve().parent
 CONFIGS = TESTS.parent / "configs"
@@ -190,8 +190,7 @@ def test_chunking_a_prompt_never_predicts_less_than_one_piece(which, synthetic):
 
 @pytest.mark.slow   # a CLI subprocess
 def test_cli_runs_the_profiled_cost_model_on_the_vidur_fixture(tmp_path):
-    common = ("trace=synthetic", "trace.num_requests=20", "model=llama-2-70b",
-              "executor.tensor_parallel=2", "hardware=a100-80gb")
+    common = (*VIDUR_RUN, "trace.num_requests=20")
     # executor.profile sits in sim.yaml as null: set without a +
     r = cli(f"hydra.run.dir={tmp_path}/p", *common, "executor.cost_model=profiled",
             f"executor.profile={VIDUR}", cwd=tmp_path)

@@ -196,26 +196,16 @@ class ProfiledCostModel(CostModel):
     def _check_range(self, T, prefills, decode_contexts) -> None:
         """Record how far a batch goes beyond the profiled range; warn once per run."""
         lim = self.limits
-        out = []
-        if T > lim["tokens"]:
-            out.append(("tokens", T, f"{T} tokens beyond the profiled {lim['tokens']:g}"))
+        seen = [("tokens", T, "{} tokens")]   # (dimension, this batch's extent, how it reads)
         if prefills:
-            c = max(c for c, _ in prefills)
-            k = max(k for _, k in prefills)
-            if c > lim["prefill chunk"]:
-                out.append(("prefill chunk", c, f"a prefill chunk of {c} tokens beyond the "
-                            f"profiled {lim['prefill chunk']:g}"))
-            if k > lim["prefill context"]:
-                out.append(("prefill context", k, f"prefill context {k} beyond the profiled "
-                            f"{lim['prefill context']:g}"))
+            seen += [("prefill chunk", max(c for c, _ in prefills),
+                      "a prefill chunk of {} tokens"),
+                     ("prefill context", max(k for _, k in prefills), "prefill context {}")]
         if decode_contexts:
-            b, k = len(decode_contexts), max(decode_contexts)
-            if b > lim["decode batch"]:
-                out.append(("decode batch", b, f"a batch of {b} decodes beyond the profiled "
-                            f"{lim['decode batch']:g}"))
-            if k > lim["decode context"]:
-                out.append(("decode context", k, f"decode context {k} beyond the profiled "
-                            f"{lim['decode context']:g}"))
+            seen += [("decode batch", len(decode_contexts), "a batch of {} decodes"),
+                     ("decode context", max(decode_contexts), "decode context {}")]
+        out = [(dim, v, f"{text.format(v)} beyond the profiled {lim[dim]:g}")
+               for dim, v, text in seen if v > lim[dim]]
         for dim, v, _ in out:
             self.beyond[dim] = max(v, self.beyond.get(dim, 0))
         if out and not self._warned:

@@ -32,6 +32,9 @@ ITER_COLUMNS = ("start", "duration", "prefill_tokens", "decode_tokens", "num_req
                 "swap_outs", "swap_ins", "swap_out_blocks", "swap_in_blocks", "swap_s",
                 "swap_fallbacks", "host_blocks_used")
 FLOAT_COLUMNS = ("start", "duration", "swap_s")   # the others count things
+# a column of the iterations of an executor that measures host time (`Engine.step`), after
+# ITER_COLUMNS: the simulator's tables have none
+HOST_COLUMN = "host_s"
 
 
 
@@ -93,6 +96,14 @@ class Engine(SkipRuns):
         self.blocked = False   # scheduled nothing with only queued work: waits for an input
         self._decoding = False   # run_until's state between calls (see there)
         self._resume: tuple | None = None   # a watched engine's last step, while its run may go on
+        # host time: the seconds of each stepped iteration outside the executor's step (the
+        # policy's schedule and update, the guard, this loop's bookkeeping), on the executor's
+        # `host_clock` where it has one (the torch executor; the simulator's cost model prices
+        # any such time itself). With `host_in_clock` (executor.clock=wall) the clock counts it:
+        # an iteration spans host_s + duration, its tokens out after the schedule and the step
+        self._host_clock = getattr(executor, "host_clock", None)
+        self._host_in_clock = bool(getattr(executor, "host_in_clock", False))
+        self._host_s: list[float] | None = [] if self._host_clock else None
 
     # -- records ------------------------------------------------------------------------------------
     def iterations(self) -> np.ndarray:
@@ -146,6 +157,9 @@ class Engine(SkipRuns):
                                len(self.rows) * width).reshape(-1, width)
             for i, c in enumerate(ITER_COLUMNS):
                 cols[c][stepped] = rows[:, i]
+        if self._host_s is not None:   # an executor that steps every iteration (no skips)
+            assert len(self._host_s) == n_rows, "host time recorded for every iteration"
+            cols[HOST_COLUMN] = np.array(self._host_s, float)
         return cols
 
     def swap_space(self) -> dict | None:
@@ -224,6 +238,8 @@ class Engine(SkipRuns):
         (batch, finished requests, prefill tokens, decode tokens); the batch is empty if the
         policy scheduled nothing (it may still have rejected requests)."""
         policy, kv, ex = self.policy, self.kv, self.executor
+        clock = self._host_clock
+        t0 = clock() if clock else 0.0
         try:
             out = policy.schedule(self.now)
         except Exception as e:
@@ -235,13 +251,16 @@ class Engine(SkipRuns):
             return out, [], 0, 0
         emitted, ended = self.guard.check(out, self._where, self._stops)
         self._emitted = emitted
+        pre = clock() - t0 if clock else 0.0
         try:
             step = ex.execute(out)
             if step.finished is None:
                 step.finished = ended if ended is not None else ex.finished(out)
         except Exception as e:
             raise self._blame(ex, "execute", e) from e
-        start, end = self.now, self.now + step.duration
+        t1 = clock() if clock else 0.0
+        start = self.now
+        end = start + pre + step.duration if self._host_in_clock else start + step.duration
         n_pre, n_dec = out.split_counts()
         try:
             done = policy.update(out, step, start, end)
@@ -258,6 +277,11 @@ class Engine(SkipRuns):
         self.rows.append((start, step.duration, n_pre, n_dec, len(out.reqs), kv.pool.num_used,
                           kv.num_stored_tokens, len(out.preempted), len(policy.waiting),
                           *swaps, kv.num_used_host_blocks))
+        if clock:
+            host = pre + clock() - t1
+            self._host_s.append(host)
+            if self._host_in_clock:   # the update and the bookkeeping after the tokens
+                end += host - pre
         self.now = end
         self.guard.progressed(emitted, len(done) + len(out.rejected), self._where)
         self.num_done += len(done) + len(out.rejected)

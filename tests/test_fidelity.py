@@ -142,3 +142,80 @@ def test_busy_share_by_hand(tmp_path):
     pd.DataFrame({"arrival_time": [1.0, 2.0], "finish_time": [4.0, 7.0]}).to_parquet(
         tmp_path / "requests.parquet")
     assert F.busy_share(tmp_path) == pytest.approx(3.0 / 6.0)
+
+
+# --- host time: the iterations' host_s (Engine.step) ------------------------------------------
+
+PRESET = dict(name="t", num_layers=1, hidden_size=32, intermediate_size=64, num_heads=4,
+              num_kv_heads=2, head_dim=8, vocab_size=100, max_model_len=64)
+
+
+def host_run(clock: str, fake: bool):
+    """Six requests at t=0 on a random one-layer model under `executor.clock=CLOCK`; with
+    `fake`, the executor's clock (steps and host time) is a counter moving 1 s per read. The
+    iterations table."""
+    from sarathi_lab import runner
+    from sarathi_lab.engine import Engine
+    from sarathi_lab.metrics import iterations_table
+    from sarathi_lab.request import Request
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        policy, ex = runner.build({"executor": {"name": "torch", "device": "cpu",
+                                                "kv_cache_gib": 0.01, "clock": clock},
+                                   "model": PRESET, "scheduler": {"name": "sarathi"}})
+        if fake:
+            t = iter(range(10 ** 9))
+            ex.now = ex.host_clock = lambda: float(next(t))
+        rng = np.random.default_rng(0)
+        reqs = [Request(i, 0.0, p, 4, prompt_token_ids=rng.integers(0, 100, p).tolist())
+                for i, p in enumerate([5, 9, 13, 7, 3, 11])]
+        engine = Engine(policy, ex)
+        engine.run(reqs)
+    finally:
+        torch.set_num_threads(n)
+    return iterations_table(engine.iteration_columns()), reqs
+
+
+def test_host_time_on_a_counting_clock():
+    """A clock that moves 1 s per read: the engine reads it before `schedule`, after the guard,
+    after `execute` and after its bookkeeping (host_s = 1 + 1 = 2 s), the executor four times
+    (a 3 s step). On the wall clock an iteration spans both (5 s) and its tokens come out after
+    the schedule and the step (start + 4 s); on the CPU clock the engine's clock counts the step
+    alone, as before, and host_s is recorded only."""
+    wall, reqs = host_run("wall", fake=True)
+    assert set(wall["duration"]) == {3.0} and set(wall["host_s"]) == {2.0}
+    assert (np.diff(wall["start"]) == 5.0).all()
+    ends = set((wall["start"] + 4.0).tolist())
+    assert all(t in ends for r in reqs for t in r.token_times)
+    cpu, reqs = host_run("cpu", fake=True)
+    assert set(cpu["duration"]) == {3.0} and set(cpu["host_s"]) == {2.0}
+    assert (np.diff(cpu["start"]) == 3.0).all()
+    ends = set((cpu["start"] + 3.0).tolist())
+    assert all(t in ends for r in reqs for t in r.token_times)
+
+
+@pytest.mark.parametrize("clock", ["wall", "cpu"])
+def test_host_time_on_the_real_clocks(clock):
+    """Measured host time is positive and far below a step's whole time; the engine's clock
+    advances by host_s + duration on the wall clock, by duration alone on the CPU clock (every
+    request arrives at 0: no idle gap)."""
+    it, _ = host_run(clock, fake=False)
+    h = it["host_s"].to_numpy()
+    assert len(it) >= 4 and (h > 0).all() and (h < 1.0).all()
+    span = it["duration"].to_numpy()[:-1] + (h[:-1] if clock == "wall" else 0.0)
+    assert np.allclose(np.diff(it["start"].to_numpy()), span, rtol=0, atol=1e-12)
+
+
+def test_the_simulator_records_no_host_time():
+    """The simulator's cost model prices whatever host time it models inside `duration`: its
+    iterations table has no host_s column (the guard's recorded runs stay as they were)."""
+    from sarathi_lab import runner
+    from sarathi_lab.engine import Engine
+    from sarathi_lab.metrics import iterations_table
+    from sarathi_lab.request import Request
+    policy, ex = runner.build(F.compose(["model=tiny-llama", "executor=sim",
+                                         "scheduler=sarathi"]))
+    engine = Engine(policy, ex)
+    engine.run([Request(0, 0.0, 8, 3)])
+    assert "host_s" not in iterations_table(engine.iteration_columns())

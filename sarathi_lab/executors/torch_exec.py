@@ -71,10 +71,13 @@ class TorchConfig(ExecutorConfig):
                    "length-only trace (its output lengths are the workload)")
     clock: str = setting(
         "wall", choices=("wall", "cpu"),
-        help="what a step's duration measures. wall: time.perf_counter; cpu: this thread's CPU "
-             "time (time.thread_time), which other jobs on a shared machine do not stretch by "
-             "taking the core (they still slow it through shared caches and memory). cpu needs "
-             "executor.device=cpu and one torch thread (num_threads=1)")
+        help="what a step's duration and the host time around it (iterations' host_s) "
+             "measure. wall: time.perf_counter, and the engine's clock advances by host time + "
+             "step, the real elapsed time; cpu: this thread's CPU time (time.thread_time), which "
+             "other jobs on a shared machine do not stretch by taking the core (they still slow "
+             "it through shared caches and memory), and the engine's clock advances by the step "
+             "alone (host_s recorded, not counted). cpu needs executor.device=cpu and one torch "
+             "thread (num_threads=1)")
 
 
 def eos_token_ids(model_cfg: dict) -> tuple[int, ...]:
@@ -173,6 +176,13 @@ class TorchExecutor(Executor):
                     "miss: set num_threads=1")
         # the clock of StepResult.duration and of the phase timers
         self.now = time.thread_time if cfg.clock == "cpu" else time.perf_counter
+        # The engine times the host work around each step (the policy's schedule and update,
+        # its bookkeeping: the iterations' `host_s`) on the same clock. On the wall clock that
+        # is real elapsed time, which the engine's clock then counts, so a run's latencies hold
+        # it; on the CPU clock it is recorded only, and the engine's clock stays the sum of
+        # the steps' times (what the fidelity study compares with a cost model's).
+        self.host_clock = self.now
+        self.host_in_clock = cfg.clock == "wall"
         self.model = load_model(self.model_cfg, self.device, self.dtype)
         self.args = self.model.args
         if any(i >= self.args.vocab_size for i in self.eos_ids):

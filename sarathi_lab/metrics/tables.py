@@ -6,7 +6,7 @@ import itertools
 import numpy as np
 import pandas as pd
 
-from sarathi_lab.engine import FLOAT_COLUMNS, ITER_COLUMNS
+from sarathi_lab.engine import FLOAT_COLUMNS, HOST_COLUMN, ITER_COLUMNS
 from sarathi_lab.request import Request
 
 
@@ -92,7 +92,8 @@ def iterations_table(rows) -> pd.DataFrame:
     they are: the arrays are the caller's), or rows (`Engine.iterations()`, or tuples with the
     fields of ITER_COLUMNS; tuples of only the fields before `swap_outs` mean no swap)."""
     if isinstance(rows, dict):
-        assert list(rows) == list(ITER_COLUMNS), f"columns {list(rows)}, not {ITER_COLUMNS}"
+        assert list(rows)[:len(ITER_COLUMNS)] == list(ITER_COLUMNS) and set(rows).issubset(
+            (*ITER_COLUMNS, HOST_COLUMN)), f"columns {list(rows)}, not {ITER_COLUMNS}"
         return pd.DataFrame(rows, copy=False)
     a = np.asarray(rows, dtype=float)
     if a.ndim == 2 and a.shape[1] == _NO_SWAP_COLUMNS:

@@ -26,6 +26,7 @@ import json
 import os
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -104,21 +105,70 @@ def figures(summary: dict) -> dict:
     return {metric_name(m, q): (summary[m][q] if q else summary[m]) for m, q in METRICS}
 
 
-def compare(real: dict[str, list[dict]], sim: dict[str, dict]) -> pd.DataFrame:
-    """Per policy and metric: the real runs' median, min, max and spread ((max - min) / median),
-    the simulated value and its relative error against the real median."""
+# Student's t, 95th percentile, by degrees of freedom 1-30 (a 90% two-sided interval)
+T95 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812, 1.796, 1.782,
+       1.771, 1.761, 1.753, 1.746, 1.740, 1.734, 1.729, 1.725, 1.721, 1.717, 1.714, 1.711,
+       1.708, 1.706, 1.703, 1.701, 1.699, 1.697)
+
+
+def t95(df: int) -> float:
+    """The t distribution's 95th percentile: the table to 30 degrees of freedom, beyond it the
+    Cornish-Fisher series about the normal's 1.6449 (within 1e-4 there)."""
+    if df < 1:
+        raise ValueError(f"an interval of the mean needs at least 2 runs (got {df + 1})")
+    if df <= len(T95):
+        return T95[df - 1]
+    z = 1.6448536
+    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+
+
+def mean_interval(vals) -> tuple[float, float, float]:
+    """(mean, low, high): the 90% t-interval of the mean of the runs, mean +- t95(n - 1) s /
+    sqrt(n), s the sample standard deviation. Of the mean, not of one run: the simulation
+    predicts a figure's expected value, and the question is whether the runs' mean differs from
+    it by more than their number can resolve (an empirical 5-95% of five runs would be their
+    minimum and maximum, which hold a sixth run with probability 4/6, not 0.9)."""
+    v = np.asarray(vals, dtype=float)
+    m = float(v.mean())
+    h = t95(len(v) - 1) * float(v.std(ddof=1)) / np.sqrt(len(v))
+    return m, m - h, m + h
+
+
+# the figures the bias is taken over: latency percentiles (not throughput or counts, which the
+# arrival rate and the trace fix while the system keeps up)
+LATENCY = [metric_name(m, q) for m, q in METRICS if q]
+# the issue's goal: these inside the real runs' interval
+GOAL = ["ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99"]
+
+
+def verdict(real: dict[str, list[dict]], sim: dict[str, dict]) -> pd.DataFrame:
+    """Per policy and figure: the real runs' mean and 90% interval (`mean_interval`), their
+    spread (max - min) / mean, the simulated value, its error against the mean and whether it
+    lies inside the interval."""
     rows = []
     for policy, runs in real.items():
         for name in (metric_name(m, q) for m, q in METRICS):
-            vals = np.array([r[name] for r in runs], dtype=float)
-            med = float(np.median(vals))
+            vals = [r[name] for r in runs]
+            m, lo, hi = mean_interval(vals)
             s = float(sim[policy][name])
-            rows.append({"policy": policy, "metric": name, "real_median": med,
-                         "real_min": float(vals.min()), "real_max": float(vals.max()),
-                         "real_spread": (vals.max() - vals.min()) / med if med else np.nan,
-                         "sim": s, "error": s / med - 1 if med else np.nan,
-                         "repeats": len(vals)})
+            rows.append({"policy": policy, "metric": name, "real_mean": m, "real_lo": lo,
+                         "real_hi": hi, "half_width": (hi - m) / m if m else np.nan,
+                         "real_spread": (max(vals) - min(vals)) / m if m else np.nan,
+                         "sim": s, "error": s / m - 1 if m else np.nan,
+                         "inside": bool(lo <= s <= hi), "repeats": len(vals)})
     return pd.DataFrame(rows)
+
+
+def bias(table: pd.DataFrame, metrics=None) -> dict:
+    """Over the latency figures (`metrics`, default all of LATENCY) of `verdict`'s table: the
+    bias (mean signed error), the spread of the errors about it (their standard deviation), the
+    mean |error|, the figures inside the real runs' interval, and the real runs' own spread
+    (the median interval half-width, relative to the mean)."""
+    t = table[table["metric"].isin(metrics or LATENCY)]
+    e = t["error"].to_numpy(dtype=float)
+    return {"figures": len(t), "bias": float(e.mean()), "error_sd": float(e.std(ddof=1)),
+            "mean_abs_error": float(np.abs(e).mean()), "inside": int(t["inside"].sum()),
+            "half_width_median": float(t["half_width"].median())}
 
 
 def jitter_sigma(profile) -> float:
@@ -132,59 +182,129 @@ def jitter_sigma(profile) -> float:
     return float(np.median(r))
 
 
-def markdown(table: pd.DataFrame, error: str = "error", what: str = "") -> str:
-    """Error of the simulation per policy (rows) and metric (columns), the real runs' spread
-    beside it."""
+def verdict_markdown(table: pd.DataFrame, what: str) -> str:
+    """The simulation's error against the real runs' mean per policy (rows) and figure
+    (columns), the interval's half-width beside it, **out** where it lies outside; then the
+    bias and spread over the latency figures, and over the goal's four (P50/P99 TTFT and TBT)."""
     names = list(dict.fromkeys(table["metric"]))
     head = "| policy | " + " | ".join(names) + " |\n|---|" + "---|" * len(names) + "\n"
     body = ""
     for policy, d in table.groupby("policy", sort=False):
         d = d.set_index("metric")
-        cells = [f"{d.loc[n, error]:+.1%} ({d.loc[n, 'real_spread']:.1%})" for n in names]
+        cells = [f"{d.loc[n, 'error']:+.1%} (±{d.loc[n, 'half_width']:.1%})"
+                 + ("" if d.loc[n, "inside"] else " **out**") for n in names]
         body += f"| {policy} | " + " | ".join(cells) + " |\n"
-    return (f"Relative error of the simulation (profiled cost model{what}) against the median of "
-            "the real runs; in brackets, the real runs' spread ((max - min) / median).\n\n"
-            + head + body)
+    lines = []
+    for label, ms in (("all latency figures", LATENCY), ("P50/P99 TTFT and TBT", GOAL)):
+        b = bias(table, ms)
+        lines.append(f"- {label} ({b['figures']}): bias (mean signed error) **{b['bias']:+.1%}**, "
+                     f"spread of the errors (sd) {b['error_sd']:.1%}, mean |error| "
+                     f"{b['mean_abs_error']:.1%}; inside the real runs' interval: "
+                     f"**{b['inside']} of {b['figures']}**; the interval's median half-width "
+                     f"{b['half_width_median']:.1%}")
+    return (f"Error of the simulation ({what}) against the mean of the real runs; in brackets "
+            "the half-width of the real runs' 90% t-interval of the mean, relative to it; "
+            "**out**: outside it.\n\n" + head + body + "\n" + "\n".join(lines) + "\n")
 
 
-def decode_ratios(run_dirs, cost_model, with_batch: bool = False):
-    """Measured / predicted duration of every decode-only iteration of the runs: the cost model
-    against the real executor on the batches the real runs actually ran, free of the feedback
-    through queueing. A decode-only batch of b requests stores sum(context + 1) KV tokens after
-    it, which gives their mean context."""
-    out, sizes = [], []
-    for d in run_dirs:
-        it = pd.read_parquet(Path(d) / "iterations.parquet")
-        dec = it[it["prefill_tokens"] == 0]
-        for b, stored, dur in zip(dec["num_requests"], dec["kv_tokens_stored"], dec["duration"]):
-            k = int(round(stored / b)) - 1
-            out.append(dur / cost_model.iteration_time([], [k] * int(b), int(b)))
-            sizes.append(int(b))
-    return (np.array(out), np.array(sizes)) if with_batch else np.array(out)
+def table_markdown(df: pd.DataFrame, fmt: dict) -> str:
+    """A small DataFrame as a Markdown table, columns formatted by `fmt` (format specs)."""
+    cols = list(df.columns)
+    out = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
+    for r in df.to_dict("records"):
+        out += "| " + " | ".join(format(r[c], fmt.get(c, "")) for c in cols) + " |\n"
+    return out
 
 
-# decode batch sizes the ratios are also given for (requests in the batch)
-BATCH_BINS = ((1, 1), (2, 4), (5, 8), (9, 10 ** 9))
+@contextmanager
+def recording_batches():
+    """Every real step's batch as the cost model reads it ((chunk, context) prefills, decode
+    contexts, sampled: `costmodels.base.batch_shape`), appended to the yielded list, one per
+    iteration in order. Recorded after the step returns, between the executor's clock reads and
+    the engine's (`Engine.step`), so that neither the step's duration nor its host_s holds it."""
+    from sarathi_lab.costmodels.base import batch_shape
+    from sarathi_lab.executors.torch_exec import TorchExecutor
+    shapes, execute = [], TorchExecutor.execute
+
+    def recorded(self, out):
+        res = execute(self, out)
+        shapes.append(batch_shape(out.reqs, out.num_new_tokens))
+        return res
+    TorchExecutor.execute = recorded
+    try:
+        yield shapes
+    finally:
+        TorchExecutor.execute = execute
 
 
-def ratio_table(real_dirs: dict, cost_model) -> pd.DataFrame:
-    """Per policy: the decode-only ratios' p10/p50/p90, and their median by batch size."""
-    rows = []
-    for policy, dirs in real_dirs.items():
-        r, b = decode_ratios(dirs, cost_model, with_batch=True)
-        if len(r):
-            p10, p50, p90 = np.percentile(r, [10, 50, 90])
-            row = {"policy": policy, "decode_iterations": len(r), "p10": p10, "p50": p50,
-                   "p90": p90}
-            for lo, hi in BATCH_BINS:
-                sel = (b >= lo) & (b <= hi)
-                row[_bin(lo, hi)] = float(np.median(r[sel])) if sel.any() else np.nan
-            rows.append(row)
-    return pd.DataFrame(rows)
+# decode batch sizes (requests) and prefill chunk sizes (tokens) the residuals are grouped by
+DECODE_BINS = ((1, 1), (2, 4), (5, 8), (9, 10 ** 9))
+CHUNK_BINS = ((1, 128), (129, 512), (513, 10 ** 9))
 
 
 def _bin(lo, hi) -> str:
-    return f"p50_b{lo}" if lo == hi else (f"p50_b{lo}+" if hi >= 10 ** 9 else f"p50_b{lo}-{hi}")
+    return f"{lo}" if lo == hi else (f"{lo}+" if hi >= 10 ** 9 else f"{lo}-{hi}")
+
+
+def composition(shape) -> str:
+    """A batch's kind: decode-only by requests, prefill-only by tokens, or mixed."""
+    prefills, decodes, _ = shape
+    if prefills and decodes:
+        return "mixed"
+    n, bins, kind = ((len(decodes), DECODE_BINS, "decode b=") if decodes else
+                     (sum(c for c, _ in prefills), CHUNK_BINS, "prefill c="))
+    return kind + next(_bin(lo, hi) for lo, hi in bins if lo <= n <= hi)
+
+
+def residuals(run_dirs, shapes, cost_model) -> pd.DataFrame:
+    """One row per real iteration: its composition, measured duration and host time, and the
+    cost model's prediction on the very batch it ran (free of the feedback through the queue)."""
+    frames = []
+    for d, sh in zip(run_dirs, shapes):
+        it = pd.read_parquet(Path(d) / "iterations.parquet")
+        if len(it) != len(sh):
+            raise ValueError(f"{d}: {len(it)} iterations but {len(sh)} recorded batches")
+        frames.append(pd.DataFrame({
+            "run": str(d), "composition": [composition(x) for x in sh],
+            "requests": it["num_requests"].to_numpy(), "measured_s": it["duration"].to_numpy(),
+            "host_s": it["host_s"].to_numpy(),
+            "predicted_s": [cost_model.iteration_time(*x) for x in sh]}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def residual_table(res: pd.DataFrame) -> pd.DataFrame:
+    """Per composition: iterations, share of the measured step time, the residual (measured -
+    predicted, ms) median and p10/p90, the ratio measured / predicted median and p10/p90, and
+    the ratio of the sums (what a latency, a sum of step times, sees)."""
+    rows = []
+    for comp, g in res.groupby("composition"):
+        r = (g["measured_s"] - g["predicted_s"]) * 1e3
+        q = g["measured_s"] / g["predicted_s"]
+        rows.append({"composition": comp, "iterations": len(g),
+                     "time_share": g["measured_s"].sum() / res["measured_s"].sum(),
+                     "resid_ms_p10": r.quantile(0.1), "resid_ms_p50": r.median(),
+                     "resid_ms_p90": r.quantile(0.9), "ratio_p10": q.quantile(0.1),
+                     "ratio_p50": q.median(), "ratio_p90": q.quantile(0.9),
+                     "ratio_of_sums": g["measured_s"].sum() / g["predicted_s"].sum()})
+    order = {c: i for i, c in enumerate(
+        [f"decode b={_bin(*b)}" for b in DECODE_BINS] + [f"prefill c={_bin(*b)}"
+                                                          for b in CHUNK_BINS] + ["mixed"])}
+    return pd.DataFrame(rows).sort_values("composition", key=lambda c: c.map(order),
+                                          ignore_index=True)
+
+
+def host_table(res: pd.DataFrame) -> pd.DataFrame:
+    """Host time per iteration (the iterations' host_s) by requests in the batch: median and
+    p90 (µs), and its share of the step time over those iterations."""
+    rows = []
+    for lo, hi in DECODE_BINS:
+        g = res[(res["requests"] >= lo) & (res["requests"] <= hi)]
+        if len(g):
+            rows.append({"requests": _bin(lo, hi), "iterations": len(g),
+                         "host_us_p50": g["host_s"].median() * 1e6,
+                         "host_us_p90": g["host_s"].quantile(0.9) * 1e6,
+                         "host_share": g["host_s"].sum() / g["measured_s"].sum()})
+    return pd.DataFrame(rows)
 
 
 def cdf_plot(runs: dict[str, dict], out: Path) -> Path:
@@ -235,14 +355,23 @@ def busy_share(run_dir) -> float:
     return float(it["duration"].sum() / span) if span > 0 else float("nan")
 
 
-def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int = 3,
-          log=print, scale_name: str | None = None, qps: float | None = None) -> pd.DataFrame:
+def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int = 5,
+          log=print, scale_name: str | None = None, qps: float | None = None,
+          policies: list[str] | None = None, num_requests: int | None = None) -> pd.DataFrame:
     import torch
     from sarathi_lab import runner
     torch.set_num_threads(1)
-    scale = SCALES[scale_name or ("toy" if toy else "full")]
+    if repeats < 2:
+        raise ValueError(f"--repeats={repeats}: the interval of the real runs' mean needs >= 2")
+    scale = dict(SCALES[scale_name or ("toy" if toy else "full")])
     if qps is not None:
-        scale = {**scale, "qps": qps}
+        scale["qps"] = qps
+    if num_requests is not None:
+        scale["num_requests"] = num_requests
+    unknown = sorted(set(policies or ()) - set(POLICIES))
+    if unknown:
+        raise ValueError(f"--policies: {', '.join(unknown)} not among {', '.join(POLICIES)}")
+    chosen = policies or list(POLICIES)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     # Without --profile the profile is measured in parts, one before each round of real runs
@@ -270,21 +399,24 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
         profile, meta, hardware = host_profile(scale["model"], out, scale["grid"],
                                                scale["profile_repeats"], profile=profile)
         # a profile made for another model or machine fails here, before the real runs
-        runner.build(run_config(scale, next(iter(POLICIES)), sim_overrides(profile), hardware))
-    runs = {p: {"real": [], "sim": None} for p in POLICIES}
-    real = {p: [] for p in POLICIES}
-    sim, walls = {}, []
+        runner.build(run_config(scale, chosen[0], sim_overrides(profile), hardware))
+    runs = {p: {"real": [], "sim": None} for p in chosen}
+    real = {p: [] for p in chosen}
+    shapes = {p: [] for p in chosen}
+    walls = []
     for rep in range(repeats):          # interleaved rounds: drift touches every policy alike
         if parts is not None:
             profile_part(rep)
-        for policy in POLICIES:
+        for policy in chosen:
             d = out / "runs" / policy / f"real-{rep}"
             w = time.perf_counter()
-            s = runner.run(run_config(scale, policy, torch_ex, None), d)
+            with recording_batches() as sh:
+                s = runner.run(run_config(scale, policy, torch_ex, None), d)
             walls.append(time.perf_counter() - w)
             load[f"{policy}#{rep}"] = os.getloadavg()[0]
             real[policy].append(figures(s))
             runs[policy]["real"].append(d)
+            shapes[policy].append(sh)
             log(f"real {policy} #{rep}: {s['num_finished']} finished, {s['num_iterations']} "
                 f"iterations, {walls[-1]:.1f} s")
     if parts is not None:
@@ -297,49 +429,70 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
     # and again with each step's time drawn around its prediction, with the spread the profile
     # measured (executor.step_jitter): the real runs' P99s come from their steps' slow tail
     sigma = jitter_sigma(profile)
-    sim_j = {}
-    for policy in POLICIES:
-        d = out / "runs" / policy / "sim"
-        s = runner.run(run_config(scale, policy, sim_ex, hardware), d)
-        sim[policy] = figures(s)
-        runs[policy]["sim"] = d
-        s = runner.run(run_config(scale, policy, [*sim_ex, f"executor.step_jitter={sigma!r}"],
-                                  hardware), out / "runs" / policy / "sim_jitter")
-        sim_j[policy] = figures(s)
-    table = compare(real, sim)
-    tj = compare(real, sim_j)
-    table["sim_jitter"], table["error_jitter"] = tj["sim"].to_numpy(), tj["error"].to_numpy()
+    variants = {"profiled": sim_ex, "jitter": [*sim_ex, f"executor.step_jitter={sigma!r}"]}
+    sims = {v: {} for v in variants}
+    for policy in chosen:
+        for v, ex in variants.items():
+            d = out / "runs" / policy / ("sim" if v == "profiled" else f"sim_{v}")
+            sims[v][policy] = figures(runner.run(run_config(scale, policy, ex, hardware), d))
+        runs[policy]["sim"] = out / "runs" / policy / "sim"
+    tables = {v: verdict(real, sims[v]) for v in variants}
+    table = tables["profiled"]
+    table["sim_jitter"] = tables["jitter"]["sim"].to_numpy()
+    table["error_jitter"] = tables["jitter"]["error"].to_numpy()
+    table["inside_jitter"] = tables["jitter"]["inside"].to_numpy()
     table.to_csv(out / "fidelity.csv", index=False)
+    # the residuals: the profiled model on the batches the real runs ran
     from sarathi_lab.costmodels.profiled import ProfiledConfig, ProfiledCostModel
-    cm = ProfiledCostModel(run_config(scale, "orca", sim_ex, hardware)["model"], hardware, 1,
+    cm = ProfiledCostModel(run_config(scale, chosen[0], sim_ex, hardware)["model"], hardware, 1,
                            ProfiledConfig(profile=str(profile)))
-    ratios = ratio_table({p: r["real"] for p, r in runs.items()}, cm)
-    ratios.to_csv(out / "decode_ratios.csv", index=False)
+    res = pd.concat([residuals(runs[p]["real"], shapes[p], cm).assign(policy=p)
+                     for p in chosen], ignore_index=True)
+    res_t = residual_table(res)
+    res_t.to_csv(out / "residuals.csv", index=False)
+    by_policy = pd.DataFrame([
+        {"policy": p, "iterations": len(g),
+         "ratio_p50": (g["measured_s"] / g["predicted_s"]).median(),
+         "ratio_of_sums": g["measured_s"].sum() / g["predicted_s"].sum(),
+         "host_share": g["host_s"].sum() / g["measured_s"].sum()}
+        for p, g in res.groupby("policy", sort=False)])
+    host = host_table(res)
+    host.to_csv(out / "host_time.csv", index=False)
     prof = pd.read_parquet(profile)
     noise = (prof["time_p90_s"] - prof["time_p10_s"]) / prof["time_s"].where(prof["time_s"] > 0)
+    load["after_runs"] = os.getloadavg()[0]
     info = {"profile": str(profile), "profile_meta": meta, "profile_s": t_profile,
             "profile_noise_median": float(noise.median()), "step_jitter": sigma,
-            "load_average_1min": load, "cpus": os.cpu_count(),
-            "real_run_s": walls, "repeats": repeats, "scale": {k: v for k, v in scale.items()},
+            "load_average_1min": load, "cpus": os.cpu_count(), "policies": chosen,
+            "real_run_s": walls, "repeats": repeats, "scale": scale,
             "torch_threads": torch.get_num_threads(), "clock": CLOCK.split("=")[1],
-            "busy_share": {p: [busy_share(d) for d in r["real"]] for p, r in runs.items()}}
+            "busy_share": {p: [busy_share(d) for d in r["real"]] for p, r in runs.items()},
+            "bias": {v: {"latency": bias(t), "goal": bias(t, GOAL)} for v, t in tables.items()},
+            "study_s": time.perf_counter() - t0}
     busy = [b for v in info["busy_share"].values() for b in v]
-    bins = [_bin(lo, hi) for lo, hi in BATCH_BINS]
-    md = markdown(table) + "\n" + markdown(
-        table, "error_jitter", f", each step's time times a lognormal factor of median 1 and "
-        f"log-sd {sigma:.3f} from the profile's spread: executor.step_jitter") + (
+    f2, pct = ".2f", ".1%"
+    md = (verdict_markdown(table, "profiled cost model") + "\n" + verdict_markdown(
+        tables["jitter"], f"profiled cost model, each step's time times a lognormal factor of "
+        f"median 1 and log-sd {sigma:.3f} from the profile's spread: executor.step_jitter") +
         f"\nMachine: {os.cpu_count()} CPUs, 1-minute load average {min(load.values()):.1f}-"
-        f"{max(load.values()):.1f} during the real runs; the profile's repeats spread by a median "
-        f"{float(noise.median()):.0%} ((p90 - p10) / median over its rows). Arrivals at "
-        f"{scale['qps']:g} req/s; the real runs' iterations ran {min(busy):.0%}-{max(busy):.0%} "
-        "of their span (first arrival to last finish).\n\n"
-        "Decode-only iterations of the real runs, measured / predicted duration (the cost model on "
-        "the batches the real runs ran), and its median by requests in the batch:\n\n"
-        "| policy | iterations | p10 | p50 | p90 | " + " | ".join(bins) + " |\n"
-        "|---|---|---|---|---|" + "---|" * len(bins) + "\n" + "".join(
-            f"| {r['policy']} | {r['decode_iterations']} | {r['p10']:.2f} | {r['p50']:.2f} | "
-            f"{r['p90']:.2f} | " + " | ".join(f"{r[c]:.2f}" for c in bins) + " |\n"
-            for r in ratios.to_dict("records")))
+        f"{max(load.values()):.1f} from before the real runs to after the last; the profile's "
+        f"repeats spread by a median {float(noise.median()):.0%} ((p90 - p10) / median over its "
+        f"rows). {scale['num_requests']} requests at {scale['qps']:g} req/s, {repeats} real "
+        f"runs per policy; their iterations ran {min(busy):.0%}-{max(busy):.0%} of their span "
+        "(first arrival to last finish).\n\n"
+        "Per-iteration residual of the real runs, by batch composition: measured - predicted "
+        "(ms) and measured / predicted, the profiled cost model on the very batch each "
+        "iteration ran; `ratio_of_sums` is what a latency (a sum of step times) sees:\n\n"
+        + table_markdown(res_t, {"time_share": pct, **{c: f2 for c in res_t.columns
+                                                        if c.startswith(("resid", "ratio"))}})
+        + "\nBy policy (every iteration), and the host time outside the steps (`host_s`: "
+        "schedule, update, bookkeeping; recorded, not counted, on the CPU clock) as a share "
+        "of the step time:\n\n" + table_markdown(by_policy, {"ratio_p50": ".3f",
+                                                                "ratio_of_sums": ".3f",
+                                                                "host_share": pct})
+        + "\nHost time per iteration by requests in the batch:\n\n"
+        + table_markdown(host, {"host_us_p50": ".0f", "host_us_p90": ".0f",
+                                "host_share": pct}))
     (out / "fidelity.json").write_text(json.dumps(info, indent=1, default=str))
     (out / "fidelity.md").write_text(md)
     cdf_plot(runs, out)
@@ -351,17 +504,23 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--toy", action="store_true", help="seconds: a tiny model and trace")
     p.add_argument("--profile", help="reuse this profile instead of measuring one")
-    p.add_argument("--repeats", type=int, default=3, help="real runs per policy")
+    p.add_argument("--repeats", type=int, default=5, help="real runs per policy (>= 2)")
     p.add_argument("--out", help="default: results/fidelity (results/fidelity/toy with --toy)")
     p.add_argument("--qps", type=float, help="arrival rate, req/s (default: the scale's, "
                    f"{SCALES['full']['qps']:g} for the full study)")
+    p.add_argument("--policies", help=f"comma-separated subset of {','.join(POLICIES)}")
+    p.add_argument("--requests", type=int, help="requests in the trace (default: the scale's, "
+                   f"{SCALES['full']['num_requests']} for the full study)")
     a = p.parse_args(argv)
-    if a.repeats < 1:
-        sys.exit("--repeats must be >= 1")
+    if a.repeats < 2:
+        sys.exit(f"--repeats={a.repeats}: must be >= 2 (the interval of the real runs' mean)")
     if a.qps is not None and not a.qps > 0:
         sys.exit(f"--qps={a.qps}: must be > 0")
+    if a.requests is not None and a.requests < 1:
+        sys.exit(f"--requests={a.requests}: must be >= 1")
     out = Path(a.out) if a.out else ROOT / "results" / "fidelity" / ("toy" if a.toy else "")
-    study(out, a.toy, a.profile, a.repeats, qps=a.qps)
+    study(out, a.toy, a.profile, a.repeats, qps=a.qps,
+          policies=a.policies.split(",") if a.policies else None, num_requests=a.requests)
 
 
 if __name__ == "__main__":

@@ -22,24 +22,75 @@ def figs(v):
     return {F.metric_name(m, q): v for m, q in F.METRICS}
 
 
-def test_compare_by_hand():
-    real = {"orca": [figs(1.0), figs(3.0), figs(2.0)]}
-    sim = {"orca": figs(2.5)}
-    t = F.compare(real, sim)
+def test_verdict_by_hand():
+    """Five runs of 1, 2, 3, 4, 5 (the same on every figure): mean 3, sample sd sqrt(10 / 4) =
+    1.5811, t(0.95, 4 df) = 2.132, half-width 2.132 x 1.5811 / sqrt(5) = 1.5076: the interval
+    [1.4924, 4.5076]. A simulated 4 lies inside it (error +1/3), a 5 outside (+2/3)."""
+    real = {"orca": [figs(v) for v in (1.0, 2.0, 3.0, 4.0, 5.0)]}
+    sim = {"orca": {**figs(5.0), "ttft_p50": 4.0}}
+    t = F.verdict(real, sim)
     assert len(t) == len(F.METRICS) and set(t["policy"]) == {"orca"}
-    row = t[t.metric == "ttft_p99"].iloc[0]
-    assert row.real_median == 2.0 and row.real_min == 1.0 and row.real_max == 3.0
-    assert row.real_spread == pytest.approx((3 - 1) / 2)
-    assert row.error == pytest.approx(2.5 / 2.0 - 1) and row.repeats == 3
-    md = F.markdown(t)
-    assert "| orca | +25.0% (100.0%) |" in md
+    row = t[t.metric == "ttft_p50"].iloc[0]
+    assert row.real_mean == 3.0 and row.repeats == 5
+    assert row.real_lo == pytest.approx(1.4924, abs=1e-4)
+    assert row.real_hi == pytest.approx(4.5076, abs=1e-4)
+    assert row.half_width == pytest.approx(1.5076 / 3, abs=1e-4)
+    assert row.real_spread == pytest.approx(4 / 3)
+    assert row.error == pytest.approx(1 / 3) and row.inside
+    other = t[t.metric == "tbt_p99"].iloc[0]
+    assert other.error == pytest.approx(2 / 3) and not other.inside
+    # over the goal's four figures: errors 1/3, 2/3, 2/3, 2/3: mean 7/12, sd (ddof 1) 1/6
+    b = F.bias(t, F.GOAL)
+    assert b["figures"] == 4 and b["inside"] == 1
+    assert b["bias"] == pytest.approx(7 / 12) and b["error_sd"] == pytest.approx(1 / 6)
+    assert b["mean_abs_error"] == pytest.approx(7 / 12)
+    # over all nine latency figures (throughput and iteration counts left out): one inside
+    assert F.bias(t)["figures"] == 9 and F.bias(t)["inside"] == 1
+    md = F.verdict_markdown(t, "x")
+    assert "| orca | +33.3% (±50.3%) | +66.7% (±50.3%) **out** |" in md
+    assert "bias (mean signed error) **+58.3%**" in md
+
+
+def test_t_quantiles():
+    """The table's ends and the series beyond it, against published values (t 0.95 at 40 and
+    120 degrees of freedom: 1.6839, 1.6577); fewer than two runs have no interval."""
+    assert F.t95(1) == 6.314 and F.t95(4) == 2.132 and F.t95(30) == 1.697
+    assert F.t95(40) == pytest.approx(1.6839, abs=2e-4)
+    assert F.t95(120) == pytest.approx(1.6577, abs=2e-4)
+    with pytest.raises(ValueError, match="at least 2 runs"):
+        F.mean_interval([1.0])
+
+
+def test_residuals_by_composition(tmp_path):
+    """Each iteration's recorded batch priced by the cost model, grouped by composition."""
+    class Cost:   # 1 ms per iteration + 1 us per token + 1 us per token of context
+        def iteration_time(self, prefills, decodes, sampled):
+            return 1e-3 + 1e-6 * (sum(c + k for c, k in prefills) + len(decodes) + sum(decodes))
+    shapes = [([], [99, 199], 2), ([(64, 0)], [], 1), ([(32, 32)], [10], 1)]
+    pred = [1e-3 + 1e-6 * 300, 1e-3 + 64e-6, 1e-3 + 1e-6 * (64 + 11)]
+    pd.DataFrame({"num_requests": [2, 1, 2], "duration": [2 * pred[0], pred[1], 1.5 * pred[2]],
+                  "host_s": [1e-5, 2e-5, 3e-5]}).to_parquet(tmp_path / "iterations.parquet")
+    res = F.residuals([tmp_path], [shapes], Cost())
+    assert res["composition"].tolist() == ["decode b=2-4", "prefill c=1-128", "mixed"]
+    assert res["predicted_s"].tolist() == pytest.approx(pred)
+    t = F.residual_table(res).set_index("composition")
+    assert list(t.index) == ["decode b=2-4", "prefill c=1-128", "mixed"]
+    assert t.loc["decode b=2-4", "ratio_p50"] == pytest.approx(2.0)
+    assert t.loc["mixed", "ratio_of_sums"] == pytest.approx(1.5)
+    assert t.loc["prefill c=1-128", "resid_ms_p50"] == pytest.approx(0.0)
+    assert t["time_share"].sum() == pytest.approx(1.0)
+    h = F.host_table(res).set_index("requests")
+    assert h.loc["1", "host_us_p50"] == pytest.approx(20.0)
+    assert h.loc["2-4", "host_share"] == pytest.approx(4e-5 / (2 * pred[0] + 1.5 * pred[2]))
+    with pytest.raises(ValueError, match="3 iterations but 2 recorded batches"):
+        F.residuals([tmp_path], [shapes[:2]], Cost())
 
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
     n = torch.get_num_threads()
     out = tmp_path_factory.mktemp("fidelity")
-    table = F.study(out, toy=True, repeats=1, log=lambda *_: None)
+    table = F.study(out, toy=True, repeats=2, log=lambda *_: None)
     torch.set_num_threads(n)
     return out, table
 
@@ -49,17 +100,26 @@ def test_toy_study_writes_its_table_and_plots(toy):
     out, table = toy
     assert set(table["policy"]) == set(F.POLICIES)
     assert len(table) == len(F.POLICIES) * len(F.METRICS)
-    assert np.isfinite(table["error"]).all() and (table["real_spread"] == 0).all()  # 1 repeat
+    assert np.isfinite(table["error"]).all() and (table["repeats"] == 2).all()
+    assert (table["real_lo"] <= table["real_mean"]).all()
+    assert (table["real_mean"] <= table["real_hi"]).all()
+    inside = (table["real_lo"] <= table["sim"]) & (table["sim"] <= table["real_hi"])
+    assert (table["inside"] == inside).all()
     csv = pd.read_csv(out / "fidelity.csv")
     assert len(csv) == len(table)
     md = (out / "fidelity.md").read_text()
     assert all(f"| {p} |" in md for p in F.POLICIES)
+    assert "bias (mean signed error)" in md and "t-interval of the mean" in md
     assert (out / "cdfs.png").stat().st_size > 10_000
     info = json.loads((out / "fidelity.json").read_text())
     assert info["torch_threads"] == 1 and info["profile_meta"]["threads"] == "1"
-    ratios = pd.read_csv(out / "decode_ratios.csv")
-    assert set(ratios["policy"]) <= set(F.POLICIES) and (ratios["p50"] > 0).all()
-    assert "p50_b1" in ratios and "p50_b9+" in ratios
+    assert info["bias"]["profiled"]["goal"]["figures"] == 4 * len(F.POLICIES)
+    res = pd.read_csv(out / "residuals.csv")
+    assert res["iterations"].sum() == table[table.metric == "num_iterations"]["real_mean"].sum() * 2
+    assert (res["ratio_p50"] > 0).all() and res["time_share"].sum() == pytest.approx(1.0)
+    assert {"decode b=1", "mixed"} <= set(res["composition"])
+    host = pd.read_csv(out / "host_time.csv")
+    assert (host["host_us_p50"] > 0).all() and (host["host_share"] < 0.5).all()
     assert info["clock"] == "cpu" and info["profile_meta"]["clock"] == "cpu"
     assert "measured / predicted" in md
     assert "step_jitter" in md and info["step_jitter"] > 0
@@ -76,7 +136,9 @@ def test_toy_study_compares_like_with_like(toy):
         real = pd.read_parquet(out / "runs" / policy / "real-0" / "iterations.parquet")
         sim = pd.read_parquet(out / "runs" / policy / "sim" / "iterations.parquet")
         got = table[(table.policy == policy) & (table.metric == "num_iterations")].iloc[0]
-        assert got.real_median == len(real) and got.sim == len(sim)
+        real1 = pd.read_parquet(out / "runs" / policy / "real-1" / "iterations.parquet")
+        assert got.real_mean == (len(real) + len(real1)) / 2 and got.sim == len(sim)
+        assert (real["host_s"] > 0).all() and "host_s" not in sim
         # the real run's clock is the engine's virtual one, advanced by the executor's measured
         # step durations (on the thread's CPU time): each iteration starts when the previous one
         # ended (or later, when the engine waited for an arrival), and every token time of a
@@ -99,17 +161,6 @@ def test_toy_study_compares_like_with_like(toy):
         assert (rr["status"] == "finished").all() and (rs["status"] == "finished").all()
 
 
-def test_decode_ratios_use_the_batches_mean_context(tmp_path):
-    class Cost:   # 1 ms per request + 1 us per token of context
-        def iteration_time(self, prefills, decodes, sampled):
-            assert not prefills and sampled == len(decodes)
-            return 1e-3 * len(decodes) + 1e-6 * sum(decodes)
-    # two decodes at contexts 99 and 199 store 100 + 200 tokens after the step: mean 149
-    pd.DataFrame({"prefill_tokens": [0, 64], "num_requests": [2, 1], "kv_tokens_stored": [300, 64],
-                  "duration": [2 * (2e-3 + 298e-6), 1.0]}).to_parquet(tmp_path / "iterations.parquet")
-    assert F.decode_ratios([tmp_path], Cost()).tolist() == pytest.approx([2.0])
-
-
 @pytest.mark.slow   # a study at toy scale
 def test_a_profile_of_another_model_stops_the_study_before_the_real_runs(toy, tmp_path):
     out, _ = toy
@@ -117,7 +168,7 @@ def test_a_profile_of_another_model_stops_the_study_before_the_real_runs(toy, tm
     F.SCALES["wrong"] = scale
     try:
         with pytest.raises(ProfileError, match="n_embd: 64 in the profile, 128 in the run"):
-            F.study(tmp_path, toy=True, profile=str(out / "profile.parquet"), repeats=1,
+            F.study(tmp_path, toy=True, profile=str(out / "profile.parquet"), repeats=2,
                     log=lambda *_: None, scale_name="wrong")
     finally:
         del F.SCALES["wrong"]

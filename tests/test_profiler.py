@@ -314,3 +314,40 @@ def test_merge_refuses_profiles_of_different_runs_or_points(tmp_path):
         P.merge([a, moved], tmp_path / "m.parquet")
     with pytest.raises(ValueError, match="no profiles"):
         P.merge([], tmp_path / "m.parquet")
+
+
+def test_a_profile_of_means_from_the_same_rounds():
+    """Rounds on the made-up machine, the last of five three times as slow (a burst of load):
+    the profile of medians reads the machine's times, the profile of means 1.4 times them (a
+    latency sums steps, whose expectation is their mean), from the very same measurement; the
+    10th/90th percentiles are the same in both (the linear rows carry the attention floor,
+    itself a statistic of the rounds)."""
+    from sarathi_lab.profiler.measure import profile_rows, rounds
+    pts, parts = rounds(_Machine(), P.GRIDS["tiny"], repeats=5, warmup=0)
+    slow = np.array([1.0, 1.0, 1.0, 1.0, 3.0])
+    parts = [{k: v * slow for k, v in p.items()} for p in parts]
+    med, mean = profile_rows(pts, parts, "median"), profile_rows(pts, parts, "mean")
+    assert len(med) == len(mean)
+    for a, b in zip(med, mean):
+        if a["operator"] in ("lm_head", "overhead", "iteration"):   # one part each, unshifted
+            assert b["time_s"] == pytest.approx(1.4 * a["time_s"], rel=1e-12), a
+            assert b["time_p10_s"] == a["time_p10_s"] and b["time_p90_s"] == a["time_p90_s"]
+    decode = [r for r in med if r["operator"] == "lm_head"]
+    assert decode and all(r["time_s"] == pytest.approx(1e-4 * r["num_tokens"]) for r in decode)
+    with pytest.raises(ValueError, match="statistic='mode'"):
+        profile_rows(pts, parts, "mode")
+
+
+def test_merged_profile_of_means_by_hand(tmp_path):
+    """Parts of a profile of means (of as many rounds each) merge to the mean of their means;
+    the p10s and p90s still to their medians."""
+    parts = []
+    for name, times in (("a", [(1.0, 0.9, 1.2), (4.0, 3.0, 5.0)]),
+                        ("b", [(3.0, 2.5, 3.5), (2.0, 1.0, 6.0)]),
+                        ("c", [(5.0, 1.5, 2.2), (9.0, 7.0, 9.0)])):
+        path = _part(tmp_path / f"{name}.parquet", times)
+        meta = {**P.profile_meta(path), "statistic": "mean"}
+        parts.append(P.write(pq.read_table(path).to_pylist(), meta, path))
+    rows = pq.read_table(P.merge(parts, tmp_path / "m.parquet")).to_pylist()
+    assert [r["time_s"] for r in rows] == [3.0, 5.0]
+    assert [r["time_p10_s"] for r in rows] == [1.5, 3.0]

@@ -379,18 +379,25 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
     # speed drifts by ~10% over minutes (two profiles taken 10 minutes apart on a quiet machine
     # predicted the same runs 12% apart), so a profile taken at one time misses runs taken at
     # another by that much, whatever the cost model.
+    # Each part gives two profiles from the same rounds: of medians (each step at its typical
+    # time: the "before") and of means (the "after": a latency is a sum of steps, whose
+    # expectation is the sum of their means; `profiler.measure.STATISTICS`).
     parts = [] if profile is None else None
+    mean_parts = []
     t_profile = 0.0
 
     def profile_part(i: int) -> None:
         nonlocal t_profile
+        from sarathi_lab import profiler
         t = time.perf_counter()
         log(f"profiling the torch executor (grid {scale['grid']}, part {i + 1} of "
             f"{repeats + 1}) ...")
         part_dir = out / "runs" / "profile_parts" / str(i)
-        parts.append(host_profile(scale["model"], part_dir, scale["grid"],
-                                  scale["profile_repeats"], executor=(CLOCK,),
-                                  progress=not toy)[0])
+        mean_parts.append(part_dir / "profile_mean.parquet")
+        parts.append(profiler.profile(
+            [*scale["model"], "executor.device=cpu", "executor.dtype=float32", CLOCK],
+            part_dir / "profile.parquet", scale["grid"], scale["profile_repeats"], 1, threads=1,
+            progress=not toy, also={"mean": mean_parts[-1]}))
         t_profile += time.perf_counter() - t
 
     load = {"before_runs": os.getloadavg()[0]}
@@ -423,13 +430,18 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
         from sarathi_lab import profiler
         profile_part(repeats)
         merged = profiler.merge(parts, out / "profile.parquet")
+        mean_profile = profiler.merge(mean_parts, out / "profile_mean.parquet")
         profile, meta, hardware = host_profile(scale["model"], out, scale["grid"],
                                                scale["profile_repeats"], profile=merged)
     sim_ex = sim_overrides(profile)
     # and again with each step's time drawn around its prediction, with the spread the profile
     # measured (executor.step_jitter): the real runs' P99s come from their steps' slow tail
     sigma = jitter_sigma(profile)
-    variants = {"profiled": sim_ex, "jitter": [*sim_ex, f"executor.step_jitter={sigma!r}"]}
+    jitter = f"executor.step_jitter={sigma!r}"
+    variants = {"profiled": sim_ex, "jitter": [*sim_ex, jitter]}
+    if parts is not None:
+        variants.update(mean=sim_overrides(mean_profile),
+                        mean_jitter=[*sim_overrides(mean_profile), jitter])
     sims = {v: {} for v in variants}
     for policy in chosen:
         for v, ex in variants.items():
@@ -450,6 +462,14 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
                      for p in chosen], ignore_index=True)
     res_t = residual_table(res)
     res_t.to_csv(out / "residuals.csv", index=False)
+    res_mean_t = None
+    if parts is not None:
+        cm_mean = ProfiledCostModel(run_config(scale, chosen[0], sim_ex, hardware)["model"],
+                                    hardware, 1, ProfiledConfig(profile=str(mean_profile)))
+        res_mean = pd.concat([residuals(runs[p]["real"], shapes[p], cm_mean)
+                              for p in chosen], ignore_index=True)
+        res_mean_t = residual_table(res_mean)
+        res_mean_t.to_csv(out / "residuals_mean.csv", index=False)
     by_policy = pd.DataFrame([
         {"policy": p, "iterations": len(g),
          "ratio_p50": (g["measured_s"] / g["predicted_s"]).median(),
@@ -471,9 +491,23 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
             "study_s": time.perf_counter() - t0}
     busy = [b for v in info["busy_share"].values() for b in v]
     f2, pct = ".2f", ".1%"
-    md = (verdict_markdown(table, "profiled cost model") + "\n" + verdict_markdown(
-        tables["jitter"], f"profiled cost model, each step's time times a lognormal factor of "
-        f"median 1 and log-sd {sigma:.3f} from the profile's spread: executor.step_jitter") +
+    what = {"profiled": "profiled cost model, profile of medians",
+            "jitter": "profile of medians, each step's time times a lognormal factor of median "
+                      f"1 and log-sd {sigma:.3f} from the profile's spread: executor.step_jitter",
+            "mean": "profiled cost model, profile of means",
+            "mean_jitter": f"profile of means, with step jitter (log-sd {sigma:.3f})"}
+    summary = pd.DataFrame([{"simulation": v, **{f"{k}_{g}": info["bias"][v][g][k]
+                                                  for g in ("goal", "latency")
+                                                  for k in ("bias", "error_sd", "inside")}}
+                            for v in variants])
+    md = ("Bias (mean signed error of the simulation against the real runs' mean) and the "
+          "spread of the errors (sd), over the goal's 4 figures per policy (P50/P99 TTFT and "
+          "TBT) and over all 9 latency figures per policy; `inside`: figures inside the real "
+          "runs' 90% t-interval of the mean:\n\n"
+          + table_markdown(summary, {c: "+.1%" if c.startswith("bias") else
+                                     (".1%" if c.startswith("error") else "")
+                                     for c in summary.columns}) + "\n"
+          + "\n".join(verdict_markdown(tables[v], what[v]) for v in variants) +
         f"\nMachine: {os.cpu_count()} CPUs, 1-minute load average {min(load.values()):.1f}-"
         f"{max(load.values()):.1f} from before the real runs to after the last; the profile's "
         f"repeats spread by a median {float(noise.median()):.0%} ((p90 - p10) / median over its "
@@ -481,10 +515,14 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
         f"runs per policy; their iterations ran {min(busy):.0%}-{max(busy):.0%} of their span "
         "(first arrival to last finish).\n\n"
         "Per-iteration residual of the real runs, by batch composition: measured - predicted "
-        "(ms) and measured / predicted, the profiled cost model on the very batch each "
-        "iteration ran; `ratio_of_sums` is what a latency (a sum of step times) sees:\n\n"
+        "(ms) and measured / predicted, the profiled cost model (profile of medians) on the "
+        "very batch each iteration ran; `ratio_of_sums` is what a latency (a sum of step "
+        "times) sees:\n\n"
         + table_markdown(res_t, {"time_share": pct, **{c: f2 for c in res_t.columns
                                                         if c.startswith(("resid", "ratio"))}})
+        + ("" if res_mean_t is None else "\nThe same against the profile of means:\n\n"
+           + table_markdown(res_mean_t, {"time_share": pct, **{
+               c: f2 for c in res_mean_t.columns if c.startswith(("resid", "ratio"))}}))
         + "\nBy policy (every iteration), and the host time outside the steps (`host_s`: "
         "schedule, update, bookkeeping; recorded, not counted, on the CPU clock) as a share "
         "of the step time:\n\n" + table_markdown(by_policy, {"ratio_p50": ".3f",

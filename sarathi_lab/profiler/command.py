@@ -13,7 +13,7 @@ from sarathi_lab.profiler.check import check
 from sarathi_lab.profiler.files import metadata, model_of, profile_meta, write
 from sarathi_lab.profiler.grids import GRIDS
 from sarathi_lab.profiler.harness import Harness
-from sarathi_lab.profiler.measure import STATISTICS, measure
+from sarathi_lab.profiler.measure import STATISTICS, profile_rows, rounds
 
 
 def host_hardware(name: str) -> dict:
@@ -50,8 +50,9 @@ def build_executor(overrides: list[str]):
 
 def profile(overrides: list[str], out, grid: str = "cpu", repeats: int = 5, warmup: int = 1,
             threads: int | None = None, progress: bool = True,
-            statistic: str = "median") -> Path:
-    """Measure the executor of `overrides` over a named grid and write the profile to `out`."""
+            statistic: str = "median", also: dict | None = None) -> Path:
+    """Measure the executor of `overrides` over a named grid and write the profile to `out`;
+    `also` ({statistic: path}): further profiles of other statistics from the same rounds."""
     import torch
     if grid not in GRIDS:
         raise ValueError(f"--grid {grid!r}: one of {', '.join(GRIDS)}")
@@ -63,8 +64,15 @@ def profile(overrides: list[str], out, grid: str = "cpu", repeats: int = 5, warm
         torch.set_num_threads(threads)
     executor, model = build_executor(overrides)
     harness = Harness(executor)
-    rows = measure(harness, GRIDS[grid], repeats, warmup, progress, statistic)
-    return write(rows, metadata(executor, model, grid, repeats, warmup, statistic), out)
+    for stat in (statistic, *(also or {})):
+        if stat not in STATISTICS:
+            raise ValueError(f"statistic={stat!r}: one of {', '.join(STATISTICS)}")
+    measured = rounds(harness, GRIDS[grid], repeats, warmup, progress)
+    for stat, path in (also or {}).items():
+        write(profile_rows(*measured, stat), metadata(executor, model, grid, repeats, warmup,
+                                                      stat), path)
+    return write(profile_rows(*measured, statistic),
+                 metadata(executor, model, grid, repeats, warmup, statistic), out)
 
 
 def main(argv=None) -> None:

@@ -80,8 +80,9 @@ def write(rows: list[dict], meta: dict, path) -> Path:
 
 def merge(paths, out) -> Path:
     """One profile from several of the same grid, model and machine, measured at different
-    times: each point's time, p10 and p90 are the medians of the parts' (the spread of a step
-    at one time, not the drift between parts), its repeats their sum. A study spreads its
+    times: each point's time (the mean of the parts' in a profile of means, else their
+    median), p10 and p90 are the medians of the parts' (the spread of a step at one time, not
+    the drift between parts), its repeats their sum. A study spreads its
     profile's parts over the runs it predicts, so that the machine's drift over minutes touches
     both alike."""
     import pyarrow.parquet as pq
@@ -103,10 +104,12 @@ def merge(paths, out) -> Path:
     keys = [[key(r) for r in t] for t in tables]
     if any(k != keys[0] for k in keys[1:]):
         raise ValueError(f"merge: the profiles {', '.join(map(str, paths))} hold different points")
+    # a mean profile's parts, of as many rounds each, average to the mean of all their rounds
+    center = np.mean if first.get("statistic") == "mean" else np.median
     rows = []
     for i, base in enumerate(tables[0]):
         parts = [t[i] for t in tables]
-        rows.append({**base, "time_s": float(np.median([r["time_s"] for r in parts])),
+        rows.append({**base, "time_s": float(center([r["time_s"] for r in parts])),
                      "time_p10_s": float(np.median([r["time_p10_s"] for r in parts])),
                      "time_p90_s": float(np.median([r["time_p90_s"] for r in parts])),
                      "repeats": sum(r["repeats"] for r in parts)})

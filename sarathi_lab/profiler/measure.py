@@ -19,27 +19,37 @@ def _stats(x) -> tuple[float, float, float]:
 
 def _row(op, samples, stat, **cols) -> dict:
     med, p10, p90 = _stats(samples)
-    if stat == "min":
-        med = float(np.min(samples))
+    if stat != "median":
+        med = float(STATISTICS[stat](samples))
     row = dict.fromkeys(COLUMNS)
     row.update(operator=op, time_s=med, time_p10_s=p10, time_p90_s=p90, repeats=len(samples),
                **cols)
     return row
 
 
-STATISTICS = ("median", "min")
+# what a row's time_s is over the rounds: the median (what a typical iteration takes, noise
+# included), the minimum (the machine's own cost: on a shared machine, the noise of other jobs
+# only ever adds time) or the mean (what an iteration takes on average: a latency is a sum of
+# iterations, whose expectation is the sum of their means, and a step's time on a shared CPU is
+# skewed to the right, so the median predicts every sum low)
+STATISTICS = {"median": np.median, "min": np.min, "mean": np.mean}
 
 
 def measure(harness: Harness, grid: Grid, repeats: int = 5, warmup: int = 1,
             progress: bool = False, statistic: str = "median") -> list[dict]:
     """Profile rows for `grid`: a warm-up pass, then `repeats` rounds over every point. Each
-    row's time_s is the `statistic` of the rounds: the median (what a typical iteration takes,
-    noise included) or the minimum (the machine's own cost: on a shared machine, the noise of
-    other jobs only ever adds time)."""
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"repeats={repeats} must be >= 1 and warmup={warmup} >= 0")
+    row's time_s is the `statistic` of the rounds (STATISTICS)."""
     if statistic not in STATISTICS:
         raise ValueError(f"statistic={statistic!r}: one of {', '.join(STATISTICS)}")
+    return profile_rows(*rounds(harness, grid, repeats, warmup, progress), statistic)
+
+
+def rounds(harness: Harness, grid: Grid, repeats: int = 5, warmup: int = 1,
+           progress: bool = False) -> tuple[list, list]:
+    """The grid's points and, per point, its parts' seconds in every round (arrays), for
+    `profile_rows`: one measurement gives a profile of each statistic."""
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats={repeats} must be >= 1 and warmup={warmup} >= 0")
     pts = points(grid)
     longest = harness.ex.max_model_len()
     fits = [p for p in pts if all(n + k <= longest for n, k in p[2])]
@@ -67,10 +77,16 @@ def measure(harness: Harness, grid: Grid, repeats: int = 5, warmup: int = 1,
             bar and bar.update()
     if bar is not None:
         bar.close()
-    parts = [{p: np.array([x[p] for x in got_i]) for p in got_i[0]} for got_i in got]
+    return pts, [{p: np.array([x[p] for x in got_i]) for p in got_i[0]} for got_i in got]
+
+
+def profile_rows(pts, parts, statistic: str = "median") -> list[dict]:
+    """Profile rows from `rounds`' measurements, each time_s the `statistic` of its rounds."""
+    if statistic not in STATISTICS:
+        raise ValueError(f"statistic={statistic!r}: one of {', '.join(STATISTICS)}")
     # the attention kernels' fixed cost per iteration
     a, b, ab = (x["attention"] for x in parts[:3])
-    stat = np.median if statistic == "median" else np.min
+    stat = STATISTICS[statistic]
     # a fixed cost no larger than either batch's whole attention
     floor = min(max(float(stat(a + b - ab)), 0.0), float(stat(a)), float(stat(b)))
     rows = [_row("linear", col["linear"] + floor, statistic, num_tokens=key[0])

@@ -88,7 +88,8 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads (default: torch's own); recorded in the profile")
     p.add_argument("--statistic", default="median", choices=STATISTICS,
-                   help="of the rounds: median (a typical iteration) or min (noise removed)")
+                   help="of the rounds: median (a typical iteration), min (noise removed) or "
+                        "mean (what sums of iterations, such as latencies, expect)")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
     from sarathi_lab.costmodels.profiles import ProfileError

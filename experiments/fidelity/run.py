@@ -1,23 +1,30 @@
 """Fidelity of the simulator against real runs on this machine.
 
-    python experiments/fidelity/run.py [--toy] [--profile PATH] [--repeats 3] [--out DIR]
+    python experiments/fidelity/run.py [--toy] [--profile PATH] [--repeats 5] [--out DIR]
+        [--qps R] [--policies a,b] [--requests N]
 
-1. Profiles the real (torch) executor here with `sarathi-lab-profile`'s code (or reuses --profile).
-2. Replays one trace with `executor=torch` (`--repeats` times, interleaved over the policies, for
-   the run-to-run spread) and once with `executor=sim executor.cost_model=profiled`, under
-   request_level, orca, vllm and sarathi at two token budgets, on the same KV cache size.
+1. Profiles the real (torch) executor here with `sarathi-lab-profile`'s code (or reuses --profile),
+   in parts spread over the real runs, each part giving a profile of medians and one of means
+   from the same rounds.
+2. Replays one trace with `executor=torch` (`--repeats` times, interleaved over the policies),
+   recording every step's batch, and with `executor=sim executor.cost_model=profiled` on each
+   profile, with and without step jitter, under request_level, orca, vllm and sarathi at two
+   token budgets, on the same KV cache size.
 3. Writes, in DIR (default results/fidelity, or results/fidelity/toy with --toy): fidelity.csv
-   (per policy and metric: the real runs' median, min, max, spread, the simulated value and its
-   relative error), fidelity.md (the same as a table), decode_ratios.csv (decode-only iterations
-   of the real runs: measured / predicted, p10/p50/p90 per policy), cdfs.png (simulated-vs-real CDFs of TTFT,
-   TBT and E2E per policy), profile.parquet and profile_check.csv (held-out mixed iterations).
+   (per policy and figure: the real runs' mean and 90% t-interval of the mean, the simulated
+   value, its error against the mean, inside or not), fidelity.md (the verdict tables, the bias
+   and spread over figures, the residuals and host time), residuals.csv / residuals_mean.csv
+   (measured - predicted per iteration, on the very batch each real iteration ran, by batch
+   composition), host_time.csv (the iterations' host_s by batch size), fidelity.json, cdfs.png,
+   profile.parquet, profile_mean.parquet and profile_check.csv.
 
 Noise control: one torch thread (OMP_NUM_THREADS=1 set before torch loads; a 2-core machine shared
 with other jobs swings by 3-4x with two); the profile and the real runs timed on the thread's CPU
 time (`executor.clock=cpu`: a real run's clock is the engine's virtual clock, advanced by each
 step's measured duration, so every token time is a sum of measured step times, and time other
-jobs hold the core is in none of them); the profile's medians over rounds, and the real runs
-repeated in interleaved rounds so that a slow period touches every policy alike.
+jobs hold the core is in none of them; the host time around the steps is recorded as host_s and
+not counted); the real runs repeated in interleaved rounds so that a slow period touches every
+policy alike.
 """
 from __future__ import annotations
 

@@ -275,7 +275,11 @@ def residuals(run_dirs, shapes, cost_model) -> pd.DataFrame:
             "run": str(d), "composition": [composition(x) for x in sh],
             "requests": it["num_requests"].to_numpy(), "measured_s": it["duration"].to_numpy(),
             "host_s": it["host_s"].to_numpy(),
-            "predicted_s": [cost_model.iteration_time(*x) for x in sh]}))
+            "predicted_s": [cost_model.iteration_time(*x) for x in sh],
+            "prefill_tokens": [sum(c for c, _ in x[0]) for x in sh],
+            "prefill_context": [sum(k for _, k in x[0]) for x in sh],
+            "decodes": [len(x[1]) for x in sh],
+            "decode_context": [float(np.mean(x[1])) if x[1] else 0.0 for x in sh]}))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -469,6 +473,7 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
                      for p in chosen], ignore_index=True)
     res_t = residual_table(res)
     res_t.to_csv(out / "residuals.csv", index=False)
+    res.to_parquet(out / "runs" / "residuals.parquet")   # every iteration, for a closer look
     res_mean_t = None
     if parts is not None:
         cm_mean = ProfiledCostModel(run_config(scale, chosen[0], sim_ex, hardware)["model"],

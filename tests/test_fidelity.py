@@ -125,6 +125,16 @@ def test_toy_study_writes_its_table_and_plots(toy):
     assert "step_jitter" in md and info["step_jitter"] > 0
     assert np.isfinite(table["error_jitter"]).all()
     assert (table["sim_jitter"] != table["sim"]).any()
+    # the profile of means: the same points as the medians', other times, its statistic recorded
+    assert np.isfinite(table["error_mean"]).all() and np.isfinite(table["error_mean_jitter"]).all()
+    med, mean = (pd.read_parquet(out / f) for f in ("profile.parquet", "profile_mean.parquet"))
+    assert (med["operator"] == mean["operator"]).all() and (med["time_s"] != mean["time_s"]).any()
+    from sarathi_lab.profiler import profile_meta
+    assert profile_meta(out / "profile_mean.parquet")["statistic"] == "mean"
+    assert profile_meta(out / "profile.parquet")["statistic"] == "median"
+    assert set(info["bias"]) == {"profiled", "jitter", "mean", "mean_jitter"}
+    assert (pd.read_csv(out / "residuals_mean.csv")["iterations"].sum()
+            == res["iterations"].sum())
     checks = pd.read_csv(out / "profile_check.csv")
     assert len(checks) > 0 and (checks["predicted_s"] > 0).all()
 

@@ -461,9 +461,9 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
         runs[policy]["sim"] = out / "runs" / policy / "sim"
     tables = {v: verdict(real, sims[v]) for v in variants}
     table = tables["profiled"]
-    table["sim_jitter"] = tables["jitter"]["sim"].to_numpy()
-    table["error_jitter"] = tables["jitter"]["error"].to_numpy()
-    table["inside_jitter"] = tables["jitter"]["inside"].to_numpy()
+    for v in list(variants)[1:]:
+        for c in ("sim", "error", "inside"):
+            table[f"{c}_{v}"] = tables[v][c].to_numpy()
     table.to_csv(out / "fidelity.csv", index=False)
     # the residuals: the profiled model on the batches the real runs ran
     from sarathi_lab.costmodels.profiled import ProfiledConfig, ProfiledCostModel

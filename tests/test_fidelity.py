@@ -132,7 +132,8 @@ def test_toy_study_writes_its_table_and_plots(toy):
     from sarathi_lab.profiler import profile_meta
     assert profile_meta(out / "profile_mean.parquet")["statistic"] == "mean"
     assert profile_meta(out / "profile.parquet")["statistic"] == "median"
-    assert set(info["bias"]) == {"profiled", "jitter", "mean", "mean_jitter"}
+    assert set(info["bias"]) == {"profiled", "jitter", "mean", "mean_jitter", "jitter_real"}
+    assert info["step_jitter_real"] > 0
     assert (pd.read_csv(out / "residuals_mean.csv")["iterations"].sum()
             == res["iterations"].sum())
     checks = pd.read_csv(out / "profile_check.csv")
@@ -195,6 +196,16 @@ def test_jitter_sigma_by_hand(tmp_path):
     rows.assign(time_p10_s=0.0).to_parquet(tmp_path / "q.parquet")
     with pytest.raises(ValueError, match="no row with a measured spread"):
         F.jitter_sigma(tmp_path / "q.parquet")
+
+
+def test_real_sigma_by_hand():
+    """Log-ratios 0..9 in one composition, 5..14 in another: about their medians both are
+    -4.5..4.5, each value twice; pandas' p90 and p10 of those 20 are 3.6 and -3.6, so the
+    log-sd is 7.2 / 2.5632 (a shift of a whole composition is no spread)."""
+    lr = np.concatenate([np.arange(10.0), np.arange(10.0) + 5])
+    res = pd.DataFrame({"composition": ["a"] * 10 + ["b"] * 10, "predicted_s": 1e-3,
+                        "measured_s": 1e-3 * np.exp(lr)})
+    assert F.real_sigma(res) == pytest.approx(7.2 / 2.5632)
 
 
 def test_busy_share_by_hand(tmp_path):

@@ -14,7 +14,7 @@ import numpy as np
 
 from sarathi_lab.executors.base import Executor
 from sarathi_lab.guard import BatchGuard
-from sarathi_lab.request import Request
+from sarathi_lab.request import Request, Status
 from sarathi_lab.schedulers.base import Policy
 from sarathi_lab.skip_runs import NO_SWAPS, SkipRuns, all_decoding
 
@@ -190,6 +190,27 @@ class Engine(SkipRuns):
                 raise self._blame(self.policy, "add_request", e) from e
         self.num_done += 1
         return False
+
+    def abort(self, req: Request, reason: str, finish_reason: str | None = None) -> bool:
+        """End `req` now wherever it is (`sarathi-lab-serve`: its client went away): the
+        policy drops it and frees its KV (`Policy.abort`), the executor forgets it, and it
+        counts as done: rejected with `reason`, or with `finish_reason` (a request the server
+        ended itself, e.g. at a stop string) finished at its last token. False if it had
+        already ended. Called between steps."""
+        try:
+            if not self.policy.abort(req, reason):
+                return False
+        except Exception as e:
+            raise self._blame(self.policy, "abort", e) from e
+        self.executor.abort(req)
+        if finish_reason is not None:
+            req.status = Status.FINISHED
+            req.rejection_reason = None
+            req.finish_reason = finish_reason
+            req.finish_time = req.token_times[-1] if req.token_times else self.now
+        self._resume = None
+        self.num_done += 1
+        return True
 
     def overlong_reason(self, req: Request, out_len: int | None) -> str | None:
         """Why `req`, whose workload output is `out_len` tokens, is refused on arrival: its

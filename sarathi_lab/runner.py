@@ -209,6 +209,16 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
     if bar is not None:
         bar.close()
     wall = time.perf_counter() - t0
+    req_df, it_df, summary = results(c, r, topology, load, requests, policy, executor, wall)
+    if write:
+        write_run(run_dir, req_df, it_df, summary)
+    return summary
+
+
+def results(c: dict, r: Resolved, topology, load, requests, policy, executor, wall: float):
+    """(requests table, iterations table, summary) of a driven run: the topology's tables and
+    summary with the load's columns and record, the wall time and the settings used (also
+    for a served session: `sarathi_lab/serve`)."""
     req_df, it_df = topology.tables(requests)
     for i, (name, values) in enumerate(load.columns().items()):
         req_df.insert(1 + i, name, values)   # closed loop: the user who sent each request
@@ -221,9 +231,11 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
     summary["config"] = c
     summary["settings"] = used_settings(r, policy) if r.disagg is None else \
         disagg_settings(r, policy, topology.decode[0].policy)
-    if not write:
-        return summary
+    return req_df, it_df, summary
+
+
+def write_run(run_dir: Path, req_df, it_df, summary: dict) -> None:
+    """The run directory's files; summary.json last (its presence marks a complete run)."""
     rundir.write_parquet(run_dir / rundir.REQUESTS, req_df)
     rundir.write_parquet(run_dir / rundir.ITERATIONS, it_df)
     rundir.write_json(run_dir / rundir.SUMMARY, summary)
-    return summary

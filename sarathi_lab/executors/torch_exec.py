@@ -264,6 +264,8 @@ class TorchExecutor(Executor):
                                           pin_memory=self.device.type == "cuda")
         self.sequence_kv = SequenceKV() if self.backend == "torch" else None
         self._eos_ended: set = set()
+        # request id -> (temperature, top_p, seed or None, ignore_eos): `set_sampling`
+        self.request_sampling: dict = {}
 
     def prepare_trace(self, df, trace_cfg=None):
         """Give a length-only trace seeded random prompt ids (a trace with its own keeps them)."""
@@ -361,11 +363,14 @@ class TorchExecutor(Executor):
         if self.stop_at_eos and sample:
             ends = set(finished)
             for i in sample:
-                if sampled[i] in self.eos_ids:
+                if sampled[i] in self.eos_ids and not self._ignores_eos(reqs[i]):
                     self._eos_ended.add(reqs[i].request_id)
                     if i not in ends:
                         finished.append(i)
             finished.sort()
+        if self.request_sampling:
+            for i in finished:
+                self.request_sampling.pop(reqs[i].request_id, None)
         seq_kv = self.sequence_kv
         if seq_kv is not None:
             seq_kv.commit(meta.attn_kwargs["sequence_kv"])
@@ -387,27 +392,66 @@ class TorchExecutor(Executor):
             self._stop_at[req.request_id] = (self._stop_at[req.request_id][0], "length")
         return reason
 
+    def set_sampling(self, request_id, temperature: float, top_p: float, seed: int | None,
+                     ignore_eos: bool) -> None:
+        """A request's own sampling, in place of the settings' (a served request's
+        `temperature`, `top_p`, `seed`, `ignore_eos`); forgotten when it ends."""
+        self.request_sampling[request_id] = (float(temperature), float(top_p), seed,
+                                             bool(ignore_eos))
+
+    def _ignores_eos(self, req) -> bool:
+        own = self.request_sampling.get(req.request_id)
+        return own is not None and own[3]
+
+    def abort(self, req) -> None:
+        super().abort(req)
+        self.request_sampling.pop(req.request_id, None)
+        if self.sequence_kv is not None:   # its contiguous KV copy
+            self.sequence_kv.drop([req.request_id])
+
     def finish_reason(self, req) -> str:
         if req.request_id in self._eos_ended:
             return "eos"
         return super().finish_reason(req)
 
     def sample(self, logits: torch.Tensor, reqs) -> list[int]:
+        own = self.request_sampling
+        if own and any(r.request_id in own for r in reqs):
+            return self._sample_each(logits, reqs)
         if self.temperature <= 0:
             return logits.argmax(dim=-1).tolist()
         probs = torch.softmax(logits / self.temperature, dim=-1).cpu()
+        return [self._draw(p, self.top_p, self._stream(r.request_id, r.num_output_tokens))
+                for p, r in zip(probs, reqs)]
+
+    def _sample_each(self, logits: torch.Tensor, reqs) -> list[int]:
+        """Each request with its own sampling (`request_sampling`), the others with the
+        settings'."""
+        greedy = logits.argmax(dim=-1).tolist()
         toks = []
-        for p, r in zip(probs, reqs):
-            g = torch.Generator().manual_seed(self._stream(r.request_id, r.num_output_tokens))
-            if self.top_p < 1.0:
-                p_sorted, idx = p.sort(descending=True)
-                # keep the smallest head whose mass reaches top_p (always the top token)
-                p_sorted[(p_sorted.cumsum(0) - p_sorted) >= self.top_p] = 0.0
-                toks.append(int(idx[torch.multinomial(p_sorted, 1, generator=g)]))
-            else:
-                toks.append(int(torch.multinomial(p, 1, generator=g)))
+        for i, r in enumerate(reqs):
+            temp, top_p, seed, _ = self.request_sampling.get(
+                r.request_id, (self.temperature, self.top_p, None, False))
+            if temp <= 0:
+                toks.append(greedy[i])
+                continue
+            p = torch.softmax(logits[i] / temp, dim=-1).cpu()
+            # a request's own seed: its stream depends on nothing else (same seed, same tokens)
+            stream = self._stream(r.request_id, r.num_output_tokens) if seed is None else \
+                self._stream(None, r.num_output_tokens, seed)
+            toks.append(self._draw(p, top_p, stream))
         return toks
 
-    def _stream(self, request_id, index: int) -> int:
-        key = f"{self.seed}/{request_id!r}/{index}".encode()
+    @staticmethod
+    def _draw(p: torch.Tensor, top_p: float, stream: int) -> int:
+        g = torch.Generator().manual_seed(stream)
+        if top_p < 1.0:
+            p_sorted, idx = p.sort(descending=True)
+            # keep the smallest head whose mass reaches top_p (always the top token)
+            p_sorted[(p_sorted.cumsum(0) - p_sorted) >= top_p] = 0.0
+            return int(idx[torch.multinomial(p_sorted, 1, generator=g)])
+        return int(torch.multinomial(p, 1, generator=g))
+
+    def _stream(self, request_id, index: int, seed: int | None = None) -> int:
+        key = f"{self.seed if seed is None else seed}/{request_id!r}/{index}".encode()
         return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1

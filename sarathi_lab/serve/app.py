@@ -20,8 +20,12 @@ from sarathi_lab.serve.text import Detokenizer
 from sarathi_lab.serve.worker import Channel, Worker
 
 
+COMPLETION_ROUTES = ("/v1/completions", "/v1/chat/completions")
+
+
 class Server:
-    """The routes over one `Worker`. `counts`: HTTP answers by status (the summary's record)."""
+    """The routes over one `Worker`. `counts`: the answers to completion requests (both
+    routes) by HTTP status, the summary's record."""
 
     def __init__(self, worker: Worker, model_name: str, max_queue: int, tokenizer=None):
         self.worker, self.model_name, self.max_queue = worker, model_name, max_queue
@@ -46,7 +50,7 @@ class Server:
 
     @web.middleware
     async def _errors(self, request, handler):
-        """Every answer counted; every error an OpenAI error object, never a crash."""
+        """Every error an OpenAI error object, never a crash; completion answers counted."""
         try:
             resp = await handler(request)
         except ApiError as e:
@@ -55,7 +59,8 @@ class Server:
             code = "not_found" if e.status == 404 else None
             resp = web.json_response(ApiError(e.status, f"{request.method} {request.path}: "
                                               f"{e.reason}", code=code).body(), status=e.status)
-        self.counts[resp.status] += 1
+        if request.path in COMPLETION_ROUTES:
+            self.counts[resp.status] += 1
         return resp
 
     # -- routes ------------------------------------------------------------------------------

@@ -257,6 +257,62 @@ def test_the_run_directory_records_the_session(server):
     assert its["decode_tokens"].sum() + its["prefill_tokens"].sum() > 0
 
 
+def _word_tokenizer(d: Path):
+    """A tokenizer for the tiny model's 512 ids (id i is the word "w<i>") with a chat template:
+    what `serve.tokenizer` points at."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, 512)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                                   eos_token="</s>")
+    fast.chat_template = ("{% for m in messages %}w3 {{ m['content'] }} {% endfor %}"
+                          "{% if add_generation_prompt %}w4{% endif %}")
+    fast.save_pretrained(d)
+    return fast
+
+
+@pytest.mark.slow
+def test_chat_template_text_and_stop_strings(tmp_path):
+    tok = _word_tokenizer(tmp_path / "tok")
+    s = Served(tmp_path, f"serve.tokenizer={tmp_path / 'tok'}", "serve.model_name=tiny")
+    try:
+        messages = [{"role": "user", "content": "w9 w10"}]
+        templated = [3, 9, 10, 4]   # the template's ids: w3 <content> w4
+        want = _greedy(templated, 10)
+        status, whole = s.request("POST", "/v1/chat/completions", {
+            "model": "tiny", "messages": messages, "max_tokens": 10, "temperature": 0})
+        assert status == 200, whole
+        msg = whole["choices"][0]["message"]
+        assert msg["role"] == "assistant" and whole["choices"][0]["token_ids"] == want
+        assert msg["content"] == tok.decode(want, skip_special_tokens=True)
+        # a stop string: the request ends at the step whose text holds it, the text cut before
+        text = tok.decode(want, skip_special_tokens=True)
+        stop = text.split()[3]
+        k = next(k for k in range(1, 11)
+                 if stop in tok.decode(want[:k], skip_special_tokens=True))
+        status, sse = s.request("POST", "/v1/chat/completions", {
+            "model": "tiny", "messages": messages, "max_tokens": 10, "temperature": 0,
+            "stop": stop, "stream": True})
+        events = [json.loads(e[6:]) for e in sse.split("\n\n") if e and e != "data: [DONE]"]
+        assert _ids(events) == want[:k]
+        assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+        streamed = "".join(e["choices"][0]["delta"].get("content", "") for e in events)
+        assert streamed == text[:text.find(stop)]
+        assert events[-1]["choices"][0]["finish_reason"] == "stop"
+        # text prompts on /v1/completions go through the tokenizer
+        status, comp = s.request("POST", "/v1/completions", {
+            "model": "tiny", "prompt": "w3 w9 w10 w4", "max_tokens": 10, "temperature": 0})
+        assert comp["choices"][0]["token_ids"] == want and comp["choices"][0]["text"] == text
+        run_dir = s.stop()
+    finally:
+        s.kill()
+    reqs = pd.read_parquet(run_dir / "requests.parquet")
+    assert list(reqs["finish_reason"]) == ["max_tokens", "stop_string", "max_tokens"]
+    assert list(reqs["num_output_tokens"]) == [10, k, 10]
+
+
 @pytest.mark.slow
 def test_a_burst_past_max_queue_gets_429_and_nothing_is_lost(tmp_path):
     s = Served(tmp_path, "scheduler=vllm", "serve.max_queue=3")

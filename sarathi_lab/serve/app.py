@@ -135,19 +135,17 @@ class Server:
                 self.worker.abort(rid)
 
     async def _whole(self, g, channel: Channel):
-        detok = Detokenizer(self.tokenizer, g.stop)
-        rid = new_id(g.chat)
+        ids: list[int] = []
         while True:
             kind, value = await channel.queue.get()
             if kind == "tokens":
-                detok.add(value)
+                ids += value
             elif kind == "error":
                 raise value
             else:
-                detok.ids, ids = [], detok.ids
-                text = detok.add(ids, final=True)
+                text = Detokenizer(self.tokenizer, g.stop).add(ids, final=True)
                 c = choice(g, text, ids, value, first=True, whole=True)
-                return web.json_response(response(g, rid, [c], whole=True,
+                return web.json_response(response(g, new_id(g.chat), [c], whole=True,
                                                   use=usage(len(g.prompt_ids), len(ids))))
 
     async def _stream(self, request, g, channel: Channel):

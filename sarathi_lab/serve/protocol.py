@@ -180,7 +180,7 @@ def _chat_prompt(messages, tokenizer) -> list[int]:
     except Exception as e:   # a template that rejects these roles raises its own error
         raise ApiError(400, f"messages: the chat template refused them ({e})",
                        "messages") from None
-    if isinstance(ids, dict):   # transformers >= 5 returns a BatchEncoding
+    if not isinstance(ids, list):   # transformers >= 5 returns a BatchEncoding
         ids = ids["input_ids"]
     return list(ids)
 

@@ -9,7 +9,9 @@ past serve.max_queue gets 429s and the run directory counts exactly the accepted
 import http.client
 import json
 import os
+import re
 import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -19,12 +21,16 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
 
 from helpers import ROOT, TESTS, composed
 from sarathi_lab import runner
 from sarathi_lab.engine import Engine
 from sarathi_lab.request import Request, Status
+from sarathi_lab.serve.command import configure
 from sarathi_lab.serve.protocol import ApiError, parse_generation
+from sarathi_lab.sweeps import register_resolvers
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7]
 # the module's server is shared by its tests: one worker runs them all (pytest-xdist)
@@ -99,6 +105,39 @@ def test_request_bodies_are_read_strictly():
         assert (e.status, e.param) == (400, param), (body, e.message)
     e = err({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, chat=True)
     assert e.param == "messages" and "chat template" in e.message
+
+
+def _documented_commands():
+    page = ROOT / "sarathi_lab" / "docs" / "serving.md"
+    for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.S):
+        for line in block.splitlines():
+            if line.startswith("sarathi-lab-serve "):
+                yield shlex.split(os.path.expandvars(line.split(" #")[0]))[1:]
+
+
+def test_documented_commands_and_refusals():
+    """serving.md's commands pass the start-up checks; what a server cannot be is refused,
+    naming the setting."""
+    register_resolvers()
+    commands = list(_documented_commands())
+    assert len(commands) >= 2
+    for args in commands:
+        _, sc, r = configure(composed_serve(*args), args)
+        assert r.executor_cls.__name__ == "TorchExecutor" and sc.host == "127.0.0.1"
+    for args, words in [(["executor=sim"], "executor=sim"), (["mode=capacity"], "mode=capacity"),
+                        (["cluster.num_replicas=2"], "cluster"),
+                        (["serve.max_queue=0"], "serve.max_queue"),
+                        (["+serve.bogus=1"], "serve.bogus"),
+                        (["trace=sharegpt"], "trace")]:
+        with pytest.raises(SystemExit, match=re.escape(words)):
+            c = composed_serve(*args)
+            configure(c, args)
+
+
+def composed_serve(*overrides) -> dict:
+    with initialize_config_module("sarathi_lab.configs", version_base="1.3"):
+        cfg = compose("serve", overrides=list(overrides))
+    return OmegaConf.to_container(cfg, resolve=True)
 
 
 # -- the server, in a subprocess ----------------------------------------------------------------

@@ -39,8 +39,26 @@ def check(c: dict, r) -> None:
         raise ServeError(f"mode={r.run.mode}: {PROG} serves one engine (mode=run)")
     if r.disagg is not None or r.cluster.num_replicas != 1:
         raise ServeError(f"cluster: {PROG} serves one engine (cluster.num_replicas=1)")
+    if c.get("trace"):
+        raise ServeError("trace: a server's arrivals come from HTTP and it reads no trace "
+                         "(drop trace=...; replay one against it with a client)")
     if getattr(r.executor_cfg, "pipeline_parallel", 1) != 1:
         raise ServeError(f"executor.pipeline_parallel: {PROG} serves one engine")
+
+
+def configure(c: dict, overrides: list[str]):
+    """(run config, `ServeConfig`, `Resolved`) from the composed configs/serve.yaml, checked
+    before anything is built: every setting typed, none unread, nothing a server cannot be."""
+    from sarathi_lab.config import resolve
+    from sarathi_lab.serve.settings import ServeConfig
+    from sarathi_lab.settings import ConfigError, parse
+    try:
+        sc = parse(ServeConfig, c.pop("serve", None) or {}, "serve")
+        resolved = resolve(c, overrides)
+        check(c, resolved)
+    except ConfigError as e:
+        raise ServeError(str(e)) from None
+    return c, sc, resolved
 
 
 async def _serve(server, sc, stop: asyncio.Event) -> None:
@@ -112,18 +130,10 @@ def serve(c: dict, resolved, run_dir: Path, sc) -> dict:
 @hydra.main(version_base="1.3", config_path="pkg://sarathi_lab.configs", config_name="serve")
 def _main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
-    from sarathi_lab.config import resolve
-    from sarathi_lab.serve.settings import ServeConfig
-    from sarathi_lab.settings import ConfigError, parse
     from sarathi_lab.summary_text import format_summary
     hc = HydraConfig.get()
-    c = OmegaConf.to_container(cfg, resolve=True)
-    try:
-        sc = parse(ServeConfig, c.pop("serve", None) or {}, "serve")
-        resolved = resolve(c, list(hc.overrides.task))
-        check(c, resolved)
-    except ConfigError as e:
-        raise ServeError(str(e)) from None
+    c, sc, resolved = configure(OmegaConf.to_container(cfg, resolve=True),
+                                list(hc.overrides.task))
     n = c.get("num_threads", "auto")
     if isinstance(n, int):
         import torch

@@ -147,7 +147,7 @@ class Served:
 
     def __init__(self, cwd: Path, *overrides, timeout=180):
         env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1",
-               "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)])}
+               "PYTHONPATH": os.pathsep.join([str(cwd), str(TESTS), str(ROOT)])}
         self.proc = subprocess.Popen(
             [sys.executable, "-c", "from sarathi_lab.serve.command import main; main()",
              "serve.port=0", "executor.device=cpu", "executor.kv_cache_gib=0.02", *overrides],
@@ -188,8 +188,8 @@ class Served:
         assert events[-1] == "[DONE]"
         return [json.loads(e) for e in events[:-1]]
 
-    def stop(self, timeout=120) -> Path:
-        self.proc.send_signal(signal.SIGINT)
+    def stop(self, sig=signal.SIGINT, timeout=120) -> Path:
+        self.proc.send_signal(sig)
         out, err = self.proc.communicate(timeout=timeout)
         assert self.proc.returncode == 0, err[-3000:]
         run_dir = Path(out.split("run directory: ")[1].strip())
@@ -354,8 +354,13 @@ def test_chat_template_text_and_stop_strings(tmp_path):
 
 @pytest.mark.slow
 def test_a_burst_past_max_queue_gets_429_and_nothing_is_lost(tmp_path):
-    s = Served(tmp_path, "scheduler=vllm", "serve.max_queue=3")
+    # 64 blocks of 16 tokens: room for 3 requests in flight, not for a prompt of 2000 tokens
+    s = Served(tmp_path, "scheduler=vllm", "serve.max_queue=3", "scheduler.num_kv_blocks=64")
     try:
+        status, err = s.request("POST", "/v1/completions",
+                                {"model": "tiny-llama", "prompt": [1] * 2000, "max_tokens": 1})
+        assert status == 400 and err["error"]["code"] == "rejected"
+        assert "policy 'vllm' rejected the request" in err["error"]["message"]
         body = {"model": "tiny-llama", "prompt": PROMPT, "max_tokens": 300, "temperature": 0}
         with ThreadPoolExecutor(12) as pool:
             answers = list(pool.map(lambda _: s.request("POST", "/v1/completions", body),
@@ -365,15 +370,53 @@ def test_a_burst_past_max_queue_gets_429_and_nothing_is_lost(tmp_path):
         full = next(a for c, a in answers if c == 429)["error"]
         assert full["code"] == "queue_full" and full["type"] == "rate_limit_error"
         served = [a for c, a in answers if c == 200]
-        run_dir = s.stop()
+        run_dir = s.stop(signal.SIGTERM)
     finally:
         s.kill()
     reqs = pd.read_parquet(run_dir / "requests.parquet")
     summary = json.loads((run_dir / "summary.json").read_text())
-    # every accepted request once, finished, with the tokens its client received
-    assert len(reqs) == len(served) == summary["served"]["requests_accepted"]
-    assert summary["served"]["http_status"] == {"200": len(served), "429": 12 - len(served)}
-    assert (reqs["status"] == "finished").all() and reqs["request_id"].is_unique
-    assert sorted(reqs["num_output_tokens"]) == [300] * len(served)
+    # every accepted request once, finished, with the tokens its client received; the one the
+    # policy refused recorded as rejected
+    assert len(reqs) == len(served) + 1 == summary["served"]["requests_accepted"]
+    assert summary["served"]["http_status"] == {"200": len(served), "400": 1,
+                                                "429": 12 - len(served)}
+    assert reqs["request_id"].is_unique and (reqs["status"] == "rejected").sum() == 1
+    done = reqs[reqs["status"] == "finished"]
+    assert len(done) == len(served) and (done["num_output_tokens"] == 300).all()
     assert all(a["choices"][0]["token_ids"] == served[0]["choices"][0]["token_ids"]
                for a in served)
+
+
+BOOM = """
+from sarathi_lab.schedulers.sarathi import Sarathi
+
+
+class Boom(Sarathi):
+    name = "boom"
+
+    def schedule(self, now):
+        if any(r.num_output_tokens >= 3 for r in self.running):
+            raise RuntimeError("boom after 3 tokens")
+        return super().schedule(now)
+"""
+
+
+@pytest.mark.slow
+def test_a_plugin_that_raises_stops_the_server_with_its_error(tmp_path):
+    """Any policy, a plug-in too; one that raises does not hang its clients: each is told, the
+    server exits 1 naming the error, and the run directory keeps what it served."""
+    (tmp_path / "boom.py").write_text(BOOM)
+    s = Served(tmp_path, "scheduler=custom", "scheduler.name=boom:Boom")
+    try:
+        events = s.stream({"model": "tiny-llama", "prompt": PROMPT, "max_tokens": 10})
+        assert _ids(events[:-1]) == _greedy(PROMPT, 3)
+        assert events[-1]["error"]["code"] == "engine_error"
+        assert "boom after 3 tokens" in events[-1]["error"]["message"]
+        _, err = s.proc.communicate(timeout=120)   # it stops by itself
+    finally:
+        s.kill()
+    assert s.proc.returncode == 1 and "the engine stopped" in err and "boom.Boom" in err
+    run_dir = Path(err.split("the run directory ")[1].split(" holds")[0])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert "boom after 3 tokens" in summary["served"]["engine_error"]
+    assert summary["settings"]["scheduler"]["class"] == "boom:Boom"

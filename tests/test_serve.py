@@ -279,7 +279,7 @@ def test_a_client_that_disconnects_frees_its_kv(server):
 
 
 @pytest.mark.slow
-def test_the_run_directory_records_the_session(server):
+def test_the_run_directory_records_the_session(server, tmp_path):
     """Last of the module: the server is stopped; its run directory holds every request once."""
     run_dir = server.stop()
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -294,6 +294,11 @@ def test_the_run_directory_records_the_session(server):
     assert summary["served"]["http_status"]["200"] == server.completed
     its = pd.read_parquet(run_dir / "iterations.parquet")
     assert its["decode_tokens"].sum() + its["prefill_tokens"].sum() > 0
+    # a run like any other: the report reads it
+    from sarathi_lab.report import main as report
+    report([str(run_dir), "--out", str(tmp_path / "report"), "--timeline", "none"])
+    table = pd.read_csv(tmp_path / "report" / "summary.csv")
+    assert list(table["load_mode"]) == ["served"] and list(table["policy"]) == ["sarathi"]
 
 
 def _word_tokenizer(d: Path):

@@ -85,6 +85,27 @@ def test_an_aborted_request_leaves_the_policy_and_frees_its_kv(where):
     assert other.status is Status.FINISHED and other.num_output_tokens == 40
 
 
+def test_ignore_eos_and_a_seed_are_per_request():
+    """A served request's own sampling (`TorchExecutor.set_sampling`): ignore_eos runs past the
+    model's EOS to max_tokens while its neighbour ends there; a seed gives the same tokens
+    whatever the request id; all of it forgotten when the requests end."""
+    want = _greedy(PROMPT, 8)
+    eos = next(t for t in want[1:] if t not in want[:want.index(t)])
+    policy, ex = _tiny()
+    ex.eos_ids, ex.stop_at_eos = frozenset({eos}), True   # as a checkpoint that declares it
+    reqs = [Request(i, 0.0, len(PROMPT), None, prompt_token_ids=list(PROMPT), max_tokens=8)
+            for i in range(4)]
+    ex.set_sampling(1, 0.0, 1.0, None, True)
+    ex.set_sampling(2, 1.0, 0.9, 5, True)
+    ex.set_sampling(3, 1.0, 0.9, 5, True)
+    Engine(policy, ex).run(reqs)
+    cut = want.index(eos) + 1
+    assert reqs[0].output_token_ids == want[:cut] and reqs[0].finish_reason == "eos"
+    assert reqs[1].output_token_ids == want and reqs[1].finish_reason == "max_tokens"
+    assert reqs[2].output_token_ids == reqs[3].output_token_ids != want
+    assert ex.request_sampling == {}
+
+
 def test_request_bodies_are_read_strictly():
     def err(body, chat=False):
         with pytest.raises(ApiError) as e:

@@ -180,6 +180,8 @@ class TorchExecutor(Executor):
                              f"vocabulary of {self.args.vocab_size}")
         self.model.setup(kernels, self.device)
         self.kv = None
+        # request id -> (temperature, top_p, seed or None, ignore_eos): `set_sampling`
+        self.request_sampling: dict = {}
         # seconds spent per phase, summed over steps (read by benchmarks)
         self.timers = {"swap": 0.0, "prepare": 0.0, "forward": 0.0, "sample": 0.0, "steps": 0}
 
@@ -264,8 +266,6 @@ class TorchExecutor(Executor):
                                           pin_memory=self.device.type == "cuda")
         self.sequence_kv = SequenceKV() if self.backend == "torch" else None
         self._eos_ended: set = set()
-        # request id -> (temperature, top_p, seed or None, ignore_eos): `set_sampling`
-        self.request_sampling: dict = {}
 
     def prepare_trace(self, df, trace_cfg=None):
         """Give a length-only trace seeded random prompt ids (a trace with its own keeps them)."""

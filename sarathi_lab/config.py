@@ -105,6 +105,8 @@ class ClusterConfig:
 @dataclass
 class SLOConfig:
     name: str = setting("", help="label")
+    model: str | None = setting(None, help="the model preset whose limits these are; null: any "
+                                           "model (a run of another model needs slo= chosen)")
     p99_tbt: float | None = setting(None, gt=0, help="s, pooled P99 TBT (capacity criterion)")
     max_median_scheduling_delay: float = setting(2.0, gt=0, help="s, capacity criterion")
     request_p99_tbt: float | None = setting(None, gt=0, help="s, a request's own P99 TBT")
@@ -308,6 +310,7 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
         hardware = None
 
     slo = parse(SLOConfig, _node(c, "slo"), "slo") if c.get("slo") else None
+    _check_slo_model(slo, _node(c, "model").get("name"), user)
     capacity = None
     if run.mode == "capacity":
         capacity = parse(CapacityConfig, _node(c, "capacity"), "capacity")
@@ -393,3 +396,27 @@ def _drop_unread_knobs(node: dict, config_class: type, where: str, who: str, use
             if f"{where}.{k}" in user:
                 notes.append(f"{where}.{k}: not read by {who}")
                 node.pop(k)
+
+
+def _presets(group: str) -> set[str]:
+    """The shipped options of a config group (configs/<group>/*.yaml)."""
+    from importlib.resources import files
+    return {p.name[:-5] for p in files("sarathi_lab.configs").joinpath(group).iterdir()
+            if p.name.endswith(".yaml")}
+
+
+def _check_slo_model(slo: SLOConfig | None, model: str | None, user: list[str]) -> None:
+    """An SLO set for one model judges a run of another only when the user chose it (`slo=` on
+    the command line): the default follows the model (configs/config.yaml: ``${model}-strict``),
+    but an experiment's or a sweep's fixed SLO would otherwise judge another model silently.
+    A model of the user's own (a `model.name` that is no preset) has no SLO of its own to offer
+    instead, and is judged by the one composed."""
+    if slo is None or slo.model is None or model is None or slo.model == model or "slo" in user:
+        return
+    if model not in _presets("model"):   # a model of the user's own: no SLO of its own to offer
+        return
+    raise ConfigError(
+        f"slo={slo.name}: its limits were set for model {slo.model}, but this run's model is "
+        f"{model}; choose this model's SLO (slo={model}-strict or slo={model}-relaxed, "
+        f"configs/slo), or name slo={slo.name} on the command line to judge {model} by "
+        f"{slo.model}'s limits anyway")

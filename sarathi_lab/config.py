@@ -246,6 +246,15 @@ def _override_keys(overrides) -> list[str]:
     return keys
 
 
+def follow_the_user(c: dict, overrides) -> None:
+    """Edit the plain config `c` in place (before `resolve`; the run and summary.json read it)
+    so that defaults follow what the user asked for: a trace file named with ``trace.path``
+    keeps its own times and all its requests (`traces.own_trace_defaults`)."""
+    from sarathi_lab.traces import own_trace_defaults
+    if isinstance(c.get("trace"), dict):
+        c["trace"] = own_trace_defaults(c["trace"], _override_keys(overrides))
+
+
 def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
     """Type and check every component's settings. `overrides`: the command line's, to tell
     settings a user made from defaults (a default of an unread group is simply left out).

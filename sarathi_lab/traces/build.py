@@ -84,6 +84,33 @@ def build_trace(cfg) -> pd.DataFrame:
     return df
 
 
+def own_trace_defaults(node: dict, user: list[str]) -> dict:
+    """The trace node for a file the user named on the command line (``trace.path=...``, one of
+    `user`'s dotted keys): the preset's rate, count and label describe the preset's trace, not
+    this one, so the file keeps its own arrival times and all its requests (``qps``,
+    ``num_requests``: null) and is labelled by its path, unless the user set ``trace.qps``,
+    ``trace.num_requests`` or ``trace.name`` too. Any other node is returned unchanged."""
+    if "trace.path" not in user or "components" in node or node.get("path") is None:
+        return node
+    out = dict(node)
+    for key in ("qps", "num_requests"):
+        if f"trace.{key}" not in user:
+            out[key] = None
+    if "trace.name" not in user:
+        out["name"] = str(node["path"])
+    return out
+
+
+def describe_trace(df: pd.DataFrame) -> dict:
+    """summary.json's ``trace``: what was served and what was done to it. ``arrivals``: own (the
+    file's times), retimed (its gaps scaled to ``qps``), drawn (generated at ``qps``) or mix;
+    ``cut_to``: N when only the first N requests were kept (``trace.num_requests``), else null."""
+    a = df.attrs
+    return {"name": a.get("name"), "source": a.get("source"), "num_requests": len(df),
+            "arrivals": a.get("arrivals", "mix"), "qps": a.get("qps"),
+            "cut_to": a.get("cut_to")}
+
+
 def _to_plain_dict(cfg) -> dict:
     cfg = plain(cfg)
     if not isinstance(cfg, Mapping):

@@ -49,8 +49,8 @@ def load_trace(path, *, num_requests=None, qps=None, arrival="poisson", cv=1.0, 
     timed = raw.attrs["format"] != "lengths"
     if not timed and qps is None:
         raise ValueError(
-            f"trace {src} has token lengths but no arrival times; give qps (req/s) so that "
-            "arrivals can be generated")
+            f"trace {src} has token lengths but no arrival times: set trace.qps=<req/s> so that "
+            f"arrivals can be drawn (trace.arrival={arrival})")
     if shuffle:
         if timed:
             raise ValueError(f"trace.shuffle: trace {src} has its own arrival times, which a "
@@ -73,7 +73,11 @@ def load_trace(path, *, num_requests=None, qps=None, arrival="poisson", cv=1.0, 
     else:
         t = arrival_times(len(df), qps, arrival, cv, stream_rng(seed, ARRIVAL_STREAM), burst)
     df["arrival_time"] = t
-    df.attrs.update(source=str(src), format=raw.attrs["format"], dropped=dropped)
+    # what was done to the file's requests, for the summary (build.describe_trace)
+    arrivals = ("own" if qps is None else "retimed") if timed else "drawn"
+    cut = num_requests if num_requests is not None and len(df) == num_requests else None
+    df.attrs.update(source=str(src), format=raw.attrs["format"], dropped=dropped,
+                    arrivals=arrivals, qps=qps, cut_to=cut)
     return df
 
 

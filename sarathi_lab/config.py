@@ -429,3 +429,18 @@ def _check_slo_model(slo: SLOConfig | None, model: str | None, user: list[str]) 
         f"{model}; choose this model's SLO (slo={model}-strict or slo={model}-relaxed, "
         f"configs/slo), or name slo={slo.name} on the command line to judge {model} by "
         f"{slo.model}'s limits anyway")
+
+
+def check_settings_act(r: Resolved, requests, trace_name: str) -> None:
+    """Settings that act only on something the requests carry, checked once they are built (the
+    unread-settings rule of `resolve`, for what only the trace tells): deadline admission needs
+    requests with a deadline."""
+    cfgs = [r.policy_cfg] if r.disagg is None else \
+        [p.resolved.policy_cfg for p in (r.disagg.prefill, r.disagg.decode)]
+    if any(c.deadline_admission for c in cfgs) and \
+            not any(q.deadline is not None for q in requests):
+        raise ConfigError(
+            f"scheduler.deadline_admission=true: no request of trace {trace_name} has a "
+            "deadline, so admission by deadline cannot act; use a trace whose requests carry "
+            "one (a deadline column or key, or a mix component's deadline, e.g. trace=chat) or "
+            "leave deadline_admission off")

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from sarathi_lab import rundir
-from sarathi_lab.config import Resolved, resolve
+from sarathi_lab.config import Resolved, check_settings_act, resolve
 from sarathi_lab.engine import Engine
 from sarathi_lab.kv import KVCacheManager
 from sarathi_lab.settings import ConfigError, plain
@@ -202,6 +202,7 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
         served = describe_trace(built)
         trace = executor.prepare_trace(built, c["trace"])
         requests = to_requests(trace)
+    check_settings_act(r, requests, (c.get("trace") or {}).get("name", "?"))
     bar, progress = _progress_bar(len(requests), r.run.progress, executor.simulated)
     pp = getattr(r.executor_cfg, "pipeline_parallel", 1)
     engine = Engine(policy, executor, fast_forward=r.run.fast_forward and pp == 1,

@@ -107,8 +107,8 @@ def describe_trace(df: pd.DataFrame) -> dict:
     ``cut_to``: N when only the first N requests were kept (``trace.num_requests``), else null."""
     a = df.attrs
     return {"name": a.get("name"), "source": a.get("source"), "num_requests": len(df),
-            "arrivals": a.get("arrivals", "mix"), "qps": a.get("qps"),
-            "cut_to": a.get("cut_to")}
+            **({"arrivals": "mix"} if a.get("format") == "mix" else   # its components' own
+               {"arrivals": a.get("arrivals"), "qps": a.get("qps"), "cut_to": a.get("cut_to")})}
 
 
 def _to_plain_dict(cfg) -> dict:

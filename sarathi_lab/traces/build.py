@@ -36,6 +36,8 @@ class TraceConfig(ClientSettings):
     prompt_len: int | dict | None = setting(None, help="generated: a length spec")
     output_len: int | dict | None = setting(None, help="generated: a length spec")
     tokenizer: str | None = setting(None, help="a local tokenizer dir for text prompts")
+    chat_template: bool | str = setting("auto", help="text prompts in the tokenizer's chat "
+                                        "template: auto (when it has one) | true | false")
 
     def validate(self) -> None:
         if self.path is None:
@@ -44,6 +46,12 @@ class TraceConfig(ClientSettings):
                     raise ValueError(f"{key}: a generated trace (path: null) needs it")
             if self.tokenizer is not None:
                 raise ValueError("tokenizer: read only for a trace file (path)")
+        if self.chat_template != "auto" and self.tokenizer is None:
+            raise ValueError(f"chat_template={self.chat_template}: read only with "
+                             "trace.tokenizer (a JSONL trace of prompt text)")
+        if isinstance(self.chat_template, str) and self.chat_template != "auto":
+            raise ValueError(f"chat_template={self.chat_template!r}: must be auto, true or "
+                             "false")
             if self.shuffle:
                 raise ValueError("shuffle: read only for a trace file (path); a generated "
                                  "trace is a random draw already")
@@ -79,7 +87,7 @@ def build_trace(cfg) -> pd.DataFrame:
                              output_len=tc.output_len, **common)
     else:
         df = load_trace(tc.path, num_requests=tc.num_requests, tokenizer=tc.tokenizer,
-                        shuffle=tc.shuffle, **common)
+                        shuffle=tc.shuffle, chat_template=tc.chat_template, **common)
     df.attrs["name"] = tc.name or str(tc.path or "synthetic")
     return df
 

@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 
 def load_trace(path, *, num_requests=None, qps=None, arrival="poisson", cv=1.0, burst=None,
                max_total_tokens=None, max_prompt_tokens=None, seed=0,
-               tokenizer=None, shuffle=False) -> pd.DataFrame:
+               tokenizer=None, shuffle=False, chat_template="auto") -> pd.DataFrame:
     """Load a shipped trace (by name) or a trace file.
 
     The length filters are applied first, then the first ``num_requests`` survivors are kept;
@@ -32,7 +32,8 @@ def load_trace(path, *, num_requests=None, qps=None, arrival="poisson", cv=1.0, 
     kept) and is required for a length-only trace, whose arrivals are then drawn from ``arrival``
     (``poisson``, ``gamma`` with coefficient of variation ``cv``, or ``onoff`` with ``burst`` =
     (on_s, off_s): Poisson arrivals only during on periods). ``tokenizer`` (a local path
-    or a tokenizer object) is only needed for a JSONL trace that holds prompt text.
+    or a tokenizer object) is only needed for a JSONL trace that holds prompt text, which is
+    put in the tokenizer's chat template per ``chat_template`` (auto, True, False).
     """
     check_arrival_options(qps, arrival, cv, burst)
     check_filters(max_total_tokens, max_prompt_tokens)
@@ -42,7 +43,11 @@ def load_trace(path, *, num_requests=None, qps=None, arrival="poisson", cv=1.0, 
         num_requests = int(num_requests)
     src = resolve_trace(path)
     if is_json(src):
-        raw = read_jsonl(src, tokenizer)
+        raw = read_jsonl(src, tokenizer, chat_template)
+    elif tokenizer is not None:
+        raise ValueError(f"trace.tokenizer={tokenizer}: trace {src} is a CSV of token counts, "
+                         "with no prompt text to tokenize (only a JSONL trace holds text); "
+                         "leave trace.tokenizer unset")
     else:   # a random sample needs every row; the head only as many as it keeps
         raw = read_csv(src, None if shuffle else num_requests, max_total_tokens,
                         max_prompt_tokens)

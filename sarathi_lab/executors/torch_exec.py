@@ -36,7 +36,7 @@ from sarathi_lab.executors.base import Executor, ExecutorConfig, StepResult
 from sarathi_lab.kernels.sequence_kv import SequenceKV
 from sarathi_lab.models.llama import AttnMetadata
 from sarathi_lab.models.dtypes import torch_dtype
-from sarathi_lab.models.loader import load_model
+from sarathi_lab.models.loader import check_memory, load_model
 from sarathi_lab.settings import ConfigError, setting
 
 log = logging.getLogger(__name__)
@@ -173,6 +173,12 @@ class TorchExecutor(Executor):
                     "miss: set num_threads=1")
         # the clock of StepResult.duration and of the phase timers
         self.now = time.thread_time if cfg.clock == "cpu" else time.perf_counter
+        # weights, KV (on a CPU a budget; on a GPU a share of what the weights leave) and
+        # activations against the memory free now, before any of it is allocated
+        kv = 0 if on_gpu else int(cfg.kv_cache_gib * 2**30) * (2 if self.backend == "torch" else 1)
+        check_memory(self.model_cfg, self.dtype, kv, "executor.kv_cache_gib",
+                     torch.cuda.mem_get_info(self.device)[0] if on_gpu else available_memory(),
+                     str(self.device))
         self.model = load_model(self.model_cfg, self.device, self.dtype)
         self.args = self.model.args
         if any(i >= self.args.vocab_size for i in self.eos_ids):

@@ -46,12 +46,6 @@ class TraceConfig(ClientSettings):
                     raise ValueError(f"{key}: a generated trace (path: null) needs it")
             if self.tokenizer is not None:
                 raise ValueError("tokenizer: read only for a trace file (path)")
-        if self.chat_template != "auto" and self.tokenizer is None:
-            raise ValueError(f"chat_template={self.chat_template}: read only with "
-                             "trace.tokenizer (a JSONL trace of prompt text)")
-        if isinstance(self.chat_template, str) and self.chat_template != "auto":
-            raise ValueError(f"chat_template={self.chat_template!r}: must be auto, true or "
-                             "false")
             if self.shuffle:
                 raise ValueError("shuffle: read only for a trace file (path); a generated "
                                  "trace is a random draw already")
@@ -60,6 +54,12 @@ class TraceConfig(ClientSettings):
                 if getattr(self, key) is not None:
                     raise ValueError(f"{key}={getattr(self, key)!r}: read only for a generated "
                                      "trace (path: null)")
+        if isinstance(self.chat_template, str) and self.chat_template != "auto":
+            raise ValueError(f"chat_template={self.chat_template!r}: must be auto, true or "
+                             "false")
+        if self.chat_template != "auto" and self.tokenizer is None:
+            raise ValueError(f"chat_template={self.chat_template}: read only with "
+                             "trace.tokenizer (a JSONL trace of prompt text)")
         check_arrival_settings(self)
         self.check_clients()
 

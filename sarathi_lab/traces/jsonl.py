@@ -40,7 +40,9 @@ def read_jsonl(src: Path, tokenizer, chat_template="auto") -> pd.DataFrame:
     if texts:
         tok = load_tokenizer(tokenizer, src)
         prompts, special = chat_prompts(tok, list(texts.values()), chat_template, src)
-        for row, toks in zip(texts, tok(prompts, add_special_tokens=special)["input_ids"]):
+        # a template writes its own special tokens (a plain callable tokenizer takes no flag)
+        encoded = tok(prompts) if special else tok(prompts, add_special_tokens=False)
+        for row, toks in zip(texts, encoded["input_ids"]):
             if not toks:
                 raise ValueError(f"trace {src}: line {lines[row]}: the prompt tokenizes to "
                                  "0 tokens")

@@ -182,8 +182,8 @@ def check_memory(model_cfg: dict, dtype, kv_bytes: int, kv_setting: str, free: i
     `free` bytes of `where` (None: unknown, not checked)."""
     args = model_shape(model_cfg)
     check_weights(model_cfg, args)
-    if free is None:
-        return
+    if free is None or kv_bytes > free:
+        return   # a KV budget that alone exceeds it is refused by name when the cache is sized
     dt = torch_dtype(dtype, "executor.dtype")
     est = memory_estimate(args, dt.itemsize)
     need = est["weights"] + est["activations"] + kv_bytes
@@ -192,7 +192,7 @@ def check_memory(model_cfg: dict, dtype, kv_bytes: int, kv_setting: str, free: i
     gib = 2 ** 30
     kv = f", KV cache {kv_bytes / gib:.2f} GiB ({kv_setting})" if kv_bytes else ""
     raise ValueError(
-        f"model {model_cfg.get('name')}: about {need / gib:.1f} GiB (weights "
+        f"model {model_cfg.get('name') or '(unnamed)'}: about {need / gib:.1f} GiB (weights "
         f"{est['weights'] / gib:.2f} GiB in {str(dt).removeprefix('torch.')}{kv}, activations "
         f"{est['activations'] / gib:.2f} GiB for a {ACTIVATION_TOKENS}-token step) but "
         f"{free / gib:.1f} GiB is free on {where}; use a smaller model, a narrower "

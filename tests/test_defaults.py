@@ -71,6 +71,9 @@ def test_the_shipped_presets_keep_their_documented_rate_and_count():
     c, _ = _check("trace.seed=1")
     assert (c["trace"]["name"], c["trace"]["qps"], c["trace"]["num_requests"]) == \
         ("sharegpt", 2.0, 1000)
+    c, _ = _check("trace.path=arxiv")   # a shipped trace by name: labelled by it
+    assert (c["trace"]["name"], c["trace"]["qps"], c["trace"]["num_requests"]) == \
+        ("arxiv", 2.0, 1000)
 
 
 def test_a_lengths_only_trace_of_ones_own_needs_a_rate(lengths_csv, tmp_path):

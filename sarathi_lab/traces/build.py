@@ -10,6 +10,7 @@ import pandas as pd
 from sarathi_lab.closed_loop import ClientSettings
 from sarathi_lab.settings import parse, plain, setting
 from sarathi_lab.traces.arrivals import ARRIVALS, burst_of, check_arrival_settings
+from sarathi_lab.traces.files import SHIPPED
 from sarathi_lab.traces.load import load_trace
 from sarathi_lab.traces.mixes import MixConfig, build_mix
 from sarathi_lab.traces.synthetic import synthetic_trace
@@ -97,15 +98,19 @@ def own_trace_defaults(node: dict, user: list[str]) -> dict:
     `user`'s dotted keys): the preset's rate, count and label describe the preset's trace, not
     this one, so the file keeps its own arrival times and all its requests (``qps``,
     ``num_requests``: null) and is labelled by its path, unless the user set ``trace.qps``,
-    ``trace.num_requests`` or ``trace.name`` too. Any other node is returned unchanged."""
+    ``trace.num_requests`` or ``trace.name`` too. A shipped trace named so (``trace.path=arxiv``)
+    is labelled by its name and keeps the preset's documented rate and count, as its own preset
+    does. Any other node is returned unchanged."""
     if "trace.path" not in user or "components" in node or node.get("path") is None:
         return node
     out = dict(node)
+    if "trace.name" not in user:
+        out["name"] = str(node["path"])
+    if str(node["path"]) in SHIPPED:
+        return out
     for key in ("qps", "num_requests"):
         if f"trace.{key}" not in user:
             out[key] = None
-    if "trace.name" not in user:
-        out["name"] = str(node["path"])
     return out
 
 

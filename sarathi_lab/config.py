@@ -339,6 +339,7 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
     for k in user:
         if k.startswith("model.") and not executor_cls.reads_model_key(k.split(".")[1]):
             unread(k, f"executor {e_name!r} does not read it (it reads the model's shape)")
+    _check_random_weight_keys(model, user, unread)
     cluster, router_cls, router_cfg = _cluster(c, user, unread, notes if drop_unread else None)
     if pp > 1 and cluster.num_replicas > 1:
         raise ConfigError(f"executor.pipeline_parallel={pp} with cluster.num_replicas="
@@ -444,3 +445,13 @@ def check_settings_act(r: Resolved, requests, trace_name: str) -> None:
             "deadline, so admission by deadline cannot act; use a trace whose requests carry "
             "one (a deadline column or key, or a mix component's deadline, e.g. trace=chat) or "
             "leave deadline_admission off")
+
+
+def _check_random_weight_keys(model: dict, user: list[str], unread) -> None:
+    """The random weights' seed and scale act only without ``model.path`` (weights loaded)."""
+    if not model.get("path"):
+        return
+    for k in ("model.init_seed", "model.init_std"):
+        if k in user:
+            unread(k, f"random weights only: the weights are loaded from model.path="
+                      f"{model['path']}")

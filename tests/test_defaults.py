@@ -299,6 +299,20 @@ def test_deadline_admission_without_deadlines_is_refused(tmp_path):
     check_settings_act(r, to_requests(build_trace(c["trace"])), "chat")   # deadlines: acts
 
 
+def test_a_sampling_or_prompt_setting_that_cannot_act_is_refused():
+    from sarathi_lab.executors.torch_exec import TorchExecutor
+    with pytest.raises(ConfigError, match=r"^executor.top_p=0.9: read only with "
+                                          r"executor.temperature > 0"):
+        TorchExecutor.parse_config({"top_p": 0.9})
+    TorchExecutor.parse_config({"top_p": 0.9, "temperature": 0.7})   # sampling: it acts
+    ex = TorchExecutor.from_config({"device": "cpu", "shared_prefix_len": 4}, _model("tiny-llama"))
+    own = pd.DataFrame({"arrival_time": [0.0], "num_prompt_tokens": [3],
+                        "num_output_tokens": [2], "prompt_token_ids": [[5, 6, 7]]})
+    with pytest.raises(ConfigError, match=r"^executor.shared_prefix_len=4: the trace carries its "
+                                          r"own prompt_token_ids"):
+        ex.prepare_trace(own)
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["trace.cv=2"], "trace.cv=2.0: read only with arrival=gamma"),
     (["trace.think_time=1"], "trace.think_time=1.0: read only with clients=N (closed loop)"),
@@ -306,6 +320,8 @@ def test_deadline_admission_without_deadlines_is_refused(tmp_path):
      "trace.chat_template=False: read only with trace.tokenizer (a JSONL trace of prompt text)"),
     (["model.random_weights=true"],
      "model.random_weights: executor 'sim' does not read it (it reads the model's shape)"),
+    (["executor=torch", "model=tiny-llama", "model.path=/m", "model.init_seed=3"],
+     "model.init_seed: random weights only: the weights are loaded from model.path=/m"),
     (["executor.cost_model=profiled", "executor.profile=/p", "executor.compute_eff=0.5"],
      "executor.compute_eff: not a setting of the sim executor nor of its cost model "
      "'profiled'"),

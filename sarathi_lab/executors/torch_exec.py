@@ -76,6 +76,11 @@ class TorchConfig(ExecutorConfig):
              "taking the core (they still slow it through shared caches and memory). cpu needs "
              "executor.device=cpu and one torch thread (num_threads=1)")
 
+    def validate(self) -> None:
+        if self.top_p < 1 and self.temperature == 0:
+            raise ValueError(f"top_p={self.top_p}: read only with executor.temperature > 0 "
+                             "(temperature 0 decodes greedily, from no sampled nucleus)")
+
 
 def eos_token_ids(model_cfg: dict) -> tuple[int, ...]:
     """The EOS ids of ``model.path``'s checkpoint, as `generate` reads them: generation_config.json,
@@ -279,6 +284,11 @@ class TorchExecutor(Executor):
             log.info("executor.stop_at_eos=null: the trace has no prompt ids, so its random "
                      "prompts run to the trace's output lengths (set it to true to stop at EOS)")
             self.stop_at_eos = False
+        if own and self.shared_prefix_len:
+            raise ConfigError(f"executor.shared_prefix_len={self.shared_prefix_len}: the trace "
+                              "carries its own prompt_token_ids, which are kept, so there are no "
+                              "random prompts to open with a shared prefix (it is for a "
+                              "length-only trace)")
         seed = (trace_cfg or {}).get("seed")
         return attach_prompt_ids(df, self.args.vocab_size, seed=self.seed if seed is None else seed,
                                  shared_prefix_len=self.shared_prefix_len)

@@ -126,9 +126,10 @@ def slo_judged_by(slo: dict) -> str:
     if classes:
         text = "; ".join(f"class {name}: {_targets(t) or 'no target'}"
                          for name, t in classes.items()) + f"; any other class: {top}"
+    elif top == "no target":
+        return "no per-request target (every finished request counts)"
     else:
-        text = top if top != "no target" else \
-            "no per-request target (every finished request counts)"
+        text = top
     if slo.get("ttft") is None and not any((t or {}).get("ttft") is not None
                                            for t in classes.values()):
         text += " (no TTFT target)"

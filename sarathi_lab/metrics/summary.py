@@ -87,7 +87,6 @@ def summarize(req_df: pd.DataFrame, it_df: pd.DataFrame, *, slo: dict | None = N
         "throughput_rps": len(fin) / span if span > 0 else 0.0,
         "throughput_tok_s": float(fin["num_output_tokens"].sum()) / span if span > 0 else 0.0,
         "preemptions": int(req_df["num_preemptions"].sum()),
-        "num_gpus": int(num_gpus),
         "offered_load": offered_load(req_df),
         "rejections": rejections(req_df),
     }

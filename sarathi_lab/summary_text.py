@@ -77,8 +77,9 @@ CRITERION_NAMES = {
 
 def missed_parts(crit: list[dict], key: str) -> list[str]:
     """The labels of the parts of criterion `key` that missed ("median scheduling delay")."""
-    return [_CRITERIA.get(c["name"], ("rejections",))[0] for c in crit
-            if c["criterion"] == key and not c["met"]]
+    return ["rejections" if c["name"] == "num_rejected"
+            else _CRITERIA.get(c["name"], (c["name"],))[0]
+            for c in crit if c["criterion"] == key and not c["met"]]
 
 
 def _slo_lines(slo: dict) -> list[str]:

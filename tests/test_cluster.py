@@ -319,8 +319,8 @@ def test_a_router_returning_no_replica_is_named(answer):
     router.answer = answer
     with pytest.raises(ValueError, match=r"router 'wrong' \(test_cluster\.Wrong\.route\(\)\) "
                                          r"broke the rule 'route\(\) returns a replica index': "
-                                         r"it returned .* for request 0 at t=0\.000s: must be a replica "
-                                         r"index, an integer in \[0, 2\)"):
+                                         r"it returned .* for request 0 at t=0\.000s: must be a "
+                                         r"replica index, an integer in \[0, 2\)"):
         Fleet(engines(2), router).run([req(0, 8, 2)])
 
 

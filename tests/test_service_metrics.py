@@ -185,8 +185,9 @@ def test_summary_text_shows_classes_tenants_fairness_and_cost():
     assert ("Jain's index 0.980 of service (1.000 by the last arrival), 0.920 of the share of "
             "demand served") in text
     assert "$1.25e+03 per 1M output tokens" in text and "2 GPU(s)" in text
-    assert "queue (arrived, not yet scheduled): 0.00 requests on average over the makespan, at " \
-        "most 0; the policy's waiting queue after each iteration: 3.00 on average, at most 3" in text
+    assert ("queue (arrived, not yet scheduled): 0.00 requests on average over the makespan, at "
+            "most 0; the policy's waiting queue after each iteration: 3.00 on average, at most "
+            "3") in text
     assert "classes without targets" not in text
     one = summarize(scenario().assign(slo_class="x", tenant="y"), iterations_table([]))
     one.update(wall_time_s=0.0, config={})

@@ -189,15 +189,15 @@ class BatchGuard:
         if r.status is not RUNNING:
             self._fail("only running requests", f"request {rid!r} is {r.status.name.lower()}",
                        where)
-        # a plug-in that moves num_computed_tokens itself ends here too: say who may move it
-        moved = (f" (num_computed_tokens={r.num_computed_tokens}: only the engine's update() "
-                 "moves it; a schedule() that changes it breaks this rule)")
         if end > todo:
+            # a schedule() that moves num_computed_tokens forward itself, then gives the tokens
+            # the request had left before, ends here: say who may move it
             self._fail("no more tokens than a request has left", f"request {rid!r} is given {k} "
-                       f"tokens with {todo - r.num_computed_tokens} left to compute" + moved,
-                       where)
+                       f"tokens with {todo - r.num_computed_tokens} left to compute (its "
+                       f"num_computed_tokens is {r.num_computed_tokens}; only the engine's "
+                       "update() may move it, never schedule())", where)
         self._fail("KV slots for every token", f"request {rid!r} is given {k} tokens after "
-                   f"{r.num_computed_tokens} but holds KV slots for {held}" + moved, where)
+                   f"{r.num_computed_tokens} but holds KV slots for {held}", where)
 
     def progressed(self, emitted: int, ended: int, where: str) -> None:
         """After an iteration: count iterations without output; too many is a livelock."""

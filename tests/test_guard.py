@@ -112,9 +112,9 @@ class Forever(Sarathi):
         return super().schedule(now)
 
 
-# the hint the two rules a plug-in that moves a request's progress itself breaks end with
-MOVED = (" (num_computed_tokens={}: only the engine's update() moves it; a schedule() that "
-         "changes it breaks this rule)")
+# the hint of the rule a plug-in that moves a request's progress itself breaks
+MOVED = (" (its num_computed_tokens is {}; only the engine's update() may move it, never "
+         "schedule())")
 
 
 @pytest.mark.parametrize("cls,rule,kw,where,detail", [
@@ -131,7 +131,7 @@ MOVED = (" (num_computed_tokens={}: only the engine's update() moves it; a sched
     (TooMany, "no more tokens than a request has left", {}, "at iteration 1 (t=0.030s)",
      "request 0 is given 2 tokens with 1 left to compute" + MOVED.format(20)),
     (NoSlots, "KV slots for every token", {}, "at iteration 0 (t=0.000s)",
-     "request 0 is given 20 tokens after 0 but holds KV slots for 0" + MOVED.format(0)),
+     "request 0 is given 20 tokens after 0 but holds KV slots for 0"),
     (Leaky, "every KV block is freed", {}, "at the end",
      "10 blocks still held, by requests [0, 1]"),
     (Forever, "progress", {"max_model_len": 32, "token_budget": 4},

@@ -223,9 +223,8 @@ def run_policy(cls_name):
                     "[Request(0, prompt=20, out=0, computed=0, RUNNING)] (build one"),
     ("MovesProgress", "plugins.MovesProgress.schedule() broke the rule 'no more tokens than a "
                       "request has left' at iteration 0 (t=0.000s): request 0 is given 20 "
-                      "tokens with 19 left to compute (num_computed_tokens=1: only the "
-                      "engine's update() moves it; a schedule() that changes it breaks this "
-                      "rule)"),
+                      "tokens with 19 left to compute (its num_computed_tokens is 1; only the "
+                      "engine's update() may move it, never schedule())"),
 ])
 def test_a_policy_breaking_the_batch_contract_is_named(cls, message):
     with pytest.raises(RuleViolation) as e:

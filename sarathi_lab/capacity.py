@@ -141,6 +141,7 @@ class Prober:
         self.unit = unit_arrivals(len(trace), cap.get("arrivals", "poisson"),
                                   c.get("seed", 0), trace["arrival_time"].to_numpy())
         self.probes: list[dict] = []
+        self.pool_policies: dict | None = None
         self._seen: dict[float, dict] = {}
 
     def __call__(self, qps: float, criterion: str) -> dict:
@@ -158,6 +159,8 @@ class Prober:
         row = {"probe": len(self.probes) + 1, "criterion": criterion,
                **_probe_row(qps, s, time.perf_counter() - t0)}
         self.probes.append(row)
+        if "pools" in s:   # disaggregated: each pool may run another policy
+            self.pool_policies = {name: p["policy"] for name, p in s["pools"].items()}
         self._seen[key] = row
         return row
 
@@ -231,6 +234,7 @@ def search(c: dict, out_dir) -> dict:
         "mode": "capacity",
         "name": c.get("name"),
         "policy": c["scheduler"]["name"],
+        "pool_policies": prober.pool_policies,
         "model": c["model"].get("name"),
         "hardware": (c.get("hardware") or {}).get("name"),
         "trace": c["trace"].get("name"),
@@ -281,7 +285,10 @@ def short_answer(result: dict) -> str:
 def format_result(result: dict) -> str:
     slo = result["slo"]
     dropped = result.get("trace_dropped")
-    lines = [f"capacity of {result['policy']} | {result['model']} on {result['hardware']} | "
+    pools = result.get("pool_policies") or {}
+    policy = ", ".join(f"{k} pool {v}" for k, v in pools.items()) \
+        if len(set(pools.values())) > 1 else result["policy"]
+    lines = [f"capacity of {policy} | {result['model']} on {result['hardware']} | "
              f"trace {result['trace']} ({result['num_requests']} requests"
              + (f", {dropped} longer ones dropped" if dropped else "")
              + f", {result['arrivals']} arrivals) | SLO {slo.get('name', '?')}"]

@@ -191,6 +191,16 @@ def test_disagg_prints_each_pools_policy_and_the_kv_moved_per_request_and_in_tot
             f"request {t['bytes']['mean'] / 1e6:.3g} MB on average") in text
 
 
+def test_a_disagg_capacity_search_names_each_pools_policy(tmp_path):
+    from sarathi_lab.capacity import format_result, search
+    c = composed("cluster=disagg", "cluster.prefill.scheduler.name=vllm", "mode=capacity",
+                 "trace=synthetic", "trace.num_requests=20", "capacity.criteria=[tbt]",
+                 "capacity.max_probes=2", "progress=false")
+    out = search(c, tmp_path)
+    assert out["pool_policies"] == {"prefill": "vllm", "decode": "sarathi"}
+    assert format_result(out).startswith("capacity of prefill pool vllm, decode pool sarathi | ")
+
+
 def test_the_decode_pools_queue_runs_from_the_first_token_to_the_transfer(tmp_path):
     # four seats on the decode replica: KV waits on the prefill side for one
     c = composed("cluster=disagg", "trace=synthetic", "trace.num_requests=30", "trace.qps=8",

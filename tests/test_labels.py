@@ -276,9 +276,16 @@ def test_the_cli_names_a_broken_policy_and_a_broken_router(tmp_path):
         in r.stderr
 
 
-def test_a_priority_beyond_exact_floats_says_so(tmp_path):
-    p = tmp_path / "t.jsonl"
-    p.write_text('{"prompt_token_ids": [1, 2], "output_len": 2, "priority": 1e30}\n')
-    with pytest.raises(ValueError, match=r"line 1: priority must be a whole number below 2\*\*53 "
-                                         r"in magnitude \(lower is more urgent\), got 1e\+30"):
+@pytest.mark.parametrize("name,text,message", [
+    ("t.jsonl", '{"prompt_token_ids": [1, 2], "output_len": 2, "priority": 1e30}\n',
+     r"line 1: priority must be a whole number below 2\*\*53 in magnitude \(lower is more "
+     r"urgent\), got 1e\+30"),
+    ("t.csv", "arrived_at,num_prefill_tokens,num_decode_tokens,priority\n0,10,5,1e30\n",
+     r"data row 1 .* column 'priority': 1e\+30 is not a whole number below 2\*\*53 in "
+     r"magnitude"),
+])
+def test_a_priority_beyond_exact_floats_says_so(tmp_path, name, text, message):
+    p = tmp_path / name
+    p.write_text(text)
+    with pytest.raises(ValueError, match=message):
         load_trace(p, qps=1.0)

@@ -295,3 +295,23 @@ def test_the_command_and_the_report(tmp_path):
     assert set(t.index) == {"remote", "sarathi"}
     assert t.loc["remote", "num_finished"] == 2 and t.loc["remote", "executor"] == "remote"
     assert t.loc["remote", "ttft_p50"] >= 0.05
+
+
+def test_the_page_names_every_column_and_key(tmp_path):
+    """replay.md (with metrics.md) names every column of a replay's requests table, every key of
+    its summary and of the `remote` and `endpoint` sections."""
+    import re
+    from sarathi_lab.replay.results import write
+    docs = rundir.Path(__file__).resolve().parents[1] / "sarathi_lab" / "docs"
+    named = {w for page in ("replay.md", "metrics.md")
+             for w in re.findall(r"`([^`]+)`", re.sub(r"```.*?```", "", (docs / page).read_text(),
+                                                       flags=re.S))}
+    reqs = [Request(0, 0.0, 4, max_tokens=2)]
+    df = requests_frame(reqs, [Outcome(token_times=[0.1, 0.2], finish_time=0.3)], [0])
+    s = write(tmp_path / "r", df, slo={"p99_tbt": 0.1},
+              extra={"remote": remote_section(df, True), "endpoint": {}})
+    s["endpoint"] = {"base_url": 1, "model": 1, "api": 1, "api_key_env": 1, "api_key_sent": 1}
+    keys = set(df.columns) | set(s) | set(s["remote"]) | set(s["endpoint"])
+    assert not keys - named, f"replay.md does not name {sorted(keys - named)}"
+    assert "median_scheduling_delay" in [c["name"] for c in s["slo"]["criteria"]
+                                         if c.get("not_observed")]

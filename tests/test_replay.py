@@ -28,14 +28,15 @@ web = pytest.importorskip("aiohttp.web")
 # how late a token may be seen after the stub sent it, on a loaded 2-core machine
 LATE = 0.25
 # the stub's behaviour, chosen by a prompt's first token id
-OK, ERROR_500, FULL_429, STALL, SHORT = range(5)
+OK, ERROR_500, FULL_429, STALL, SHORT, SILENT = range(6)
 
 
 class Stub:
     """An OpenAI-style /v1/completions in a thread of its own: streams `max_tokens` chunks, the
     first `first_s` after the request came, then one every `gap_s`; a prompt starting with
     ERROR_500 / FULL_429 gets that status, STALL stalls after two tokens (until the stub stops),
-    SHORT streams 2 tokens whatever was asked. Records each request's body, headers, when it
+    SHORT streams 2 tokens whatever was asked, SILENT never answers (until the stub stops).
+    Records each request's body, headers, when it
     came and when each chunk went (time.perf_counter)."""
 
     def __init__(self, first_s=0.3, gap_s=0.1):
@@ -54,6 +55,9 @@ class Stub:
                                      status=500)
         if kind == FULL_429:
             return web.json_response({"error": {"message": "queue full"}}, status=429)
+        if kind == SILENT:
+            await self.release.wait()
+            return web.Response(status=204)
         self.active += 1
         self.most_active = max(self.most_active, self.active)
         try:
@@ -208,7 +212,8 @@ def test_closed_loop_users_wait_for_their_answers(tmp_path):
 
 
 def test_errors_rejections_and_a_stall_are_recorded(tmp_path):
-    rows = [(OK, 3, 3, 0.0), (ERROR_500, 3, 3, 0.0), (FULL_429, 3, 3, 0.0), (STALL, 3, 6, 0.0)]
+    rows = [(OK, 3, 3, 0.0), (ERROR_500, 3, 3, 0.0), (FULL_429, 3, 3, 0.0), (STALL, 3, 6, 0.0),
+            (SILENT, 3, 3, 0.0)]
     with Stub(first_s=0.05, gap_s=0.05) as stub:
         t0 = time.perf_counter()
         s = run_replay(jsonl(tmp_path / "t.jsonl", rows), endpoint(stub.url, stall_timeout=0.8),
@@ -216,15 +221,19 @@ def test_errors_rejections_and_a_stall_are_recorded(tmp_path):
         took = time.perf_counter() - t0
     assert took < 10   # the stall ended at stall_timeout, not when the stub stopped
     df = pd.read_parquet(tmp_path / "run" / rundir.REQUESTS)
-    assert list(df["status"]) == ["finished", "error", "rejected", "timeout"]
-    assert list(df["http_status"]) == [200, 500, 429, 200]
+    assert list(df["status"]) == ["finished", "error", "rejected", "timeout", "timeout"]
+    assert list(df["http_status"].astype(object)) == [200, 500, 429, 200, pd.NA]
     assert df.loc[1, "error"] == "HTTP 500: boom"
     assert df.loc[3, "error"] == "no data for 0.8 s (stall_timeout)"
     assert len(df.loc[3, "token_times"]) == 2 and np.isnan(df.loc[3, "finish_time"])
-    assert s["num_requests"] == 4 and s["num_finished"] == 1 and s["num_rejected"] == 1
+    # no headers at all: the stall timeout too
+    assert df.loc[4, "error"] == "no data for 0.8 s (stall_timeout)"
+    assert len(df.loc[4, "token_times"]) == 0
+    assert s["num_requests"] == 5 and s["num_finished"] == 1 and s["num_rejected"] == 1
     assert s["rejections"] == {"HTTP N: queue full": 1}
-    assert s["remote"]["num_errors"] == 1 and s["remote"]["num_timeouts"] == 1
+    assert s["remote"]["num_errors"] == 1 and s["remote"]["num_timeouts"] == 2
     assert s["remote"]["http_status"] == {"200": 2, "429": 1, "500": 1}
+    assert s["remote"]["failures"] == {"HTTP N: boom": 1, "no data for N s (stall_timeout)": 2}
 
 
 def test_a_whole_request_timeout(tmp_path):

@@ -324,3 +324,5 @@ def test_the_page_names_every_column_and_key(tmp_path):
     assert not keys - named, f"replay.md does not name {sorted(keys - named)}"
     assert "median_scheduling_delay" in [c["name"] for c in s["slo"]["criteria"]
                                          if c.get("not_observed")]
+    assert s["num_gpus"] is None and s["slo"]["goodput_rps_per_gpu"] is None
+    assert not {"num_iterations", "stalls", "batch", "queue"} & set(s)

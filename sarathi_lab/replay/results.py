@@ -4,8 +4,8 @@ empty `iterations.parquet` (a client sees no server iterations) and `summary.jso
 `metrics.summarize`, with `executor: remote`, the endpoint and the model.
 
 What a client cannot observe is left out rather than made up: `first_scheduled_time` and
-`scheduling_delay` are NaN, and the summary has no `num_iterations`, `stalls`, `batch` or `queue`
-(all read from server iterations). What only a client sees is added: the requests table's
+`scheduling_delay` are NaN, the summary has no `num_iterations`, `stalls`, `batch` or `queue`
+(all read from server iterations), and `num_gpus` and `slo.goodput_rps_per_gpu` are null. What only a client sees is added: the requests table's
 `http_status`, `error` and `num_token_chunks` columns, statuses `error` and `timeout` beside
 `finished` and `rejected` (HTTP 429), and the summary's `remote` section."""
 from __future__ import annotations
@@ -82,7 +82,9 @@ def write(run_dir: Path, df: pd.DataFrame, *, slo: dict | None, extra: dict) -> 
     summary = summarize(df, it_df, slo=slo)
     for key in NOT_OBSERVED:
         summary.pop(key, None)
+    summary["num_gpus"] = None   # the endpoint's GPUs are not known here
     if "slo" in summary:
+        summary["slo"]["goodput_rps_per_gpu"] = None
         _judge_observed(summary["slo"])
     summary.update(extra)
     rundir.write_parquet(run_dir / rundir.REQUESTS, df)

@@ -186,6 +186,8 @@ def test_open_loop_measures_what_the_stub_sent(tmp_path, monkeypatch):
     assert s["config"]["executor"]["prompt_ids"] == "trace"
     for f in (tmp_path / "run").iterdir():
         assert b"sk-secret-123" not in f.read_bytes(), f
+    with pytest.raises(ConfigError, match=r"already holds a run"):   # never overwritten
+        run_replay([], endpoint(stub.url), tmp_path / "run")
     assert pd.read_parquet(tmp_path / "run" / rundir.ITERATIONS).empty
 
 

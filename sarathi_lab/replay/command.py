@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from sarathi_lab import rundir
 from sarathi_lab.replay.loads import Endpoint, replay
 from sarathi_lab.replay.prompts import with_prompt_ids
 from sarathi_lab.replay.results import remote_section, requests_frame, write
@@ -59,6 +60,9 @@ def run_replay(overrides: list[str], ep: Endpoint, out: Path, *, api_key_env: st
     from sarathi_lab.closed_loop import ThinkTime
     from sarathi_lab.traces import build_trace, to_requests
     check_url(ep.base_url)
+    if (Path(out) / rundir.SUMMARY).exists():
+        raise ConfigError(f"--out {out}: already holds a run ({rundir.SUMMARY}); give another "
+                          "directory")
     c = compose(overrides)
     trace_cfg, seed = c["trace"], c["seed"]
     trace, source = with_prompt_ids(build_trace(trace_cfg), vocab_size, trace_cfg.get("seed", 0))

@@ -178,7 +178,7 @@ def main(argv=None) -> None:
                          "per run for up to 4 runs")
     ap.add_argument("--window", type=_window, default=None, metavar="START:END",
                     help="timeline zoom window in simulated seconds (default: around the "
-                         "worst TBT gap)")
+                         "worst TBT gap); with --chrome, what the export keeps")
     ap.add_argument("--max-lines", type=_positive, default=MAX_LINES, metavar="N",
                     help=f"lines on one axes before a plot splits into small multiples "
                          f"(default {MAX_LINES})")

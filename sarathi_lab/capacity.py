@@ -105,7 +105,7 @@ def _missed(slo: dict, key: str) -> str:
     """The parts of criterion `key` a probe missed, each with its value and limit ("median
     scheduling delay 3.1 s > 2 s missed by 1.1 s"); "" when it met them all."""
     return "; ".join(format_criterion(c) for c in slo.get("criteria") or []
-                     if c["criterion"] == key and not c["met"])
+                     if c["criterion"] == key and c["met"] is False)
 
 
 def _probe_row(qps: float, s: dict, wall: float) -> dict:

@@ -69,17 +69,17 @@ def format_criterion(c: dict) -> str:
 
 
 # each capacity criterion: its source, the parts it checks (summary["slo"]["criteria"])
-CRITERION_NAMES = {
+_CRITERION_NAMES = {
     "tbt": ("Sarathi-Serve", "P99 TBT, median scheduling delay, no rejection"),
     "attainment": ("DistServe", "share of requests meeting the SLO"),
 }
 
 
-def missed_parts(crit: list[dict], key: str) -> list[str]:
+def _missed_parts(crit: list[dict], key: str) -> list[str]:
     """The labels of the parts of criterion `key` that missed ("median scheduling delay")."""
     return ["rejections" if c["name"] == "num_rejected"
             else _CRITERIA.get(c["name"], (c["name"],))[0]
-            for c in crit if c["criterion"] == key and not c["met"]]
+            for c in crit if c["criterion"] == key and c["met"] is False]   # None: not observed
 
 
 def _slo_lines(slo: dict) -> list[str]:
@@ -94,10 +94,10 @@ def _slo_lines(slo: dict) -> list[str]:
         lines.append("  classes without targets of their own (the top-level ones apply): "
                      + ", ".join(slo["classes_without_targets"]))
     crit = slo.get("criteria") or []
-    for key, (who, checks) in CRITERION_NAMES.items():
+    for key, (who, checks) in _CRITERION_NAMES.items():
         parts = [format_criterion(c) for c in crit if c["criterion"] == key]
         if parts:
-            missed = missed_parts(crit, key)
+            missed = _missed_parts(crit, key)
             verdict = f"missed on {', '.join(missed)}" if missed else "met"
             lines.append(f"  {who} criterion ({checks}): {verdict}")
             lines += [f"    {p}" for p in parts]

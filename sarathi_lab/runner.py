@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from sarathi_lab import rundir
-from sarathi_lab.config import Resolved, resolve
+from sarathi_lab.config import Resolved, check_settings_act, resolve
 from sarathi_lab.engine import Engine
 from sarathi_lab.kv import KVCacheManager
 from sarathi_lab.settings import ConfigError, plain
@@ -188,7 +188,7 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
     """Simulate or execute the configured run; write requests.parquet, iterations.parquet and
     summary.json (last, atomically: its presence marks a complete run). Returns the summary.
     write=False (capacity probes) returns the summary and writes nothing."""
-    from sarathi_lab.traces import build_trace, to_requests
+    from sarathi_lab.traces import build_trace, describe_trace, to_requests
     c = plain(cfg)
     r = resolved or resolve(c)
     if write:
@@ -196,9 +196,13 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
         run_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     policy, executor = build(c, r)
+    served = None   # what was done to the trace file (summary.json's trace)
     if requests is None:
-        trace = executor.prepare_trace(build_trace(c["trace"]), c["trace"])
+        built = build_trace(c["trace"])
+        served = describe_trace(built)
+        trace = executor.prepare_trace(built, c["trace"])
         requests = to_requests(trace)
+    check_settings_act(r, requests, (c.get("trace") or {}).get("name", "?"))
     bar, progress = _progress_bar(len(requests), r.run.progress, executor.simulated)
     pp = getattr(r.executor_cfg, "pipeline_parallel", 1)
     engine = Engine(policy, executor, fast_forward=r.run.fast_forward and pp == 1,
@@ -225,6 +229,8 @@ def results(c: dict, r: Resolved, topology, load, requests, policy, executor, wa
     summary = topology.summarize(req_df, it_df, slo=c.get("slo"),
                                  price_per_gpu_hour=(r.hardware or {}).get("price_per_gpu_hour"))
     summary["load"] = load.describe()
+    if served is not None:
+        summary["trace"] = served
     summary["wall_time_s"] = wall
     summary["simulated"] = executor.simulated
     summary["cost_model"] = executor.cost_model_record()

@@ -248,6 +248,9 @@ def test_completions_equal_the_in_process_greedy_tokens(server):
         "prompt_tokens": len(PROMPT), "completion_tokens": 12, "total_tokens": len(PROMPT) + 12}
     status, whole = server.request("POST", "/v1/completions", body)
     assert status == 200 and whole["choices"][0]["token_ids"] == want
+    # no tokenizer: each token's text in vLLM's token-id form
+    assert whole["choices"][0]["text"] == "".join(f"token_id:{t}" for t in want)
+    assert "".join(e["choices"][0]["text"] for e in events[:-1]) == whole["choices"][0]["text"]
     assert whole["usage"]["completion_tokens"] == 12
     # a seeded sample is the same twice (its stream depends on the seed only)
     seeded = {**body, "temperature": 1.0, "top_p": 0.9, "seed": 11}

@@ -202,8 +202,7 @@ def usage(prompt: int, completion: int) -> dict:
 def choice(g: Generation, text: str, token_ids: list[int], finish: str | None,
            first: bool, whole: bool) -> dict:
     """One choice: a chunk's (`whole` False: a delta) or a whole response's. `token_ids`: the
-    chunk's tokens (an extension, as vLLM's `return_token_ids`: a model without a tokenizer
-    has no text to send)."""
+    chunk's tokens (an extension, as vLLM's `return_token_ids`)."""
     out = {"index": 0}
     if g.chat:
         if whole:

@@ -1,6 +1,7 @@
 """Token ids to text for a stream: the tokenizer, loaded once, and the incremental decoder that
 sends only text that will not change (a token that ends inside a UTF-8 character, or text that
-may yet become a stop string, is held back)."""
+may yet become a stop string, is held back). Without a tokenizer a token's text is
+`token_id:<id>`."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -45,7 +46,10 @@ class Detokenizer:
         """The new text after `ids`; with `final`, everything left (cut at a stop string)."""
         self.ids += ids
         if self.tokenizer is None:
-            return ""
+            # no text without a tokenizer: each token written as vLLM's
+            # --return-tokens-as-token-ids writes it, so that a client counting text chunks
+            # (most load generators) sees every token
+            return "".join(f"token_id:{t}" for t in ids)
         text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
         cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
         if cut >= 0:

@@ -213,24 +213,27 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
     if bar is not None:
         bar.close()
     wall = time.perf_counter() - t0
-    req_df, it_df, summary = results(c, r, topology, load, requests, policy, executor, wall)
+    req_df, it_df, summary = results(c, r, topology, load, requests, policy, executor, wall,
+                                     trace_record=served)
     if write:
         write_run(run_dir, req_df, it_df, summary)
     return summary
 
 
-def results(c: dict, r: Resolved, topology, load, requests, policy, executor, wall: float):
+def results(c: dict, r: Resolved, topology, load, requests, policy, executor, wall: float,
+            trace_record: dict | None = None):
     """(requests table, iterations table, summary) of a driven run: the topology's tables and
-    summary with the load's columns and record, the wall time and the settings used (also
-    for a served session: `sarathi_lab/serve`)."""
+    summary with the load's columns and record, what was done to the trace file
+    (`trace_record`, if any), the wall time and the settings used (also for a served session:
+    `sarathi_lab/serve`)."""
     req_df, it_df = topology.tables(requests)
     for i, (name, values) in enumerate(load.columns().items()):
         req_df.insert(1 + i, name, values)   # closed loop: the user who sent each request
     summary = topology.summarize(req_df, it_df, slo=c.get("slo"),
                                  price_per_gpu_hour=(r.hardware or {}).get("price_per_gpu_hour"))
     summary["load"] = load.describe()
-    if served is not None:
-        summary["trace"] = served
+    if trace_record is not None:
+        summary["trace"] = trace_record
     summary["wall_time_s"] = wall
     summary["simulated"] = executor.simulated
     summary["cost_model"] = executor.cost_model_record()

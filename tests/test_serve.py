@@ -449,3 +449,36 @@ def test_a_plugin_that_raises_stops_the_server_with_its_error(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert "boom after 3 tokens" in summary["served"]["engine_error"]
     assert summary["settings"]["scheduler"]["class"] == "boom:Boom"
+
+
+@pytest.mark.slow
+def test_the_replay_client_against_the_server(tmp_path):
+    """sarathi-lab-replay, open and closed loop, against sarathi-lab-serve: both sides' run
+    directories complete, and the tokens each request was sent are the ones the server made."""
+    s = Served(tmp_path, "scheduler=sarathi")
+    outs = {}
+    try:
+        for name, load in [("open", ["trace.qps=20"]),
+                           ("closed", ["trace.clients=3", "trace.think_time=0.05"])]:
+            outs[name] = tmp_path / name
+            proc = subprocess.run(
+                [sys.executable, "-c", "from sarathi_lab.replay import main; main()",
+                 "--base-url", f"http://127.0.0.1:{s.port}/v1", "--model", "tiny-llama",
+                 "--vocab-size", "512", "--out", str(outs[name]), "trace=synthetic",
+                 "trace.num_requests=6", *load], capture_output=True, text=True, timeout=600,
+                cwd=tmp_path)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+        run_dir = s.stop()
+    finally:
+        s.kill()
+    served = pd.read_parquet(run_dir / "requests.parquet")
+    assert len(served) == 12 and (served["status"] == "finished").all()
+    sent = []
+    for name, out in outs.items():
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["executor"] == "remote" and summary["remote"]["num_short"] == 0
+        reqs = pd.read_parquet(out / "requests.parquet")
+        assert len(reqs) == 6 and (reqs["status"] == "finished").all()
+        assert (reqs["num_output_tokens"] == reqs["target_output_tokens"]).all()
+        sent += list(reqs["num_output_tokens"])
+    assert sorted(served["num_output_tokens"]) == sorted(sent)

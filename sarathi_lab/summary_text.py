@@ -226,6 +226,8 @@ def _trace_text(s: dict) -> str:
     """"my.csv (its own arrival times, all 500 requests)", "sharegpt (arrivals drawn at 2 req/s,
     first 1000 requests)": the trace and what was done to it (summary.json's trace)."""
     t = s.get("trace")
+    if (s.get("load") or {}).get("mode") == "served":   # sarathi-lab-serve: no trace
+        return "arrivals over HTTP (served)"
     if not t:   # requests given by the caller (a capacity probe), or an older summary
         return str((s.get("config", {}).get("trace") or {}).get("name", "?"))
     if t["arrivals"] == "mix":

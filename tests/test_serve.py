@@ -213,6 +213,7 @@ class Served:
         self.proc.send_signal(sig)
         out, err = self.proc.communicate(timeout=timeout)
         assert self.proc.returncode == 0, err[-3000:]
+        self.printed = out   # the summary it printed
         run_dir = Path(out.split("run directory: ")[1].strip())
         assert (run_dir / "summary.json").is_file()
         return run_dir
@@ -309,6 +310,7 @@ def test_the_run_directory_records_the_session(server, tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     reqs = pd.read_parquet(run_dir / "requests.parquet")
     assert summary["executor"] == "torch" and summary["load"] == {"mode": "served"}
+    assert "arrivals over HTTP (served)" in server.printed
     assert summary["served"]["requests_accepted"] == len(reqs) == summary["num_requests"]
     aborted = reqs[reqs["rejection_reason"] == "aborted: the client disconnected"]
     assert len(aborted) == server.disconnected

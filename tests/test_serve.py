@@ -318,6 +318,7 @@ def test_the_run_directory_records_the_session(server, tmp_path):
     assert (reqs["status"] == "finished").sum() == server.completed
     assert len(reqs) == server.completed + server.disconnected
     assert summary["served"]["http_status"]["200"] == server.completed
+    assert summary["served"]["port"] == server.port
     its = pd.read_parquet(run_dir / "iterations.parquet")
     assert its["decode_tokens"].sum() + its["prefill_tokens"].sum() > 0
     # a run like any other: the report reads it

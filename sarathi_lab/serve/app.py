@@ -37,6 +37,7 @@ class Server:
         self.defaults = (getattr(ex, "temperature", 0.0), getattr(ex, "top_p", 1.0))
         self.per_request_sampling = hasattr(ex, "set_sampling")
         self.in_flight = 0
+        self.port: int | None = None   # once bound
         self.counts: Counter = Counter()
         self.stopping = False
 

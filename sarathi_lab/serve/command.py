@@ -14,7 +14,6 @@ import os
 import signal
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 import hydra
@@ -72,7 +71,7 @@ async def _serve(server, sc, stop: asyncio.Event) -> None:
         await runner.cleanup()
         raise ServeError(f"serve.host={sc.host} serve.port={sc.port}: cannot bind ({e})") \
             from None
-    port = runner.addresses[0][1]
+    port = server.port = runner.addresses[0][1]
     print(f"{PROG}: serving {server.model_name!r} on http://{sc.host}:{port}/v1 "
           f"(policy {server.worker.engine.policy.name}); stop with Ctrl-C", flush=True)
     loop = asyncio.get_running_loop()
@@ -109,15 +108,18 @@ def serve(c: dict, resolved, run_dir: Path, sc) -> dict:
     worker.start()
     asyncio.run(_serve(server, sc, asyncio.Event()))
     if worker.error is None:
-        engine.finish()   # the guard: nothing left queued or running, every KV block freed
+        try:   # the guard: nothing left queued or running, every KV block freed
+            engine.finish()
+        except RuntimeError as err:   # a bug: said, after what was served is written
+            worker.error = err
     requests = worker.requests
     req_df, it_df, summary = results(c, resolved, Single(engine), OpenLoop(requests), requests,
                                      policy, executor, time.perf_counter() - t0)
     summary["load"] = {"mode": "served"}
     summary["executor"] = c["executor"]["name"]
-    answers = Counter({str(k): v for k, v in sorted(server.counts.items())})
-    summary["served"] = {"host": sc.host, "model_name": name, "max_queue": sc.max_queue,
-                         "requests_accepted": len(requests), "http_status": dict(answers),
+    summary["served"] = {"host": sc.host, "port": server.port, "model_name": name,
+                         "max_queue": sc.max_queue, "requests_accepted": len(requests),
+                         "http_status": {str(k): v for k, v in sorted(server.counts.items())},
                          "engine_error": None if worker.error is None else
                          f"{type(worker.error).__name__}: {worker.error}"}
     write_run(run_dir, req_df, it_df, summary)
@@ -149,9 +151,8 @@ def _main(cfg: DictConfig) -> None:
 
 def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    try:
-        import aiohttp  # noqa: F401  (the optional extra)
-    except ImportError:
+    import importlib.util
+    if importlib.util.find_spec("aiohttp") is None:   # the optional extra
         sys.exit(f"{PROG}: error: aiohttp is not installed: pip install 'sarathi-lab[serve]'")
     if any(a in ("-m", "--multirun") for a in sys.argv[1:]):
         sys.exit(f"{PROG}: error: -m: a server serves one configuration (no multirun)")

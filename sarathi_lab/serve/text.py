@@ -34,23 +34,35 @@ def holds_stop(tokenizer, ids: list[int], stops: list[str]) -> bool:
 
 
 class Detokenizer:
-    """The text of a growing list of token ids, handed out in pieces that never change."""
+    """The text of a growing list of token ids, handed out in pieces that never change.
+
+    Incremental, as vLLM's: each new token is decoded with the tokens handed out before it as
+    context (`prefix`..`read`), so a token's leading space or a character split over tokens
+    comes out as decoding the whole would, and a step costs the new tokens, not the output."""
 
     def __init__(self, tokenizer, stops: list[str]):
         self.tokenizer, self.stops = tokenizer, stops
         self.ids: list[int] = []
+        self.text = ""   # the text decoded so far
+        self.prefix = self.read = 0   # ids[prefix:read]: the context of the next decode
         self.sent = 0   # characters handed out
         self.hold = max(map(len, stops), default=1) - 1
 
     def add(self, ids: list[int], final: bool = False) -> str:
         """The new text after `ids`; with `final`, everything left (cut at a stop string)."""
         self.ids += ids
-        if self.tokenizer is None:
+        tok = self.tokenizer
+        if tok is None:
             # no text without a tokenizer: each token written as vLLM's
             # --return-tokens-as-token-ids writes it, so that a client counting text chunks
             # (most load generators) sees every token
             return "".join(f"token_id:{t}" for t in ids)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        before = tok.decode(self.ids[self.prefix:self.read], skip_special_tokens=True)
+        after = tok.decode(self.ids[self.prefix:], skip_special_tokens=True)
+        if len(after) > len(before) and (final or not after.endswith("\ufffd")):
+            self.text += after[len(before):]
+            self.prefix, self.read = self.read, len(self.ids)
+        text = self.text
         cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
         if cut >= 0:
             end = cut
@@ -58,8 +70,6 @@ class Detokenizer:
             end = len(text)
         else:
             end = len(text) - self.hold
-            while end > self.sent and text[end - 1] == "\ufffd":   # half a character
-                end -= 1
         piece = text[self.sent:end] if end > self.sent else ""
         self.sent = max(self.sent, end)
         return piece

@@ -25,6 +25,7 @@ from sarathi_lab.guard import RuleViolation
 from sarathi_lab.metrics import iterations_table, summarize
 from sarathi_lab.request import Request
 from sarathi_lab.routers import ReplicaView, Router
+from sarathi_lab.topology.accounting import plugin
 from sarathi_lab.topology.driver import Topology
 
 _INF = math.inf
@@ -211,6 +212,12 @@ class Fleet(Topology):
                     raise
                 raise RuleViolation(f"replica {j}: {err}") from err
 
+    def named_engines(self) -> list[tuple]:
+        return [(f"replica {j}", e) for j, e in enumerate(self.engines)]
+
+    def describe(self) -> str:
+        return f"a fleet of {len(self.engines)} replicas behind router {plugin(self.router)}"
+
     # -- results ------------------------------------------------------------------------------
     def tables(self, requests: list[Request]):
         """(requests table, iterations table) of the whole fleet, each with a `replica` column;
@@ -265,6 +272,12 @@ class Single(Fleet):
     @property
     def engine(self) -> Engine:
         return self.engines[0]
+
+    def named_engines(self) -> list[tuple]:
+        return [("the engine", self.engines[0])]
+
+    def describe(self) -> str:
+        return "one engine"
 
     # the driver's calls, written for one engine: between two events the driver calls these a
     # few times, and a replay of 10,000 arrivals must cost no more than `Engine.run` did

@@ -1,8 +1,10 @@
 """Issue 23, item 5: every request accounted for at the end of a run on every topology
 (topology/accounting.py), arrivals the clock cannot resolve (traces/precision.py), and the bounds
 on every resource (sarathi_lab/resources.py), each tried at its limit and past it."""
+import math
 import re
 
+import pandas as pd
 import pytest
 
 from helpers import cli, composed
@@ -10,6 +12,7 @@ from sarathi_lab.guard import RuleViolation
 from sarathi_lab.routers import RoundRobin
 from sarathi_lab.runner import run
 from sarathi_lab.schedulers.sarathi import Sarathi
+from sarathi_lab.traces.precision import CLOCK_RESOLUTION_S, MAX_ARRIVAL_S
 
 SMALL = ["trace=synthetic", "trace.num_requests=24", "trace.prompt_len=64", "trace.output_len=8",
          "trace.qps=50"]
@@ -106,3 +109,47 @@ def test_cli_fails_a_run_whose_router_drops_a_request(tmp_path):
     assert r.returncode != 0
     assert "neither finished nor rejected" in r.stderr and "test_bounds.StealsQueued" in r.stderr
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+# -- arrival times the clock resolves (traces/precision.py) ------------------------------------
+def _trace_file(tmp_path, *times) -> str:
+    path = tmp_path / "far.csv"
+    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n"
+                    + "".join(f"{t!r},10,5\n" for t in times))
+    return str(path)
+
+
+def _file_run(path, *overrides, run_dir=None):
+    return run(composed(f"trace.path={path}", "trace.qps=null", "trace.num_requests=null",
+                        *overrides), run_dir, write=run_dir is not None)
+
+
+def test_an_arrival_just_inside_the_clocks_resolution_is_served(tmp_path):
+    last = math.nextafter(MAX_ARRIVAL_S, 0)
+    assert math.ulp(last) <= CLOCK_RESOLUTION_S < math.ulp(MAX_ARRIVAL_S)
+    s = _file_run(_trace_file(tmp_path, 0.0, last), run_dir=tmp_path / "run")
+    assert s["num_finished"] == 2
+    rq = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+    assert rq["arrival_time"].iloc[1] == last
+    # the same latency as the first request's, to a few microseconds (each of its iterations
+    # rounds to the clock's spacing there, under a microsecond)
+    assert (rq["ttft"] > 0).all() and (rq["e2e"] > 0).all()
+    assert abs(rq["e2e"].iloc[1] - rq["e2e"].iloc[0]) <= 10 * CLOCK_RESOLUTION_S
+
+
+@pytest.mark.parametrize("t", [MAX_ARRIVAL_S, 1e300])
+def test_an_arrival_the_clock_cannot_resolve_is_refused_naming_its_row(tmp_path, t):
+    path = _trace_file(tmp_path, 0.0, 1.0, t)
+    with pytest.raises(ValueError) as e:
+        _file_run(path)
+    assert str(e.value).startswith(
+        f"trace {path}: row 2 of the trace as built (request id 2) arrives at t={t:.6g} s, "
+        f"where the clock's resolution is {math.ulp(t):.3g} s, coarser than the 1e-06 s a run "
+        "must resolve (its latencies would round to 0): arrivals must come before "
+        "8.58993e+09 s (2**33 s, about 272 years) after the first")
+
+
+def test_a_think_time_that_sends_past_the_clocks_resolution_is_refused():
+    with pytest.raises(ValueError, match=r"^request 0, sent by user 0, arrives at "
+                                         r"t=1e\+10 s, where the clock's resolution"):
+        _run("trace.clients=1", "trace.think_time=1e10")

@@ -16,6 +16,7 @@ import numpy as np
 
 from sarathi_lab.closed_loop import THINK_STREAM, ThinkTime
 from sarathi_lab.request import Request
+from sarathi_lab.traces.precision import MAX_ARRIVAL_S, unresolvable
 
 
 class ClosedLoop:
@@ -49,6 +50,8 @@ class ClosedLoop:
             return   # nothing left to send: the user is done
         req = self.requests[sent]
         self._sent = sent + 1
+        if t >= MAX_ARRIVAL_S:   # a huge think time: the clock could not resolve the request
+            raise ValueError(unresolvable(t, f"request {req.request_id!r}, sent by user {u},"))
         if req.deadline is not None:
             req.deadline = t + (req.deadline - req.arrival_time)
         req.arrival_time = t

@@ -26,6 +26,13 @@ class ClosedLoop:
     def __init__(self, requests: list[Request], clients: int, think: ThinkTime, seed: int = 0):
         if clients < 1:
             raise ValueError(f"clients={clients}: must be >= 1")
+        if clients > max(len(requests), 1):
+            # each user has one request in flight at a time, so at most one user per request
+            # ever sends; the rest would only cost a random stream and an event each
+            raise ValueError(f"trace.clients={clients}: more users than the trace's "
+                             f"{len(requests)} requests; each user waits for its answer before "
+                             f"sending again, so at most {len(requests)} of them ever send "
+                             f"(set trace.clients <= {len(requests)})")
         self.requests = list(requests)
         self.clients = clients
         self.think = think

@@ -6,12 +6,20 @@ import re
 
 import pandas as pd
 import pytest
+import yaml
 
-from helpers import cli, composed
+from helpers import CONFIGS, cli, composed
+from sarathi_lab import resources
+from sarathi_lab.config import resolve
 from sarathi_lab.guard import RuleViolation
+from sarathi_lab.kv import KVCacheManager
+from sarathi_lab.request import Request
+from sarathi_lab.resources import ENGINE_BYTES, REQUEST_BYTES, TOKEN_BYTES, check_run
 from sarathi_lab.routers import RoundRobin
-from sarathi_lab.runner import run
+from sarathi_lab.runner import build, run
 from sarathi_lab.schedulers.sarathi import Sarathi
+from sarathi_lab.settings import ConfigError
+from sarathi_lab.traces import parse_trace_config
 from sarathi_lab.traces.precision import CLOCK_RESOLUTION_S, MAX_ARRIVAL_S
 
 SMALL = ["trace=synthetic", "trace.num_requests=24", "trace.prompt_len=64", "trace.output_len=8",
@@ -153,3 +161,137 @@ def test_a_think_time_that_sends_past_the_clocks_resolution_is_refused():
     with pytest.raises(ValueError, match=r"^request 0, sent by user 0, arrives at "
                                          r"t=1e\+10 s, where the clock's resolution"):
         _run("trace.clients=1", "trace.think_time=1e10")
+
+
+# -- bounds on every resource (sarathi_lab/resources.py and the checks it names) ---------------
+@pytest.fixture
+def memory(monkeypatch):
+    """memory(n): the run's memory limit is n bytes (as if the machine had n available)."""
+    monkeypatch.delenv(resources.LIMIT_ENV, raising=False)
+    return lambda n: monkeypatch.setattr(resources, "available_memory", lambda: n)
+
+
+def test_engines_and_requests_at_the_memory_limit_and_past_it(memory):
+    r = resolve(composed("cluster.num_replicas=2000"))
+    need = 2000 * ENGINE_BYTES + 1000 * REQUEST_BYTES + 50_000 * TOKEN_BYTES
+    memory(need)
+    check_run(r, 1000, 50_000)   # exactly at the limit: accepted
+    memory(need - 1)
+    with pytest.raises(ConfigError) as e:
+        check_run(r, 1000, 50_000)
+    assert str(e.value) == (
+        f"cluster.num_replicas: the run would hold about {need / 2**30:,.1f} GiB "
+        "(cluster.num_replicas=2000: 2,000 x 450.0 kB per engine, trace.num_requests=1000: "
+        "1,000 x 1.1 kB per request, trace.num_requests=1000 (their output tokens): 50,000 x "
+        "0.1 kB per output token; measured per item, sarathi_lab/resources.py) but "
+        f"{(need - 1) / 2**30:,.1f} GiB is the limit (the memory available now; "
+        "SARATHI_LAB_MEMORY_GIB=GiB sets another); lower cluster.num_replicas")
+
+
+@pytest.mark.parametrize("overrides, setting", [
+    (["cluster.num_replicas=2000"], "cluster.num_replicas"),
+    (["cluster=disagg", "cluster.prefill.num_replicas=1000", "cluster.decode.num_replicas=1000"],
+     "cluster.prefill.num_replicas"),
+    (["trace.num_requests=1000000000"], "trace.num_requests"),
+])
+def test_a_run_past_the_memory_limit_is_refused_before_it_is_built(monkeypatch, overrides,
+                                                                    setting):
+    monkeypatch.setenv(resources.LIMIT_ENV, "0.5")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(setting)}: the run would hold about "
+                                          r".* but 0\.5 GiB is the limit "
+                                          r"\(SARATHI_LAB_MEMORY_GIB=0\.5\); lower "):
+        _run(*overrides)
+
+
+def test_the_memory_limit_setting_is_checked(monkeypatch):
+    monkeypatch.setenv(resources.LIMIT_ENV, "lots")
+    with pytest.raises(ConfigError, match="^SARATHI_LAB_MEMORY_GIB='lots': must be a number of "
+                                          "GiB > 0$"):
+        resources.memory_limit()
+
+
+@pytest.mark.slow
+def test_cli_refuses_two_thousand_replicas_past_the_limit(tmp_path):
+    r = cli(f"hydra.run.dir={tmp_path}/run", "cluster.num_replicas=2000",
+            env={resources.LIMIT_ENV: "0.5"})
+    assert r.returncode != 0
+    assert "sarathi-lab: error: cluster.num_replicas: the run would hold about 0.8 GiB" \
+        in r.stderr, r.stderr
+
+
+def test_kv_blocks_are_made_on_first_use():
+    kv = KVCacheManager(10**12, 16)   # a trillion blocks: nothing built up front
+    a = Request(0, 0.0, 40, 4)
+    assert kv.allocate_slots(a, 40) is not None
+    assert kv.block_table(a) == [0, 1, 2] and len(kv.pool.blocks) == 3
+    assert kv.num_free_blocks == 10**12 - 3
+    kv.free(a)
+    b = Request(1, 0.0, 70, 4)
+    kv.allocate_slots(b, 70)   # the freed blocks first (last freed on top), then new ones
+    assert kv.block_table(b) == [0, 1, 2, 3, 4] and len(kv.pool.blocks) == 5
+
+
+def test_tiny_model_on_a_large_simulated_gpu_builds_no_blocks_up_front():
+    policy, _ = build(composed("model=tiny-llama", "hardware=h200"))
+    assert policy.kv.num_blocks > 10**7 and len(policy.kv.pool.blocks) == 0
+
+
+def test_closed_loop_users_at_most_one_per_request():
+    s = _run("trace.clients=24", "trace.think_time=0.1")   # 24 requests: at the limit
+    assert s["num_finished"] == 24
+    with pytest.raises(ValueError, match=r"^trace\.clients=25: more users than the trace's 24 "
+                                         r"requests; each user waits for its answer before "
+                                         r"sending again, so at most 24 of them ever send "
+                                         r"\(set trace\.clients <= 24\)$"):
+        _run("trace.clients=25")
+
+
+def test_swap_space_at_the_simulated_hosts_limit_and_past_it():
+    over = ["scheduler.preemption_mode=swap"]
+    # 70% of 2 TB over 8 GPUs: 162.98... GiB each
+    policy, _ = build(composed(*over, "scheduler.swap_space_gib=162.98"))
+    assert policy.kv.num_host_blocks == 83445
+    with pytest.raises(ConfigError) as e:
+        build(composed(*over, "scheduler.swap_space_gib=162.99"))
+    assert str(e.value) == (
+        "scheduler.swap_space_gib: a swap space of 162.988 GiB per GPU (83,450 KV blocks), on "
+        "each of hardware.gpus_per_node=8 GPUs, takes 1,304 GiB of the node's host memory "
+        "(hardware.host_memory_bytes=2e+12, 1,863 GiB), more than the 70% vLLM allows; lower "
+        "scheduler.swap_space_gib (or scheduler.num_swap_blocks) to at most 162.98 GiB per GPU")
+
+
+def test_mix_tenants_at_most_one_per_request():
+    base = composed("trace=mix", "trace.num_requests=40")["trace"]
+    n = parse_trace_config(base).counts()["chat"]
+    base["components"]["chat"]["tenants"] = n
+    assert parse_trace_config(base).components["chat"].tenants == n   # at the limit
+    base["components"]["chat"]["tenants"] = 10**9
+    with pytest.raises(ConfigError, match=rf"^trace\.components\.chat\.tenants=1000000000: more "
+                                          rf"tenants than the component's {n} requests \(of "
+                                          rf"num_requests=40\); a tenant without a request has "
+                                          rf"no service to measure \(set at most {n}, or more "
+                                          rf"requests\)$"):
+        parse_trace_config(base)
+
+
+def _sweep_ends(preset: str) -> list[list[str]]:
+    """The overrides of a preset's sweep jobs at the first and at the last value of every
+    swept key."""
+    params = yaml.safe_load((CONFIGS / "experiment" / f"{preset}.yaml").read_text())
+    params = params.get("hydra", {}).get("sweeper", {}).get("params", {})
+    values = {k: str(v).split(",") for k, v in params.items()}
+    return [[f"{k}={v[end]}" for k, v in values.items()] for end in (0, -1)]
+
+
+@pytest.mark.parametrize("preset", sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml")))
+def test_no_shipped_study_trips_a_bound(monkeypatch, preset):
+    """The first and the last job of each preset's sweep resolve, fit 8 GiB (a laptop's
+    memory) and build their first engine (where the swap space is checked)."""
+    monkeypatch.setenv(resources.LIMIT_ENV, "8")
+    for jobs in _sweep_ends(preset):
+        c = composed(f"experiment={preset}", *jobs)
+        r = resolve(c, jobs, drop_unread=True)   # as a sweep's job is
+        check_run(r, c["trace"].get("num_requests"))
+        build(c, r)
+        clients = c["trace"].get("clients")
+        assert clients is None or clients <= c["trace"]["num_requests"], jobs

@@ -16,6 +16,7 @@ from sarathi_lab.executors.base import Executor
 from sarathi_lab.guard import BatchGuard
 from sarathi_lab.request import Request
 from sarathi_lab.schedulers.base import Policy
+from sarathi_lab.schedulers.output import SchedulerOutput
 from sarathi_lab.skip_runs import NO_SWAPS, SkipRuns, all_decoding
 
 log = logging.getLogger(__name__)
@@ -228,6 +229,8 @@ class Engine(SkipRuns):
             out = policy.schedule(self.now)
         except Exception as e:
             raise self._blame(policy, "schedule", e) from e
+        if out.__class__ is not SchedulerOutput:   # a subclass passes the guard's own check
+            self.guard.output_type(out, self._where)
         if not out.reqs:   # len(out), without a Python-level call
             if out.swapped_out or out.swapped_in:
                 self.guard.swaps_without_batch(out, self._where)

@@ -355,7 +355,8 @@ def route(router: Router, req: Request, views, t: float, pool: str = "") -> int:
     if not isinstance(j, Integral) or isinstance(j, bool) or not 0 <= j < n:
         cls = type(router)
         raise ValueError(f"router {router.name or cls.__qualname__!r} "
-                         f"({cls.__module__}.{cls.__qualname__}) returned {j!r} for "
+                         f"({cls.__module__}.{cls.__qualname__}.route()) broke the rule "
+                         f"'route() returns a replica index': it returned {j!r} for "
                          f"{where}request {req.request_id!r} at t={t:.3f}s: must be a replica "
                          f"index, an integer in [0, {n})")
     return int(j)

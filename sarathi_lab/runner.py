@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from sarathi_lab import rundir
-from sarathi_lab.config import Resolved, resolve
+from sarathi_lab.config import Resolved, check_settings_act, resolve
 from sarathi_lab.engine import Engine
 from sarathi_lab.kv import KVCacheManager
 from sarathi_lab.resources import check_run
@@ -189,7 +189,7 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
     """Simulate or execute the configured run; write requests.parquet, iterations.parquet and
     summary.json (last, atomically: its presence marks a complete run). Returns the summary.
     write=False (capacity probes) returns the summary and writes nothing."""
-    from sarathi_lab.traces import build_trace, to_requests
+    from sarathi_lab.traces import build_trace, describe_trace, to_requests
     c = plain(cfg)
     r = resolved or resolve(c)
     if write:
@@ -199,12 +199,22 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
     # what the run will hold, refused before it is built if it cannot fit (resources.py)
     check_run(r, None if requests is not None else (c.get("trace") or {}).get("num_requests"))
     policy, executor = build(c, r)
+<<<<<<< HEAD
     output_tokens = 0
+=======
+    served = None   # what was done to the trace file (summary.json's trace)
+>>>>>>> main
     if requests is None:
-        trace = executor.prepare_trace(build_trace(c["trace"]), c["trace"])
+        built = build_trace(c["trace"])
+        served = describe_trace(built)
+        trace = executor.prepare_trace(built, c["trace"])
         requests = to_requests(trace)
+<<<<<<< HEAD
         output_tokens = int(trace["num_output_tokens"].sum())
     check_run(r, len(requests), output_tokens)
+=======
+    check_settings_act(r, requests, (c.get("trace") or {}).get("name", "?"))
+>>>>>>> main
     bar, progress = _progress_bar(len(requests), r.run.progress, executor.simulated)
     pp = getattr(r.executor_cfg, "pipeline_parallel", 1)
     engine = Engine(policy, executor, fast_forward=r.run.fast_forward and pp == 1,
@@ -221,6 +231,8 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
     summary = topology.summarize(req_df, it_df, slo=c.get("slo"),
                                  price_per_gpu_hour=(r.hardware or {}).get("price_per_gpu_hour"))
     summary["load"] = load.describe()
+    if served is not None:
+        summary["trace"] = served
     summary["wall_time_s"] = wall
     summary["simulated"] = executor.simulated
     summary["cost_model"] = executor.cost_model_record()

@@ -222,6 +222,22 @@ def _pool_lines(s: dict) -> list[str]:
     return lines + [line]
 
 
+def _trace_text(s: dict) -> str:
+    """"my.csv (its own arrival times, all 500 requests)", "sharegpt (arrivals drawn at 2 req/s,
+    first 1000 requests)": the trace and what was done to it (summary.json's trace)."""
+    t = s.get("trace")
+    if not t:   # requests given by the caller (a capacity probe), or an older summary
+        return str((s.get("config", {}).get("trace") or {}).get("name", "?"))
+    if t["arrivals"] == "mix":
+        return str(t["name"])
+    rate = "" if t.get("qps") is None else f" {t['qps']:g} req/s"
+    how = {"own": "its own arrival times", "retimed": f"re-timed to{rate}",
+           "drawn": f"arrivals drawn at{rate}"}.get(t["arrivals"], t["arrivals"])
+    n = (f"first {t['cut_to']} requests" if t.get("cut_to") else
+         f"all {t['num_requests']} requests")
+    return f"{t['name']} ({how}, {n})"
+
+
 def _bytes(n: float) -> str:
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n >= size:
@@ -264,7 +280,7 @@ def format_summary(s: dict) -> str:
     where = (f"simulated {hw.get('name', '(no hardware preset)')}" if sim else
              f"executor {ex.get('name')} ({ex.get('device', '?')})")
     head = (f"{_policy(s, cfg)} | {cfg.get('model', {}).get('name', '?')}"
-            f" on {where} | trace {cfg.get('trace', {}).get('name', '?')}")
+            f" on {where} | trace {_trace_text(s)}")
     lines = [head]
     if "replicas" in s:
         per = ", ".join(str(p["num_requests"]) for p in s["replicas"])

@@ -631,7 +631,8 @@ def test_bad_length_spec(spec):
 # ---------------------------------------------------------------- config group
 
 SCHEMA = {"name", "path", "num_requests", "qps", "arrival", "cv", "on_s", "off_s",
-          "max_total_tokens", "max_prompt_tokens", "shuffle", "seed", "clients", "think_time"}
+          "max_total_tokens", "max_prompt_tokens", "shuffle", "seed", "clients", "think_time",
+          "tokenizer", "chat_template"}
 
 
 # the options that are workload mixes (traces/mixes.py; tests/test_workloads.py), not one trace

@@ -36,8 +36,12 @@ from sarathi_lab.executors.base import Executor, ExecutorConfig, StepResult
 from sarathi_lab.kernels.sequence_kv import SequenceKV
 from sarathi_lab.models.llama import AttnMetadata
 from sarathi_lab.models.dtypes import torch_dtype
+<<<<<<< HEAD
 from sarathi_lab.models.loader import load_model
 from sarathi_lab.resources import available_memory
+=======
+from sarathi_lab.models.loader import check_memory, load_model
+>>>>>>> main
 from sarathi_lab.settings import ConfigError, setting
 
 log = logging.getLogger(__name__)
@@ -76,6 +80,11 @@ class TorchConfig(ExecutorConfig):
              "time (time.thread_time), which other jobs on a shared machine do not stretch by "
              "taking the core (they still slow it through shared caches and memory). cpu needs "
              "executor.device=cpu and one torch thread (num_threads=1)")
+
+    def validate(self) -> None:
+        if self.top_p < 1 and self.temperature == 0:
+            raise ValueError(f"top_p={self.top_p}: read only with executor.temperature > 0 "
+                             "(temperature 0 decodes greedily, from no sampled nucleus)")
 
 
 def eos_token_ids(model_cfg: dict) -> tuple[int, ...]:
@@ -164,6 +173,12 @@ class TorchExecutor(Executor):
                     "miss: set num_threads=1")
         # the clock of StepResult.duration and of the phase timers
         self.now = time.thread_time if cfg.clock == "cpu" else time.perf_counter
+        # weights, KV (on a CPU a budget; on a GPU a share of what the weights leave) and
+        # activations against the memory free now, before any of it is allocated
+        kv = 0 if on_gpu else int(cfg.kv_cache_gib * 2**30) * (2 if self.backend == "torch" else 1)
+        check_memory(self.model_cfg, self.dtype, kv, "executor.kv_cache_gib",
+                     torch.cuda.mem_get_info(self.device)[0] if on_gpu else available_memory(),
+                     str(self.device))
         self.model = load_model(self.model_cfg, self.device, self.dtype)
         self.args = self.model.args
         if any(i >= self.args.vocab_size for i in self.eos_ids):
@@ -264,6 +279,11 @@ class TorchExecutor(Executor):
             log.info("executor.stop_at_eos=null: the trace has no prompt ids, so its random "
                      "prompts run to the trace's output lengths (set it to true to stop at EOS)")
             self.stop_at_eos = False
+        if own and self.shared_prefix_len:
+            raise ConfigError(f"executor.shared_prefix_len={self.shared_prefix_len}: the trace "
+                              "carries its own prompt_token_ids, which are kept, so there are no "
+                              "random prompts to open with a shared prefix (it is for a "
+                              "length-only trace)")
         seed = (trace_cfg or {}).get("seed")
         return attach_prompt_ids(df, self.args.vocab_size, seed=self.seed if seed is None else seed,
                                  shared_prefix_len=self.shared_prefix_len)

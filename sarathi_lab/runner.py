@@ -199,22 +199,16 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
     # what the run will hold, refused before it is built if it cannot fit (resources.py)
     check_run(r, None if requests is not None else (c.get("trace") or {}).get("num_requests"))
     policy, executor = build(c, r)
-<<<<<<< HEAD
     output_tokens = 0
-=======
     served = None   # what was done to the trace file (summary.json's trace)
->>>>>>> main
     if requests is None:
         built = build_trace(c["trace"])
         served = describe_trace(built)
         trace = executor.prepare_trace(built, c["trace"])
         requests = to_requests(trace)
-<<<<<<< HEAD
         output_tokens = int(trace["num_output_tokens"].sum())
     check_run(r, len(requests), output_tokens)
-=======
     check_settings_act(r, requests, (c.get("trace") or {}).get("name", "?"))
->>>>>>> main
     bar, progress = _progress_bar(len(requests), r.run.progress, executor.simulated)
     pp = getattr(r.executor_cfg, "pipeline_parallel", 1)
     engine = Engine(policy, executor, fast_forward=r.run.fast_forward and pp == 1,

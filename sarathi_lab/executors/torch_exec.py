@@ -36,12 +36,8 @@ from sarathi_lab.executors.base import Executor, ExecutorConfig, StepResult
 from sarathi_lab.kernels.sequence_kv import SequenceKV
 from sarathi_lab.models.llama import AttnMetadata
 from sarathi_lab.models.dtypes import torch_dtype
-<<<<<<< HEAD
-from sarathi_lab.models.loader import load_model
-from sarathi_lab.resources import available_memory
-=======
 from sarathi_lab.models.loader import check_memory, load_model
->>>>>>> main
+from sarathi_lab.resources import available_memory
 from sarathi_lab.settings import ConfigError, setting
 
 log = logging.getLogger(__name__)

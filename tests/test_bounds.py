@@ -295,3 +295,15 @@ def test_no_shipped_study_trips_a_bound(monkeypatch, preset):
         build(c, r)
         clients = c["trace"].get("clients")
         assert clients is None or clients <= c["trace"]["num_requests"], jobs
+
+
+@pytest.mark.slow
+def test_a_sweep_with_a_job_past_the_memory_limit_fails_before_its_first_job(tmp_path):
+    r = cli("-m", f"results_root={tmp_path}", "name=big", "trace.num_requests=20",
+            "cluster.num_replicas=1,2000", env={resources.LIMIT_ENV: "0.5"})
+    assert r.returncode != 0
+    assert r.stderr.startswith("sarathi-lab: error: sweep big: job 2/2 (trace.num_requests=20,"
+                               "cluster.num_replicas=2000): cluster.num_replicas: the run would "
+                               "hold about 0.8 GiB"), r.stderr
+    assert r.stderr.rstrip().endswith("lower cluster.num_replicas; no job was started")
+    assert not list(tmp_path.rglob("summary.json"))   # job 1 never ran

@@ -13,6 +13,7 @@ from sarathi_lab import rundir
 from sarathi_lab.config import Resolved, check_settings_act, resolve
 from sarathi_lab.engine import Engine
 from sarathi_lab.kv import KVCacheManager
+from sarathi_lab.resources import check_run
 from sarathi_lab.settings import ConfigError, plain
 from sarathi_lab.topology import Fleet, OpenLoop, Single, drive
 
@@ -195,13 +196,18 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
+    # what the run will hold, refused before it is built if it cannot fit (resources.py)
+    check_run(r, None if requests is not None else (c.get("trace") or {}).get("num_requests"))
     policy, executor = build(c, r)
+    output_tokens = 0
     served = None   # what was done to the trace file (summary.json's trace)
     if requests is None:
         built = build_trace(c["trace"])
         served = describe_trace(built)
         trace = executor.prepare_trace(built, c["trace"])
         requests = to_requests(trace)
+        output_tokens = int(trace["num_output_tokens"].sum())
+    check_run(r, len(requests), output_tokens)
     check_settings_act(r, requests, (c.get("trace") or {}).get("name", "?"))
     bar, progress = _progress_bar(len(requests), r.run.progress, executor.simulated)
     pp = getattr(r.executor_cfg, "pipeline_parallel", 1)

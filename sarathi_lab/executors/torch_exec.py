@@ -37,6 +37,7 @@ from sarathi_lab.kernels.sequence_kv import SequenceKV
 from sarathi_lab.models.llama import AttnMetadata
 from sarathi_lab.models.dtypes import torch_dtype
 from sarathi_lab.models.loader import check_memory, load_model
+from sarathi_lab.resources import available_memory
 from sarathi_lab.settings import ConfigError, setting
 
 log = logging.getLogger(__name__)
@@ -107,16 +108,6 @@ def eos_token_ids(model_cfg: dict) -> tuple[int, ...]:
     return ()
 
 
-def available_memory() -> int | None:
-    """Bytes of host memory available now (Linux's MemAvailable), or None if unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 class TorchExecutor(Executor):

@@ -39,6 +39,7 @@ pyproject.toml, checked by tests/test_layers.py):
     frame        the frame's columns; to_requests
     files        shipped names and files; reading text and gzip
     filters      the length filters
+    precision    arrival times the clock can resolve
     tokens       tokenizer loading; attach_prompt_ids
     csv_formats  CSV formats, recognised by their columns
     jsonl        JSONL traces

@@ -11,6 +11,7 @@ from sarathi_lab.closed_loop import ClientSettings
 from sarathi_lab.settings import parse, plain, setting
 from sarathi_lab.traces.arrivals import ARRIVALS, burst_of, check_arrival_settings
 from sarathi_lab.traces.files import SHIPPED
+from sarathi_lab.traces.precision import check_arrivals
 from sarathi_lab.traces.load import load_trace
 from sarathi_lab.traces.mixes import MixConfig, build_mix
 from sarathi_lab.traces.synthetic import synthetic_trace
@@ -79,7 +80,9 @@ def build_trace(cfg) -> pd.DataFrame:
     a DictConfig or a dict, checked by `parse_trace_config`)."""
     tc = cfg if isinstance(cfg, TraceConfig) else parse_trace_config(cfg)
     if not isinstance(tc, TraceConfig):
-        return build_mix(tc)
+        df = build_mix(tc)
+        check_arrivals(df, "mix")
+        return df
     common = dict(qps=tc.qps, arrival=tc.arrival, cv=tc.cv, burst=burst_of(tc),
                   max_total_tokens=tc.max_total_tokens,
                   max_prompt_tokens=tc.max_prompt_tokens, seed=tc.seed)
@@ -90,6 +93,7 @@ def build_trace(cfg) -> pd.DataFrame:
         df = load_trace(tc.path, num_requests=tc.num_requests, tokenizer=tc.tokenizer,
                         shuffle=tc.shuffle, chat_template=tc.chat_template, **common)
     df.attrs["name"] = tc.name or str(tc.path or "synthetic")
+    check_arrivals(df, str(tc.path) if tc.path is not None else df.attrs["name"])
     return df
 
 

@@ -10,7 +10,7 @@ import pandas as pd
 
 from sarathi_lab.traces.arrivals import arrival_times, check_arrival_options, retime
 from sarathi_lab.traces.csv_formats import read_csv
-from sarathi_lab.traces.files import is_json, resolve_trace
+from sarathi_lab.traces.files import SHIPPED, is_json, resolve_trace
 from sarathi_lab.traces.filters import check_filters, describe_filters, length_mask
 from sarathi_lab.traces.jsonl import read_jsonl
 from sarathi_lab.traces.streams import ARRIVAL_STREAM, SHUFFLE_STREAM, stream_rng
@@ -81,7 +81,10 @@ def load_trace(path, *, num_requests=None, qps=None, arrival="poisson", cv=1.0, 
     # what was done to the file's requests, for the summary (build.describe_trace)
     arrivals = ("own" if qps is None else "retimed") if timed else "drawn"
     cut = num_requests if num_requests is not None and len(df) == num_requests else None
-    df.attrs.update(source=str(src), format=raw.attrs["format"], dropped=dropped,
+    # a shipped trace by its name: the package's install path says nothing about the run and
+    # would differ between two checkouts of the same code
+    source = f"shipped:{path}" if isinstance(path, str) and path in SHIPPED else str(src)
+    df.attrs.update(source=source, format=raw.attrs["format"], dropped=dropped,
                     arrivals=arrivals, qps=qps, cut_to=cut)
     return df
 

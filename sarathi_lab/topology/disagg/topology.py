@@ -36,6 +36,7 @@ from sarathi_lab.guard import RuleViolation
 from sarathi_lab.metrics import queue_stats, summarize, transfer_stats
 from sarathi_lab.request import Request
 from sarathi_lab.routers import Router
+from sarathi_lab.topology.accounting import plugin
 from sarathi_lab.topology.disagg.settings import POOLS
 from sarathi_lab.topology.disagg.transfer import Transfer
 from sarathi_lab.topology.driver import INTERNAL, Topology
@@ -325,6 +326,16 @@ class Disaggregated(Topology):
                     e.finish(f"{POOLS[pool]} replica {j}: ")
                 except RuleViolation as err:
                     raise RuleViolation(f"{POOLS[pool]} replica {j}: {err}") from err
+
+    def named_engines(self) -> list[tuple]:
+        return [(f"{POOLS[pool]} replica {j}", e)
+                for pool, engines in enumerate((self.prefill, self.decode))
+                for j, e in enumerate(engines)]
+
+    def describe(self) -> str:
+        return "disaggregated pools (" + ", ".join(
+            f"{len(engines)} {POOLS[pool]} replicas behind router {plugin(self.routers[pool])}"
+            for pool, engines in enumerate((self.prefill, self.decode))) + ")"
 
     # -- results ------------------------------------------------------------------------------
     def tables(self, requests: list[Request]):

@@ -10,7 +10,6 @@ import http.client
 import json
 import os
 import re
-import select
 import shlex
 import signal
 import subprocess
@@ -29,6 +28,7 @@ from sarathi_lab import runner
 from sarathi_lab.engine import Engine
 from sarathi_lab.request import Request, Status
 from sarathi_lab.serve.command import configure
+from sarathi_lab.serve.launch import wait_for_address
 from sarathi_lab.serve.protocol import ApiError, parse_generation
 from sarathi_lab.sweeps import register_resolvers
 
@@ -173,22 +173,12 @@ class Served:
             [sys.executable, "-c", "from sarathi_lab.serve.command import main; main()",
              "serve.port=0", "executor.device=cpu", "executor.kv_cache_gib=0.02", *overrides],
             cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.out: list[str] = []
         self.completed = 0      # completions answered 200 (streamed or whole)
         self.disconnected = 0   # streams the tests broke off
-        deadline = time.monotonic() + timeout
-        while True:
-            ready, _, _ = select.select([self.proc.stdout], [], [], 1.0)
-            if ready:
-                line = self.proc.stdout.readline()
-                self.out.append(line)
-                if "serving" in line:
-                    self.port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
-                    return
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.proc.kill()
-                raise AssertionError(f"the server did not start: {''.join(self.out)}"
-                                     f"{self.proc.stderr.read()}")
+        try:
+            _, self.port, self.out = wait_for_address(self.proc, timeout)
+        except RuntimeError as e:
+            raise AssertionError(f"the server did not start: {e}{self.proc.stderr.read()}")
 
     def request(self, method, path, body=None, timeout=60):
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -26,6 +25,8 @@ import time
 from pathlib import Path
 
 import pandas as pd
+
+from sarathi_lab.serve.launch import wait_for_address
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -85,19 +86,10 @@ class Server:
             [str(BIN / "sarathi-lab-serve"), "serve.port=0", "serve.host=127.0.0.1",
              f"hydra.run.dir={out / 'served'}", *overrides],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        self.lines: list[str] = []
-        deadline = time.monotonic() + timeout
-        while True:
-            ready, _, _ = select.select([self.proc.stdout], [], [], 1.0)
-            if ready:
-                line = self.proc.stdout.readline()
-                self.lines.append(line)
-                if " on http://127.0.0.1:" in line:
-                    self.url = line.split(" on ")[1].split()[0]
-                    return
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.proc.kill()
-                raise SystemExit("serve_check: the server did not start:\n" + "".join(self.lines))
+        try:
+            self.url, _, self.lines = wait_for_address(self.proc, timeout)
+        except RuntimeError as e:
+            raise SystemExit(f"serve_check: the server did not start: {e}") from None
 
     def stop(self, timeout: float = 300) -> Path:
         self.proc.send_signal(signal.SIGINT)

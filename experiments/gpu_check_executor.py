@@ -25,7 +25,8 @@ from sarathi_lab.schedulers.output import SchedulerOutput
 
 BIG = dict(name="llama-1b-random", num_layers=16, hidden_size=2048, intermediate_size=8192,
            num_heads=32, num_kv_heads=8, head_dim=64, vocab_size=32000, max_model_len=4096,
-           rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False, init_seed=0)
+           rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False, init_seed=0,
+           random_weights=True)   # 1.3B parameters: random weights asked for (models/loader.py)
 TINY = dict(BIG, name="tiny-llama", num_layers=2, hidden_size=64, intermediate_size=128,
             num_heads=4, num_kv_heads=2, head_dim=16, vocab_size=512, max_model_len=512)
 

@@ -85,6 +85,7 @@ STUDIES = (
     # real runs of the torch executor on this CPU
     Study("chunk_overhead", (_py("chunk_overhead/run.py"),), 4, ("results/chunk_overhead",)),
     Study("fidelity", (_py("fidelity/run.py"),), 10, ("results/fidelity",)),
+    Study("serve_check", (_py("serve_check/run.py"),), 1, ("results/serve_check",)),
     Study("real_check", (Step(("sarathi-lab-prepare-model", "smollm2")),
                          _py("real_check/run.py")), 15, ("results/real_check",)),
 )

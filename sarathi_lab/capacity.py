@@ -23,6 +23,7 @@ import pandas as pd
 
 from sarathi_lab import rundir
 from sarathi_lab.settings import ConfigError
+from sarathi_lab.summary_text import format_criterion
 
 CRITERIA = {
     "tbt": ("meets_tbt_slo", "Sarathi-Serve"),
@@ -43,14 +44,13 @@ def criterion_defined(slo: dict, crit: str) -> bool:
 
 
 def describe(slo: dict, crit: str) -> str:
+    """What criterion `crit` checks, each part with its limit."""
+    from sarathi_lab.metrics import slo_judged_by
     if crit == "tbt":
-        return (f"P99 TBT <= {slo.get('p99_tbt')} s and median scheduling delay <= "
-                f"{slo.get('max_median_scheduling_delay', 2.0)} s")
-    parts = [f"{k.upper() if k != 'request_p99_tbt' else 'own P99 TBT'} <= {slo[k]} s"
-             for k in ("ttft", "tpot", "request_p99_tbt", "e2e") if slo.get(k) is not None]
-    classes = ", ".join(slo.get("classes") or {})
+        return (f"P99 TBT <= {slo.get('p99_tbt')} s, median scheduling delay <= "
+                f"{slo.get('max_median_scheduling_delay', 2.0)} s and no request rejected")
     return (f">= {slo.get('attainment_target', 0.9):.0%} of requests meet "
-            + " and ".join(parts) + (f" (classes {classes}: their own targets)" if classes else ""))
+            + slo_judged_by(slo))
 
 
 def unit_arrivals(n: int, kind: str, seed: int, trace_times: np.ndarray | None) -> np.ndarray:
@@ -101,12 +101,20 @@ def check_context(c: dict, trace) -> None:
         "short (overlong=cap)")
 
 
+def _missed(slo: dict, key: str) -> str:
+    """The parts of criterion `key` a probe missed, each with its value and limit ("median
+    scheduling delay 3.1 s > 2 s missed by 1.1 s"); "" when it met them all."""
+    return "; ".join(format_criterion(c) for c in slo.get("criteria") or []
+                     if c["criterion"] == key and c["met"] is False)
+
+
 def _probe_row(qps: float, s: dict, wall: float) -> dict:
     slo = s.get("slo") or {}
     return {
         "qps": qps,
         "meets_tbt_slo": bool(slo.get("meets_tbt_slo", False)),
         "meets_attainment": bool(slo.get("meets_attainment", False)),
+        "tbt_missed": _missed(slo, "tbt"), "attainment_missed": _missed(slo, "attainment"),
         "tbt_p99": s["tbt"]["p99"], "scheduling_delay_p50": s["scheduling_delay"]["p50"],
         "ttft_p50": s["ttft"]["p50"], "ttft_p99": s["ttft"]["p99"],
         "tpot_p50": s["tpot"]["p50"], "tpot_p99": s["tpot"]["p99"],
@@ -133,6 +141,7 @@ class Prober:
         self.unit = unit_arrivals(len(trace), cap.get("arrivals", "poisson"),
                                   c.get("seed", 0), trace["arrival_time"].to_numpy())
         self.probes: list[dict] = []
+        self.pool_policies: dict | None = None
         self._seen: dict[float, dict] = {}
 
     def __call__(self, qps: float, criterion: str) -> dict:
@@ -150,6 +159,8 @@ class Prober:
         row = {"probe": len(self.probes) + 1, "criterion": criterion,
                **_probe_row(qps, s, time.perf_counter() - t0)}
         self.probes.append(row)
+        if "pools" in s:   # disaggregated: each pool may run another policy
+            self.pool_policies = {name: p["policy"] for name, p in s["pools"].items()}
         self._seen[key] = row
         return row
 
@@ -223,6 +234,7 @@ def search(c: dict, out_dir) -> dict:
         "mode": "capacity",
         "name": c.get("name"),
         "policy": c["scheduler"]["name"],
+        "pool_policies": prober.pool_policies,
         "model": c["model"].get("name"),
         "hardware": (c.get("hardware") or {}).get("name"),
         "trace": c["trace"].get("name"),
@@ -273,7 +285,10 @@ def short_answer(result: dict) -> str:
 def format_result(result: dict) -> str:
     slo = result["slo"]
     dropped = result.get("trace_dropped")
-    lines = [f"capacity of {result['policy']} | {result['model']} on {result['hardware']} | "
+    pools = result.get("pool_policies") or {}
+    policy = ", ".join(f"{k} pool {v}" for k, v in pools.items()) \
+        if len(set(pools.values())) > 1 else result["policy"]
+    lines = [f"capacity of {policy} | {result['model']} on {result['hardware']} | "
              f"trace {result['trace']} ({result['num_requests']} requests"
              + (f", {dropped} longer ones dropped" if dropped else "")
              + f", {result['arrivals']} arrivals) | SLO {slo.get('name', '?')}"]
@@ -283,11 +298,22 @@ def format_result(result: dict) -> str:
                      f"  {r['definition']}" + (f"  [{r['note']}]" if r["note"] else "")
                      + (f"  ${r['usd_per_1m_output_tokens']:.3g} per 1M output tokens"
                         if r.get("usd_per_1m_output_tokens") else ""))
+        failed = _failing_probe(result["probes"], k, r["fails_at_qps"])
+        if failed:
+            lines.append(f"  {'':<14} at {r['fails_at_qps']:.4g} req/s it missed: {failed}")
     for k, why in result["skipped_criteria"].items():
         lines.append(f"  {CRITERIA[k][1]:<14} {'n/a':>12}   {why}")
     lines.append(f"  {len(result['probes'])} simulations in "
                  f"{sum(p['wall_s'] for p in result['probes']):.1f} s")
     return "\n".join(lines)
+
+
+def _failing_probe(probes: list[dict], crit: str, qps: float | None) -> str:
+    """What the probe at `qps` (the lowest failing rate) missed of criterion `crit`."""
+    if qps is None:
+        return ""
+    row = next((p for p in probes if round(p["qps"], 9) == round(qps, 9)), None)
+    return (row or {}).get(f"{crit}_missed", "")
 
 
 def capacity_rows(result: dict) -> list[dict]:

@@ -40,7 +40,8 @@ _single_run_dir: Path | None = None   # a single run's directory, for what a sto
 def check_config(c: dict, overrides=None, multirun: bool = False):
     """Every component's settings typed and checked (`config.resolve`), before any run
     directory is made or model loaded. Returns the `Resolved` config."""
-    from sarathi_lab.config import resolve
+    from sarathi_lab.config import follow_the_user, resolve
+    follow_the_user(c, overrides)   # in place: the run reads c
     return resolve(c, overrides, drop_unread=multirun)
 
 

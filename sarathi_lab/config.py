@@ -105,6 +105,8 @@ class ClusterConfig:
 @dataclass
 class SLOConfig:
     name: str = setting("", help="label")
+    model: str | None = setting(None, help="the model preset whose limits these are; null: any "
+                                           "model (a run of another model needs slo= chosen)")
     p99_tbt: float | None = setting(None, gt=0, help="s, pooled P99 TBT (capacity criterion)")
     max_median_scheduling_delay: float = setting(2.0, gt=0, help="s, capacity criterion")
     request_p99_tbt: float | None = setting(None, gt=0, help="s, a request's own P99 TBT")
@@ -244,6 +246,15 @@ def _override_keys(overrides) -> list[str]:
     return keys
 
 
+def follow_the_user(c: dict, overrides) -> None:
+    """Edit the plain config `c` in place (before `resolve`; the run and summary.json read it)
+    so that defaults follow what the user asked for: a trace file named with ``trace.path``
+    keeps its own times and all its requests (`traces.own_trace_defaults`)."""
+    from sarathi_lab.traces import own_trace_defaults
+    if isinstance(c.get("trace"), dict):
+        c["trace"] = own_trace_defaults(c["trace"], _override_keys(overrides))
+
+
 def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
     """Type and check every component's settings. `overrides`: the command line's, to tell
     settings a user made from defaults (a default of an unread group is simply left out).
@@ -308,6 +319,7 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
         hardware = None
 
     slo = parse(SLOConfig, _node(c, "slo"), "slo") if c.get("slo") else None
+    _check_slo_model(slo, _node(c, "model").get("name"), user)
     capacity = None
     if run.mode == "capacity":
         capacity = parse(CapacityConfig, _node(c, "capacity"), "capacity")
@@ -327,6 +339,7 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
     for k in user:
         if k.startswith("model.") and not executor_cls.reads_model_key(k.split(".")[1]):
             unread(k, f"executor {e_name!r} does not read it (it reads the model's shape)")
+    _check_random_weight_keys(model, user, unread)
     cluster, router_cls, router_cfg = _cluster(c, user, unread, notes if drop_unread else None)
     if pp > 1 and cluster.num_replicas > 1:
         raise ConfigError(f"executor.pipeline_parallel={pp} with cluster.num_replicas="
@@ -393,3 +406,52 @@ def _drop_unread_knobs(node: dict, config_class: type, where: str, who: str, use
             if f"{where}.{k}" in user:
                 notes.append(f"{where}.{k}: not read by {who}")
                 node.pop(k)
+
+
+def _presets(group: str) -> set[str]:
+    """The shipped options of a config group (configs/<group>/*.yaml)."""
+    from importlib.resources import files
+    return {p.name[:-5] for p in files("sarathi_lab.configs").joinpath(group).iterdir()
+            if p.name.endswith(".yaml")}
+
+
+def _check_slo_model(slo: SLOConfig | None, model: str | None, user: list[str]) -> None:
+    """An SLO set for one model judges a run of another only when the user chose it (`slo=` on
+    the command line): the default follows the model (configs/config.yaml: ``${model}-strict``),
+    but an experiment's or a sweep's fixed SLO would otherwise judge another model silently.
+    A model of the user's own (a `model.name` that is no preset) has no SLO of its own to offer
+    instead, and is judged by the one composed."""
+    if slo is None or slo.model is None or model is None or slo.model == model or "slo" in user:
+        return
+    if model not in _presets("model"):   # a model of the user's own: no SLO of its own to offer
+        return
+    raise ConfigError(
+        f"slo={slo.name}: its limits were set for model {slo.model}, but this run's model is "
+        f"{model}; choose this model's SLO (slo={model}-strict or slo={model}-relaxed, "
+        f"configs/slo), or name slo={slo.name} on the command line to judge {model} by "
+        f"{slo.model}'s limits anyway")
+
+
+def check_settings_act(r: Resolved, requests, trace_name: str) -> None:
+    """Settings that act only on something the requests carry, checked once they are built (the
+    unread-settings rule of `resolve`, for what only the trace tells): deadline admission needs
+    requests with a deadline."""
+    cfgs = [r.policy_cfg] if r.disagg is None else \
+        [p.resolved.policy_cfg for p in (r.disagg.prefill, r.disagg.decode)]
+    if any(c.deadline_admission for c in cfgs) and \
+            not any(q.deadline is not None for q in requests):
+        raise ConfigError(
+            f"scheduler.deadline_admission=true: no request of trace {trace_name} has a "
+            "deadline, so admission by deadline cannot act; use a trace whose requests carry "
+            "one (a deadline column or key, or a mix component's deadline, e.g. trace=chat) or "
+            "leave deadline_admission off")
+
+
+def _check_random_weight_keys(model: dict, user: list[str], unread) -> None:
+    """The random weights' seed and scale act only without ``model.path`` (weights loaded)."""
+    if not model.get("path"):
+        return
+    for k in ("model.init_seed", "model.init_std"):
+        if k in user:
+            unread(k, f"random weights only: the weights are loaded from model.path="
+                      f"{model['path']}")

@@ -14,8 +14,9 @@ import numpy as np
 
 from sarathi_lab.executors.base import Executor
 from sarathi_lab.guard import BatchGuard
-from sarathi_lab.request import Request
+from sarathi_lab.request import Request, Status
 from sarathi_lab.schedulers.base import Policy
+from sarathi_lab.schedulers.output import SchedulerOutput
 from sarathi_lab.skip_runs import NO_SWAPS, SkipRuns, all_decoding
 
 log = logging.getLogger(__name__)
@@ -205,6 +206,27 @@ class Engine(SkipRuns):
         self.num_done += 1
         return False
 
+    def abort(self, req: Request, reason: str, finish_reason: str | None = None) -> bool:
+        """End `req` now wherever it is (`sarathi-lab-serve`: its client went away): the
+        policy drops it and frees its KV (`Policy.abort`), the executor forgets it, and it
+        counts as done: rejected with `reason`, or with `finish_reason` (a request the server
+        ended itself, e.g. at a stop string) finished at its last token. False if it had
+        already ended. Called between steps."""
+        try:
+            if not self.policy.abort(req, reason):
+                return False
+        except Exception as e:
+            raise self._blame(self.policy, "abort", e) from e
+        self.executor.abort(req)
+        if finish_reason is not None:
+            req.status = Status.FINISHED
+            req.rejection_reason = None
+            req.finish_reason = finish_reason
+            req.finish_time = req.token_times[-1] if req.token_times else self.now
+        self._resume = None
+        self.num_done += 1
+        return True
+
     def overlong_reason(self, req: Request, out_len: int | None) -> str | None:
         """Why `req`, whose workload output is `out_len` tokens, is refused on arrival: its
         prompt and output exceed max_model_len (with overlong=reject); None if it is not."""
@@ -244,6 +266,8 @@ class Engine(SkipRuns):
             out = policy.schedule(self.now)
         except Exception as e:
             raise self._blame(policy, "schedule", e) from e
+        if out.__class__ is not SchedulerOutput:   # a subclass passes the guard's own check
+            self.guard.output_type(out, self._where)
         if not out.reqs:   # len(out), without a Python-level call
             if out.swapped_out or out.swapped_in:
                 self.guard.swaps_without_batch(out, self._where)

@@ -23,6 +23,11 @@ RUNNING = Status.RUNNING
 SWAPPED = Status.SWAPPED
 
 
+def _short(x, limit: int = 60) -> str:
+    text = repr(x)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 class RuleViolation(RuntimeError):
     """A policy broke a rule of the engine; the message names the plug-in, rule and request."""
 
@@ -41,10 +46,23 @@ class BatchGuard:
         self.swap_log: dict = {}
 
     def _fail(self, rule: str, detail: str, where) -> None:
+        """Raise a RuleViolation naming the plug-in's class, the method whose result broke
+        `rule` (during the run the batch schedule() returned; the end-of-run check names
+        none), the moment and the detail."""
         cls = type(self.policy)
         where = where() if callable(where) else where
-        raise RuleViolation(f"{cls.__module__}.{cls.__qualname__} broke the rule '{rule}' "
-                            f"{where}: {detail}")
+        method = "" if where == "at the end" else ".schedule()"
+        raise RuleViolation(f"{cls.__module__}.{cls.__qualname__}{method} broke the rule "
+                            f"'{rule}' {where}: {detail}")
+
+    def output_type(self, out, where) -> None:
+        """schedule() must return a SchedulerOutput (a subclass will do)."""
+        from sarathi_lab.schedulers.output import SchedulerOutput
+        if not isinstance(out, SchedulerOutput):
+            got = "None" if out is None else f"a {type(out).__name__}: {_short(out)}"
+            self._fail("schedule() returns a SchedulerOutput", f"it returned {got} (build one "
+                       "with out = SchedulerOutput(), out.add(req, n) per request, and return "
+                       "out)", where)
 
     def check(self, out, where, stop=None) -> tuple[int, list[int] | None]:
         """Check the batch `out` before it runs. Returns how many of its entries sample a token
@@ -172,8 +190,12 @@ class BatchGuard:
             self._fail("only running requests", f"request {rid!r} is {r.status.name.lower()}",
                        where)
         if end > todo:
+            # a schedule() that moves num_computed_tokens forward itself, then gives the tokens
+            # the request had left before, ends here: say who may move it
             self._fail("no more tokens than a request has left", f"request {rid!r} is given {k} "
-                       f"tokens with {todo - r.num_computed_tokens} left to compute", where)
+                       f"tokens with {todo - r.num_computed_tokens} left to compute (its "
+                       f"num_computed_tokens is {r.num_computed_tokens}; only the engine's "
+                       "update() may move it, never schedule())", where)
         self._fail("KV slots for every token", f"request {rid!r} is given {k} tokens after "
                    f"{r.num_computed_tokens} but holds KV slots for {held}", where)
 

@@ -10,9 +10,10 @@ import time
 from pathlib import Path
 
 from sarathi_lab import rundir
-from sarathi_lab.config import Resolved, resolve
+from sarathi_lab.config import Resolved, check_settings_act, resolve
 from sarathi_lab.engine import Engine
 from sarathi_lab.kv import KVCacheManager
+from sarathi_lab.resources import check_run
 from sarathi_lab.settings import ConfigError, plain
 from sarathi_lab.topology import Fleet, OpenLoop, Single, drive
 
@@ -188,17 +189,26 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
     """Simulate or execute the configured run; write requests.parquet, iterations.parquet and
     summary.json (last, atomically: its presence marks a complete run). Returns the summary.
     write=False (capacity probes) returns the summary and writes nothing."""
-    from sarathi_lab.traces import build_trace, to_requests
+    from sarathi_lab.traces import build_trace, describe_trace, to_requests
     c = plain(cfg)
     r = resolved or resolve(c)
     if write:
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
+    # what the run will hold, refused before it is built if it cannot fit (resources.py)
+    check_run(r, None if requests is not None else (c.get("trace") or {}).get("num_requests"))
     policy, executor = build(c, r)
+    output_tokens = 0
+    served = None   # what was done to the trace file (summary.json's trace)
     if requests is None:
-        trace = executor.prepare_trace(build_trace(c["trace"]), c["trace"])
+        built = build_trace(c["trace"])
+        served = describe_trace(built)
+        trace = executor.prepare_trace(built, c["trace"])
         requests = to_requests(trace)
+        output_tokens = int(trace["num_output_tokens"].sum())
+    check_run(r, len(requests), output_tokens)
+    check_settings_act(r, requests, (c.get("trace") or {}).get("name", "?"))
     bar, progress = _progress_bar(len(requests), r.run.progress, executor.simulated)
     pp = getattr(r.executor_cfg, "pipeline_parallel", 1)
     engine = Engine(policy, executor, fast_forward=r.run.fast_forward and pp == 1,
@@ -209,21 +219,38 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
     if bar is not None:
         bar.close()
     wall = time.perf_counter() - t0
+    req_df, it_df, summary = results(c, r, topology, load, requests, policy, executor, wall,
+                                     trace_record=served)
+    if write:
+        write_run(run_dir, req_df, it_df, summary)
+    return summary
+
+
+def results(c: dict, r: Resolved, topology, load, requests, policy, executor, wall: float,
+            trace_record: dict | None = None):
+    """(requests table, iterations table, summary) of a driven run: the topology's tables and
+    summary with the load's columns and record, what was done to the trace file
+    (`trace_record`, if any), the wall time and the settings used (also for a served session:
+    `sarathi_lab/serve`)."""
     req_df, it_df = topology.tables(requests)
     for i, (name, values) in enumerate(load.columns().items()):
         req_df.insert(1 + i, name, values)   # closed loop: the user who sent each request
     summary = topology.summarize(req_df, it_df, slo=c.get("slo"),
                                  price_per_gpu_hour=(r.hardware or {}).get("price_per_gpu_hour"))
     summary["load"] = load.describe()
+    if trace_record is not None:
+        summary["trace"] = trace_record
     summary["wall_time_s"] = wall
     summary["simulated"] = executor.simulated
     summary["cost_model"] = executor.cost_model_record()
     summary["config"] = c
     summary["settings"] = used_settings(r, policy) if r.disagg is None else \
         disagg_settings(r, policy, topology.decode[0].policy)
-    if not write:
-        return summary
+    return req_df, it_df, summary
+
+
+def write_run(run_dir: Path, req_df, it_df, summary: dict) -> None:
+    """The run directory's files; summary.json last (its presence marks a complete run)."""
     rundir.write_parquet(run_dir / rundir.REQUESTS, req_df)
     rundir.write_parquet(run_dir / rundir.ITERATIONS, it_df)
     rundir.write_json(run_dir / rundir.SUMMARY, summary)
-    return summary

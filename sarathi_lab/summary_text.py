@@ -28,6 +28,8 @@ def _top_rejections(s: dict) -> str:
 
 
 def _duration(v: float, digits: int = 3) -> str:
+    if abs(v) >= 10 ** digits:   # no exponent: 8240 s, not 8.24e+03 s
+        return f"{v:.0f} s"
     return f"{v * 1e3:.{digits}g} ms" if abs(v) < 1 else f"{v:.{digits}g} s"
 
 
@@ -66,24 +68,41 @@ def format_criterion(c: dict) -> str:
     return f"{label} {v} {op} {lim} {'met' if met else 'missed'}{by}"
 
 
+# each capacity criterion: its source, the parts it checks (summary["slo"]["criteria"])
+_CRITERION_NAMES = {
+    "tbt": ("Sarathi-Serve", "P99 TBT, median scheduling delay, no rejection"),
+    "attainment": ("DistServe", "share of requests meeting the SLO"),
+}
+
+
+def _missed_parts(crit: list[dict], key: str) -> list[str]:
+    """The labels of the parts of criterion `key` that missed ("median scheduling delay")."""
+    return ["rejections" if c["name"] == "num_rejected"
+            else _CRITERIA.get(c["name"], (c["name"],))[0]
+            for c in crit if c["criterion"] == key and c["met"] is False]   # None: not observed
+
+
 def _slo_lines(slo: dict) -> list[str]:
     per_gpu = slo.get("goodput_rps_per_gpu")
     per_gpu = "" if per_gpu is None or per_gpu == slo["goodput_rps"] else \
         f" ({per_gpu:.2f} per GPU)"
+    judged = slo.get("judged_by")
     lines = [f"SLO {slo.get('name', '')}: attainment {slo['attainment']:.1%}, "
-             f"goodput {slo['goodput_rps']:.2f} req/s{per_gpu}"]
+             f"goodput {slo['goodput_rps']:.2f} req/s{per_gpu}"
+             + (f", judged by {judged}" if judged else "")]
     if slo.get("classes_without_targets"):
         lines.append("  classes without targets of their own (the top-level ones apply): "
                      + ", ".join(slo["classes_without_targets"]))
     crit = slo.get("criteria") or []
-    for key, who in (("tbt", "Sarathi-Serve P99-TBT"), ("attainment", "DistServe attainment")):
+    for key, (who, checks) in _CRITERION_NAMES.items():
         parts = [format_criterion(c) for c in crit if c["criterion"] == key]
         if parts:
-            ok = all(c["met"] for c in crit if c["criterion"] == key)
-            lines.append(f"  {who} criterion {'met' if ok else 'missed'}:")
+            missed = _missed_parts(crit, key)
+            verdict = f"missed on {', '.join(missed)}" if missed else "met"
+            lines.append(f"  {who} criterion ({checks}): {verdict}")
             lines += [f"    {p}" for p in parts]
         elif key == "tbt":
-            lines.append(f"  {who} criterion: not defined (slo.p99_tbt is not set)")
+            lines.append(f"  {who} criterion ({checks}): not defined (slo.p99_tbt is not set)")
     return lines
 
 
@@ -192,12 +211,66 @@ def _pool_lines(s: dict) -> list[str]:
     gb = link["bandwidth"] * link["eff"] / 1e9
     line = (f"link {link['kind']}: {gb:.3g} GB/s per GPU, {link['latency_s'] * 1e6:.3g} us, "
             f"{tr['mode']}, TP{tr['tp_prefill']} -> TP{tr['tp_decode']}; "
-            f"{t['num_transfers']} transfers of {t['bytes_total'] / 1e9:.3g} GB")
+            f"{t['num_transfers']} KV transfers (one per request moved), "
+            f"{_bytes(t['bytes_total'])} in total")
     if t["num_transfers"]:
-        line += (f", each {t['time_s']['p50'] * 1e3:.3g} ms median ({t['time_s']['max'] * 1e3:.3g}"
-                 f" max), waited {t['wait_s']['p50'] * 1e3:.3g} ms median "
-                 f"({t['wait_s']['max'] * 1e3:.3g} max)")
+        b = t["bytes"]
+        line += (f"; per request {_bytes(b['mean'])} on average ({_bytes(b['p50'])} median, "
+                 f"{_bytes(b['max'])} max), {_duration(t['time_s']['p50'])} on the link median "
+                 f"({_duration(t['time_s']['max'])} max), waited "
+                 f"{_duration(t['wait_s']['p50'])} median ({_duration(t['wait_s']['max'])} max)")
     return lines + [line]
+
+
+def _trace_text(s: dict) -> str:
+    """"my.csv (its own arrival times, all 500 requests)", "sharegpt (arrivals drawn at 2 req/s,
+    first 1000 requests)": the trace and what was done to it (summary.json's trace)."""
+    t = s.get("trace")
+    if (s.get("load") or {}).get("mode") == "served":   # sarathi-lab-serve: no trace
+        return "arrivals over HTTP (served)"
+    if not t:   # requests given by the caller (a capacity probe), or an older summary
+        return str((s.get("config", {}).get("trace") or {}).get("name", "?"))
+    if t["arrivals"] == "mix":
+        return str(t["name"])
+    rate = "" if t.get("qps") is None else f" {t['qps']:g} req/s"
+    how = {"own": "its own arrival times", "retimed": f"re-timed to{rate}",
+           "drawn": f"arrivals drawn at{rate}"}.get(t["arrivals"], t["arrivals"])
+    n = (f"first {t['cut_to']} requests" if t.get("cut_to") else
+         f"all {t['num_requests']} requests")
+    return f"{t['name']} ({how}, {n})"
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def _policy(s: dict, cfg: dict) -> str:
+    """The run's policy; with disaggregated pools each pool's (they may differ)."""
+    if "pools" in s:
+        names = {p["policy"] for p in s["pools"].values()}
+        if len(names) > 1:
+            return ", ".join(f"{name} pool {p['policy']}" for name, p in s["pools"].items())
+        return names.pop()
+    return cfg.get("scheduler", {}).get("name", "?")
+
+
+def _stall_line(st: dict) -> str:
+    return (f"stalls (TBT gaps > {st['factor']:g}x a decode-only step of the same batch size): "
+            f"{st['count']}, worst {_duration(st['worst_s'])}; "
+            f"{_duration(st['time_lost_s'])} of decode time lost "
+            f"({_share(st['time_lost_share'])} of all TBT gaps)")
+
+
+def _queue_line(q: dict) -> str:
+    line = (f"queue (arrived, not yet scheduled): {q['mean']:.2f} requests on average over the "
+            f"makespan, at most {q['max']}")
+    if "iteration_end_mean" in q:
+        line += (f"; the policy's waiting queue after each iteration: "
+                 f"{q['iteration_end_mean']:.2f} on average, at most {q['iteration_end_max']}")
+    return line
 
 
 def format_summary(s: dict) -> str:
@@ -208,8 +281,8 @@ def format_summary(s: dict) -> str:
     hw = (s.get("settings") or {}).get("hardware", cfg.get("hardware")) or {}
     where = (f"simulated {hw.get('name', '(no hardware preset)')}" if sim else
              f"executor {ex.get('name')} ({ex.get('device', '?')})")
-    head = (f"{cfg.get('scheduler', {}).get('name', '?')} | {cfg.get('model', {}).get('name', '?')}"
-            f" on {where} | trace {cfg.get('trace', {}).get('name', '?')}")
+    head = (f"{_policy(s, cfg)} | {cfg.get('model', {}).get('name', '?')}"
+            f" on {where} | trace {_trace_text(s)}")
     lines = [head]
     if "replicas" in s:
         per = ", ".join(str(p["num_requests"]) for p in s["replicas"])
@@ -244,9 +317,7 @@ def format_summary(s: dict) -> str:
         cells = "".join(f"{st[k]:>10.4f}" if st[k] is not None else f"{'-':>10}"
                         for k in ("p50", "p90", "p99", "max"))
         lines.append(f"{key:<18}{cells}")
-    st = s["stalls"]
-    lines.append(f"\nstalls (gaps > {st['threshold_s'] * 1e3:.1f} ms): {st['count']}, "
-                 f"worst {st['worst_s'] * 1e3:.1f} ms")
+    lines.append("\n" + _stall_line(s["stalls"]))
     if "kv" in s:
         kv = s["kv"]
         lines.append(f"KV: {kv['blocks_total']} blocks, utilisation mean "
@@ -264,8 +335,7 @@ def format_summary(s: dict) -> str:
                      f"space {sw['host_blocks_total']} blocks, at most "
                      f"{sw['host_utilization_max']:.1%} used")
     if s.get("queue") is not None:
-        lines.append(f"queue: {s['queue']['mean']:.2f} requests waiting on average over time, "
-                     f"at most {s['queue']['max']}")
+        lines.append(_queue_line(s["queue"]))
     if "cost" in s:
         lines.append(_cost_line(s))
     if "slo" in s:

@@ -100,6 +100,7 @@ def check_jobs(config: DictConfig) -> str | None:
     from hydra.core.hydra_config import HydraConfig
     from sarathi_lab.cli_errors import explain
     from sarathi_lab.config import resolve
+    from sarathi_lab.resources import check_run
     jobs = job_overrides(config)
     if not jobs:
         return None
@@ -115,7 +116,9 @@ def check_jobs(config: DictConfig) -> str | None:
                 with read_write(cfg), open_dict(cfg):
                     del cfg["hydra"]   # as run_job gives the job its config
                 c = OmegaConf.to_container(cfg, resolve=True)
-                resolve(c, list(overrides), drop_unread=True)
+                r = resolve(c, list(overrides), drop_unread=True)
+                # what the job would hold in memory, as the run checks it (resources.py)
+                check_run(r, (c.get("trace") or {}).get("num_requests"))
             except (ConfigError, ValueError) as e:
                 return f"job {i}/{len(jobs)} ({label}): {e}"
             except Exception as e:   # Hydra's: a group option or key that does not exist

@@ -6,6 +6,8 @@ import numpy as np
 from sarathi_lab.costmodels.base import CostModel, CostModelConfig
 from sarathi_lab.costmodels.roofline import RooflineConfig, RooflineCostModel
 from sarathi_lab.executors.base import Executor, ExecutorConfig, StepResult
+from sarathi_lab.routers import Router
+from sarathi_lab.schedulers.sarathi import Sarathi
 from sarathi_lab.settings import setting
 
 
@@ -81,3 +83,45 @@ class FixedCost(CostModel):
     @property
     def max_model_len(self):
         return self.memory.max_model_len
+
+
+# -- plug-ins that break a contract (tests/test_labels.py: each message names the plug-in, the
+# method and the rule) ---------------------------------------------------------------------------
+
+
+class ReturnsNone(Sarathi):
+    """Builds its batch and forgets to return it."""
+    def schedule(self, now):
+        super().schedule(now)
+
+
+class ReturnsList(Sarathi):
+    """Returns the batch's requests instead of the batch."""
+    def schedule(self, now):
+        return list(super().schedule(now).reqs)
+
+
+class AddsZeroTokens(Sarathi):
+    """Adds the first running request again with nothing to compute."""
+    def schedule(self, now):
+        out = super().schedule(now)
+        if self.running:
+            out.add(self.running[0], 0)
+        return out
+
+
+class MovesProgress(Sarathi):
+    """Counts a token as computed before the batch runs."""
+    def schedule(self, now):
+        out = super().schedule(now)
+        for r in out.reqs:
+            r.num_computed_tokens += 1
+        return out
+
+
+class ToNowhere(Router):
+    """Sends every request one past the last replica."""
+    name = "to_nowhere"
+
+    def route(self, req, replicas, now):
+        return len(replicas)

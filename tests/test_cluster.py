@@ -317,9 +317,10 @@ class Wrong(Router):
 def test_a_router_returning_no_replica_is_named(answer):
     router = Wrong(RouterConfig(), 2)
     router.answer = answer
-    with pytest.raises(ValueError, match=r"router 'wrong' \(test_cluster\.Wrong\) returned "
-                                         r".* for request 0 at t=0\.000s: must be a replica "
-                                         r"index, an integer in \[0, 2\)"):
+    with pytest.raises(ValueError, match=r"router 'wrong' \(test_cluster\.Wrong\.route\(\)\) "
+                                         r"broke the rule 'route\(\) returns a replica index': "
+                                         r"it returned .* for request 0 at t=0\.000s: must be a "
+                                         r"replica index, an integer in \[0, 2\)"):
         Fleet(engines(2), router).run([req(0, 8, 2)])
 
 

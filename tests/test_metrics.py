@@ -244,8 +244,11 @@ def test_summary_does_not_depend_on_when_the_run_starts():
 
 def test_stalls_against_decode_only_median():
     s = summarize(four_requests(), ITERS)
-    # median decode-only duration 1 (the 10 s prefill iteration is not a decode), x 5 = 5
-    assert s["stalls"] == {"threshold_s": 5.0, "count": 1, "worst_s": 6.0}
+    # every gap ends after the last decode-only iteration (batch of 1 request: median 1, the
+    # 10 s prefill iteration is not a decode); x 5 = 5: the gap of 6 alone, 5 s lost of the
+    # 9 s of gaps (1 + 1 + 0.5 + 0.5 + 6)
+    assert s["stalls"] == {"factor": 5.0, "count": 1, "worst_s": 6.0, "time_lost_s": 5.0,
+                           "time_lost_share": approx(5 / 9)}
     # a gap equal to the threshold is no stall: factor 1 -> threshold 1, gaps of 1 are not > 1
     assert summarize(four_requests(), ITERS, stall_factor=1.0)["stalls"]["count"] == 1
     assert summarize(four_requests(), ITERS, stall_factor=0.9)["stalls"]["count"] == 3
@@ -256,14 +259,17 @@ def test_stalls_without_decode_only_iterations_use_all():
     prefill_only = iterations_table([it_row(1.0, prefill=8), it_row(2.0, prefill=8),
                                      it_row(1.2, prefill=8)])
     st = summarize(four_requests(), prefill_only, stall_factor=2.0)["stalls"]
-    assert st == {"threshold_s": 2.4, "count": 1, "worst_s": 6.0}   # median 1.2
+    # median 1.2 (all 9-request batches), x 2 = 2.4: the gap of 6, 4.8 s lost
+    assert st == {"factor": 2.0, "count": 1, "worst_s": 6.0, "time_lost_s": approx(4.8),
+                  "time_lost_share": approx(4.8 / 9)}
 
 
 def test_stalls_when_iterations_take_no_time():
     # an executor that reports zero durations: every positive gap exceeds 5 x 0
     free = iterations_table([it_row(0.0, prefill=4), it_row(0.0, prefill=4)])
-    assert summarize(four_requests(), free)["stalls"] == {"threshold_s": 0.0, "count": 5,
-                                                          "worst_s": 6.0}
+    # and loses all of itself: 9 s of 9
+    assert summarize(four_requests(), free)["stalls"] == {
+        "factor": 5.0, "count": 5, "worst_s": 6.0, "time_lost_s": 9.0, "time_lost_share": 1.0}
 
 
 @pytest.mark.filterwarnings("error")   # the empty iteration's 0 / 0 is quiet
@@ -374,7 +380,8 @@ def test_nothing_finished_gives_zeros_and_no_stats():
     assert (s["num_finished"], s["num_rejected"], s["num_iterations"]) == (0, 2, 0)
     assert s["makespan_s"] == 0.0 and s["throughput_rps"] == 0.0 and s["throughput_tok_s"] == 0.0
     assert s["ttft"] == {"mean": None, "p50": None, "p90": None, "p99": None, "max": None}
-    assert s["stalls"] == {"threshold_s": 0.0, "count": 0, "worst_s": 0.0}   # no NaN
+    assert s["stalls"] == {"factor": 5.0, "count": 0, "worst_s": 0.0, "time_lost_s": 0.0,
+                           "time_lost_share": 0.0}   # no NaN
     assert s["kv"] == {"blocks_total": 4, "utilization_mean": 0.0, "utilization_max": 0.0,
                        "internal_waste_mean": 0.0, "token_share_mean": 0.0}
     assert s["batch"] == {"requests_mean": 0.0, "requests_max": 0}
@@ -451,7 +458,8 @@ def test_sarathi_run_recorded_and_summarised(ff):
     assert s["scheduling_delay"]["max"] == approx(0.005)             # c: 0.025 -> 0.03
     assert s["scheduling_delay"]["p50"] == 0.0
     assert s["tbt"]["mean"] == approx(0.01) and s["tbt"]["max"] == approx(0.01)
-    assert s["stalls"] == approx({"threshold_s": 0.05, "count": 0, "worst_s": 0.01})
+    assert s["stalls"] == approx({"factor": 5.0, "count": 0, "worst_s": 0.01, "time_lost_s": 0.0,
+                                  "time_lost_share": 0.0})
     kv = s["kv"]
     assert kv["blocks_total"] == 16
     assert kv["utilization_mean"] == approx(9 / 5 / 16)
@@ -522,9 +530,11 @@ def test_preempting_run_summary(ff):
     # a: (0.129 - 0.026) / 9, b: (0.196 - 0.026) / 9
     assert s["tpot"]["max"] == approx(0.170 / 9) and s["tpot"]["p50"] == approx(0.273 / 18)
     assert s["e2e"]["mean"] == approx((0.129 + 0.196) / 2)
-    # b's gap over its preemption (0.074 -> 0.152) is the stall: decode-only iterations take
-    # 0.011 s (9 of 13) or 0.012 s, median 0.011, threshold 5 x 0.011
-    assert s["stalls"] == approx({"threshold_s": 0.055, "count": 1, "worst_s": 0.078})
+    # b's gap over its preemption (0.074 -> 0.152) is the stall: it ends with it11, a batch of
+    # 1 request, whose decode-only step is 0.011 s (batches of 2: 0.012 s); threshold
+    # 5 x 0.011; lost 0.078 - 0.011 of the 0.273 s of gaps (9 x 0.011 + 8 x 0.012 + 0.078)
+    assert s["stalls"] == approx({"factor": 5.0, "count": 1, "worst_s": 0.078,
+                                  "time_lost_s": 0.067, "time_lost_share": 0.067 / 0.273})
     # 18 gaps pooled: 9 of 0.011, 8 of 0.012, one of 0.078; P99 at position 16.83
     assert s["tbt"]["p99"] == approx(0.012 + 0.83 * 0.066)
     assert s["tbt"]["mean"] == approx((9 * 0.011 + 8 * 0.012 + 0.078) / 18)
@@ -551,8 +561,15 @@ def test_vllm_prefill_stalls_a_decode():
     reqs = [Request(0, 0.0, 4, 4), Request(1, 0.02, 50, 1)]
     s = run(cfg, None, requests=reqs, write=False)
     assert reqs[0].token_times == approx([0.014, 0.025, 0.096, 0.107])
-    assert s["stalls"] == approx({"threshold_s": 0.055, "count": 1, "worst_s": 0.071})
+    # a's gap 0.025 -> 0.096 ends with it4, a batch of 1, whose decode-only step is 0.011 s
+    # (it2, it4, it5): > 5 x 0.011, 0.060 s lost of a's 0.093 s of gaps
+    assert s["stalls"] == approx({"factor": 5.0, "count": 1, "worst_s": 0.071,
+                                  "time_lost_s": 0.060, "time_lost_share": 0.060 / 0.093})
     assert s["scheduling_delay"]["max"] == approx(0.005)
+    # b waits from 0.02 to 0.025 (it arrived during it2): 0.005 s of the 0.107 s makespan; the
+    # policy's queue after each iteration never holds it (vLLM admits it at once)
+    assert s["queue"] == approx({"mean": 0.005 / 0.107, "max": 1, "iteration_end_mean": 0.0,
+                                 "iteration_end_max": 0})
     assert s["ttft"]["max"] == approx(0.065)
     # b's TTFT 0.065 misses 0.05; a's 0.014 meets it
     assert s["slo"]["attainment"] == 0.5 and s["slo"]["goodput_rps"] == approx(1 / 0.107)

@@ -118,9 +118,11 @@ def test_queue_length_weighted_by_time():
     it = iterations_table([(0, 1.0, 4, 0, 1, 0, 0, 0, 3), (1, 2.0, 0, 1, 1, 0, 0, 0, 0),
                            (3, 1.0, 0, 1, 1, 0, 0, 0, 6)])
     q = summarize(scenario(), it)["queue"]
-    assert q == {"mean": approx((3 * 1 + 0 * 2 + 6 * 1) / 4), "max": 6}
+    # every request of the scenario is scheduled as it arrives: none waits
+    assert q == {"mean": 0.0, "max": 0, "iteration_end_mean": approx((3 * 1 + 0 * 2 + 6 * 1) / 4),
+                 "iteration_end_max": 6}
     instant = iterations_table([(0, 0.0, 4, 0, 1, 0, 0, 0, 1), (0, 0.0, 4, 0, 1, 0, 0, 0, 4)])
-    assert summarize(scenario(), instant)["queue"]["mean"] == 2.5
+    assert summarize(scenario(), instant)["queue"]["iteration_end_mean"] == 2.5
 
 
 @pytest.mark.parametrize("ff", [True, False])
@@ -132,7 +134,8 @@ def test_the_engine_records_the_waiting_queue(ff):
     engine.run([req(i, 4, 6) for i in range(3)])
     it = iterations_table(engine.iterations())
     assert list(it["num_waiting"]) == [2] * 6 + [1] * 6 + [0] * 6
-    assert summarize(scenario(), it)["queue"] == {"mean": 1.0, "max": 2}
+    q = summarize(scenario(), it)["queue"]
+    assert (q["iteration_end_mean"], q["iteration_end_max"]) == (1.0, 2)
 
 
 def test_cost_by_hand():
@@ -182,7 +185,9 @@ def test_summary_text_shows_classes_tenants_fairness_and_cost():
     assert ("Jain's index 0.980 of service (1.000 by the last arrival), 0.920 of the share of "
             "demand served") in text
     assert "$1.25e+03 per 1M output tokens" in text and "2 GPU(s)" in text
-    assert "queue: 3.00 requests waiting" in text
+    assert ("queue (arrived, not yet scheduled): 0.00 requests on average over the makespan, at "
+            "most 0; the policy's waiting queue after each iteration: 3.00 on average, at most "
+            "3") in text
     assert "classes without targets" not in text
     one = summarize(scenario().assign(slo_class="x", tenant="y"), iterations_table([]))
     one.update(wall_time_s=0.0, config={})
@@ -211,8 +216,10 @@ def test_cost_at_capacity_and_the_attainment_criterion_with_classes():
     assert criterion_defined({"e2e": 60.0}, "attainment")
     assert criterion_defined({"classes": {"batch": {"e2e": 60.0}}}, "attainment")
     assert not criterion_defined({"classes": {"chat": {"request_p99_tbt": 0.1}}}, "attainment")
+    # a class listed without targets has none (its entry replaces the top-level ones)
     assert describe({"e2e": 60.0, "classes": {"batch": {}}}, "attainment") == \
-        ">= 90% of requests meet E2E <= 60.0 s (classes batch: their own targets)"
+        (">= 90% of requests meet class batch: no target; any other class: E2E <= 60 s "
+         "(no TTFT target)")
 
 
 def test_design_defines_the_service_figures():

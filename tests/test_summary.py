@@ -189,7 +189,8 @@ def test_slo_criteria_say_what_was_met_and_by_how_much():
     assert crit["attainment"]["value"] == pytest.approx(1 / 3) and not crit["attainment"]["met"]
     assert s["slo"]["meets_tbt_slo"] is False and s["slo"]["meets_attainment"] is False
     text = format_summary(s)
-    assert "Sarathi-Serve P99-TBT criterion missed:" in text
+    assert ("Sarathi-Serve criterion (P99 TBT, median scheduling delay, no rejection): missed "
+            "on median scheduling delay, rejections\n") in text
     assert "P99 TBT 198 ms <= 250 ms met" in text
     assert "median scheduling delay 2.75 s > 2 s missed by 750 ms" in text
     assert "rejected 1 requests (missed" in text
@@ -212,7 +213,8 @@ def test_no_tbt_criterion_without_a_p99_tbt_slo():
     s = hand_run({**SLO, "p99_tbt": None})
     assert [c["name"] for c in s["slo"]["criteria"]] == ["attainment"]
     assert s["slo"]["meets_tbt_slo"] is False
-    assert "P99-TBT criterion: not defined" in format_summary(s)
+    assert "Sarathi-Serve criterion (P99 TBT, median scheduling delay, no rejection): not " \
+        "defined (slo.p99_tbt is not set)" in format_summary(s)
 
 
 def test_value_and_limit_get_the_digits_that_tell_them_apart():
@@ -230,7 +232,7 @@ def test_check_served():
     with pytest.raises(NothingServed, match="all 2 requests were rejected.*2 x prompt of N"):
         check_served(s)
     assert "ALL 2 REQUESTS WERE REJECTED" in format_summary(s)
-    assert json.loads(json.dumps(s, allow_nan=False))["stalls"]["threshold_s"] == 0.0
+    assert json.loads(json.dumps(s, allow_nan=False))["stalls"]["time_lost_share"] == 0.0
 
 
 @pytest.mark.slow   # a CLI subprocess

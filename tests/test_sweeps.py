@@ -255,7 +255,8 @@ def test_start_collecting_sets_start_up_aside_once_and_turns_the_collector_on():
         frozen = gc.get_freeze_count()
         later = [[] for _ in range(1000)]   # noqa: F841 -- a job's objects
         start_collecting()                  # a later job: nothing more set aside
-        assert gc.get_freeze_count() == frozen
+        # (<=, not ==: a frozen object another test's thread still held may be freed meanwhile)
+        assert gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()
         (gc.enable if was else gc.disable)()

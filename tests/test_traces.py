@@ -57,7 +57,7 @@ def test_shipped_trace_rows_and_stats(name):
     assert df["arrival_time"].is_monotonic_increasing
     if duration:
         assert df["arrival_time"].iloc[-1] == pytest.approx(duration, abs=1)
-    assert df.attrs["source"].endswith(SHIPPED[name])
+    assert df.attrs["source"] == f"shipped:{name}"   # not the install path (checkouts differ)
     assert df.attrs["dropped"] == 0
 
 
@@ -631,7 +631,8 @@ def test_bad_length_spec(spec):
 # ---------------------------------------------------------------- config group
 
 SCHEMA = {"name", "path", "num_requests", "qps", "arrival", "cv", "on_s", "off_s",
-          "max_total_tokens", "max_prompt_tokens", "shuffle", "seed", "clients", "think_time"}
+          "max_total_tokens", "max_prompt_tokens", "shuffle", "seed", "clients", "think_time",
+          "tokenizer", "chat_template"}
 
 
 # the options that are workload mixes (traces/mixes.py; tests/test_workloads.py), not one trace

@@ -68,7 +68,8 @@ SCALES = {
 # (column, summary key, statistic)
 FIGURES = [("ttft_p50_s", "ttft", "p50"), ("ttft_p99_s", "ttft", "p99"),
            ("tbt_p50_s", "tbt", "p50"), ("tbt_p99_s", "tbt", "p99"), ("tbt_max_s", "tbt", "max"),
-           ("stalls", "stalls", "count"), ("stall_threshold_s", "stalls", "threshold_s")]
+           ("stalls", "stalls", "count"),
+           ("stall_time_lost_share", "stalls", "time_lost_share")]
 
 
 def policies(scale: dict) -> dict[str, list[str]]:
@@ -112,7 +113,7 @@ def row(policy: str, kind: str, summary: dict, run_dir: Path) -> dict:
 
 def gaps(runs: pd.DataFrame) -> pd.DataFrame:
     """Simulated / real - 1 per policy and figure."""
-    cols = [c for c, _, _ in FIGURES if c != "stall_threshold_s"] + ["num_iterations"]
+    cols = [c for c, _, _ in FIGURES if c != "stall_time_lost_share"] + ["num_iterations"]
     real = runs[runs["executor"] == "real"].set_index("policy")
     sim = runs[runs["executor"] == "sim"].set_index("policy")
     rows = []

@@ -166,6 +166,12 @@ class Executor(abc.ABC):
     def finish_reason(self, req) -> str:
         return self._stop_at[req.request_id][1]
 
+    def abort(self, req) -> None:
+        """`req` left before its end (`Engine.abort`): drop what the executor keeps for it.
+        Subclasses that keep per-request state override it with `super().abort(req)`."""
+        self._stop_at.pop(req.request_id, None)
+        self._stop_len.pop(req.request_id, None)
+
     # -- steps ------------------------------------------------------------------------------------
     @abc.abstractmethod
     def execute(self, out) -> StepResult:

@@ -58,6 +58,10 @@ class SimConfig(ExecutorConfig):
     cost_model_settings: object = field(default=None, metadata={"internal": True})
 
 
+#: the share of a node's host memory its GPUs' swap spaces may take (vLLM's limit)
+SWAP_HOST_SHARE = 0.7
+
+
 class SimExecutor(Executor):
     config_class = SimConfig
     simulated = True
@@ -134,6 +138,7 @@ class SimExecutor(Executor):
         hw = HardwareSpec.from_config(hardware)
         self.pcie_latency_s = hw.pcie_latency_s
         self.pcie_bytes_per_s = hw.pcie_bandwidth * hw.pcie_eff
+        self._host = (hw.host_memory_bytes, hw.gpus_per_node)   # bounds the swap space
         self._block_bytes = None   # of the bound KV cache's blocks, set by bind
         self.stage_pricing = None if cfg.pipeline_parallel == 1 else \
             self._price_stages(model, hardware)
@@ -183,6 +188,20 @@ class SimExecutor(Executor):
             raise ConfigError(f"scheduler.preemption_mode=swap: cost model "
                               f"{self.cfg.cost_model!r} does not give the bytes of a KV block "
                               "(kv_block_bytes), so the swap traffic cannot be priced")
+        # vLLM's rule (_verify_cpu_swap_space): every GPU of the node holds its swap space in
+        # the node's host memory, which they may fill to 70% at most ("Too large swap space")
+        host, gpus = self._host
+        per_gpu = num_host_blocks * self.kv_block_bytes(block_size)
+        if per_gpu * gpus > SWAP_HOST_SHARE * host:
+            gib = 2**30
+            raise ConfigError(
+                f"scheduler.swap_space_gib: a swap space of {per_gpu / gib:,.6g} GiB per GPU "
+                f"({num_host_blocks:,} KV blocks), on each of hardware.gpus_per_node={gpus} "
+                f"GPUs, takes {per_gpu * gpus / gib:,.4g} GiB of the node's host memory "
+                f"(hardware.host_memory_bytes={host:.4g}, {host / gib:,.4g} GiB), more than the "
+                f"{SWAP_HOST_SHARE:.0%} vLLM allows; lower scheduler.swap_space_gib (or "
+                "scheduler.num_swap_blocks) to at most "
+                f"{math.floor(SWAP_HOST_SHARE * host / gpus / gib * 100) / 100:,.2f} GiB per GPU")
 
     def _price_stages(self, model, hardware) -> dict:
         """What pricing a micro-batch on the stages takes: each stage's share of the layers,

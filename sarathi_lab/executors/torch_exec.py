@@ -36,7 +36,8 @@ from sarathi_lab.executors.base import Executor, ExecutorConfig, StepResult
 from sarathi_lab.kernels.sequence_kv import SequenceKV
 from sarathi_lab.models.llama import AttnMetadata
 from sarathi_lab.models.dtypes import torch_dtype
-from sarathi_lab.models.loader import load_model
+from sarathi_lab.models.loader import check_memory, load_model
+from sarathi_lab.resources import available_memory
 from sarathi_lab.settings import ConfigError, setting
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,11 @@ class TorchConfig(ExecutorConfig):
              "alone (host_s recorded, not counted). cpu needs executor.device=cpu and one torch "
              "thread (num_threads=1)")
 
+    def validate(self) -> None:
+        if self.top_p < 1 and self.temperature == 0:
+            raise ValueError(f"top_p={self.top_p}: read only with executor.temperature > 0 "
+                             "(temperature 0 decodes greedily, from no sampled nucleus)")
+
 
 def eos_token_ids(model_cfg: dict) -> tuple[int, ...]:
     """The EOS ids of ``model.path``'s checkpoint, as `generate` reads them: generation_config.json,
@@ -105,16 +111,6 @@ def eos_token_ids(model_cfg: dict) -> tuple[int, ...]:
     return ()
 
 
-def available_memory() -> int | None:
-    """Bytes of host memory available now (Linux's MemAvailable), or None if unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 class TorchExecutor(Executor):
@@ -183,6 +179,12 @@ class TorchExecutor(Executor):
         # the steps' times (what the fidelity study compares with a cost model's).
         self.host_clock = self.now
         self.host_in_clock = cfg.clock == "wall"
+        # weights, KV (on a CPU a budget; on a GPU a share of what the weights leave) and
+        # activations against the memory free now, before any of it is allocated
+        kv = 0 if on_gpu else int(cfg.kv_cache_gib * 2**30) * (2 if self.backend == "torch" else 1)
+        check_memory(self.model_cfg, self.dtype, kv, "executor.kv_cache_gib",
+                     torch.cuda.mem_get_info(self.device)[0] if on_gpu else available_memory(),
+                     str(self.device))
         self.model = load_model(self.model_cfg, self.device, self.dtype)
         self.args = self.model.args
         if any(i >= self.args.vocab_size for i in self.eos_ids):
@@ -190,6 +192,8 @@ class TorchExecutor(Executor):
                              f"vocabulary of {self.args.vocab_size}")
         self.model.setup(kernels, self.device)
         self.kv = None
+        # request id -> (temperature, top_p, seed or None, ignore_eos): `set_sampling`
+        self.request_sampling: dict = {}
         # seconds spent per phase, summed over steps (read by benchmarks)
         self.timers = {"swap": 0.0, "prepare": 0.0, "forward": 0.0, "sample": 0.0, "steps": 0}
 
@@ -283,6 +287,11 @@ class TorchExecutor(Executor):
             log.info("executor.stop_at_eos=null: the trace has no prompt ids, so its random "
                      "prompts run to the trace's output lengths (set it to true to stop at EOS)")
             self.stop_at_eos = False
+        if own and self.shared_prefix_len:
+            raise ConfigError(f"executor.shared_prefix_len={self.shared_prefix_len}: the trace "
+                              "carries its own prompt_token_ids, which are kept, so there are no "
+                              "random prompts to open with a shared prefix (it is for a "
+                              "length-only trace)")
         seed = (trace_cfg or {}).get("seed")
         return attach_prompt_ids(df, self.args.vocab_size, seed=self.seed if seed is None else seed,
                                  shared_prefix_len=self.shared_prefix_len)
@@ -371,11 +380,14 @@ class TorchExecutor(Executor):
         if self.stop_at_eos and sample:
             ends = set(finished)
             for i in sample:
-                if sampled[i] in self.eos_ids:
+                if sampled[i] in self.eos_ids and not self._ignores_eos(reqs[i]):
                     self._eos_ended.add(reqs[i].request_id)
                     if i not in ends:
                         finished.append(i)
             finished.sort()
+        if self.request_sampling:
+            for i in finished:
+                self.request_sampling.pop(reqs[i].request_id, None)
         seq_kv = self.sequence_kv
         if seq_kv is not None:
             seq_kv.commit(meta.attn_kwargs["sequence_kv"])
@@ -397,27 +409,66 @@ class TorchExecutor(Executor):
             self._stop_at[req.request_id] = (self._stop_at[req.request_id][0], "length")
         return reason
 
+    def set_sampling(self, request_id, temperature: float, top_p: float, seed: int | None,
+                     ignore_eos: bool) -> None:
+        """A request's own sampling, in place of the settings' (a served request's
+        `temperature`, `top_p`, `seed`, `ignore_eos`); forgotten when it ends."""
+        self.request_sampling[request_id] = (float(temperature), float(top_p), seed,
+                                             bool(ignore_eos))
+
+    def _ignores_eos(self, req) -> bool:
+        own = self.request_sampling.get(req.request_id)
+        return own is not None and own[3]
+
+    def abort(self, req) -> None:
+        super().abort(req)
+        self.request_sampling.pop(req.request_id, None)
+        if self.sequence_kv is not None:   # its contiguous KV copy
+            self.sequence_kv.drop([req.request_id])
+
     def finish_reason(self, req) -> str:
         if req.request_id in self._eos_ended:
             return "eos"
         return super().finish_reason(req)
 
     def sample(self, logits: torch.Tensor, reqs) -> list[int]:
+        own = self.request_sampling
+        if own and any(r.request_id in own for r in reqs):
+            return self._sample_each(logits, reqs)
         if self.temperature <= 0:
             return logits.argmax(dim=-1).tolist()
         probs = torch.softmax(logits / self.temperature, dim=-1).cpu()
+        return [self._draw(p, self.top_p, self._stream(r.request_id, r.num_output_tokens))
+                for p, r in zip(probs, reqs)]
+
+    def _sample_each(self, logits: torch.Tensor, reqs) -> list[int]:
+        """Each request with its own sampling (`request_sampling`), the others with the
+        settings'."""
+        greedy = logits.argmax(dim=-1).tolist()
         toks = []
-        for p, r in zip(probs, reqs):
-            g = torch.Generator().manual_seed(self._stream(r.request_id, r.num_output_tokens))
-            if self.top_p < 1.0:
-                p_sorted, idx = p.sort(descending=True)
-                # keep the smallest head whose mass reaches top_p (always the top token)
-                p_sorted[(p_sorted.cumsum(0) - p_sorted) >= self.top_p] = 0.0
-                toks.append(int(idx[torch.multinomial(p_sorted, 1, generator=g)]))
-            else:
-                toks.append(int(torch.multinomial(p, 1, generator=g)))
+        for i, r in enumerate(reqs):
+            temp, top_p, seed, _ = self.request_sampling.get(
+                r.request_id, (self.temperature, self.top_p, None, False))
+            if temp <= 0:
+                toks.append(greedy[i])
+                continue
+            p = torch.softmax(logits[i] / temp, dim=-1).cpu()
+            # a request's own seed: its stream depends on nothing else (same seed, same tokens)
+            stream = self._stream(r.request_id, r.num_output_tokens) if seed is None else \
+                self._stream(None, r.num_output_tokens, seed)
+            toks.append(self._draw(p, top_p, stream))
         return toks
 
-    def _stream(self, request_id, index: int) -> int:
-        key = f"{self.seed}/{request_id!r}/{index}".encode()
+    @staticmethod
+    def _draw(p: torch.Tensor, top_p: float, stream: int) -> int:
+        g = torch.Generator().manual_seed(stream)
+        if top_p < 1.0:
+            p_sorted, idx = p.sort(descending=True)
+            # keep the smallest head whose mass reaches top_p (always the top token)
+            p_sorted[(p_sorted.cumsum(0) - p_sorted) >= top_p] = 0.0
+            return int(idx[torch.multinomial(p_sorted, 1, generator=g)])
+        return int(torch.multinomial(p, 1, generator=g))
+
+    def _stream(self, request_id, index: int, seed: int | None = None) -> int:
+        key = f"{self.seed if seed is None else seed}/{request_id!r}/{index}".encode()
         return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1

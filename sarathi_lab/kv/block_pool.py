@@ -1,4 +1,11 @@
-"""Fixed-size KV blocks: ref counts, a free queue in eviction order, and a prefix-cache index."""
+"""Fixed-size KV blocks: ref counts, a free queue in eviction order, and a prefix-cache index.
+
+Blocks are made on first use, not up front: a pool of N blocks costs memory and time for the
+blocks a run ever holds at once, not for N (a small model on a large simulated GPU has millions
+of blocks, a generous swap space billions; building them one by one ran away). A block never
+used sits, in the eviction order, after the freed blocks that hold no cached content and before
+the cached ones, lowest id first: exactly where the eager pool kept it, so the order in which
+blocks are handed out is unchanged."""
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -35,8 +42,10 @@ class BlockPool:
         assert num_blocks > 0
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
-        self.blocks = [Block(i) for i in range(num_blocks)]
-        self.free: OrderedDict[int, Block] = OrderedDict((b.block_id, b) for b in self.blocks)
+        self.blocks: list[Block] = []   # the blocks made so far; block i is blocks[i]
+        # freed blocks: uncached ones at the head (most recently freed first), cached ones
+        # behind them (LRU); the blocks not made yet come between the two
+        self.free: OrderedDict[int, Block] = OrderedDict()
         self.cached: dict[tuple, Block] = {}
 
     def is_free(self, block: Block) -> bool:
@@ -44,16 +53,30 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        return len(self.free)
+        return len(self.free) + self.num_blocks - len(self.blocks)
 
     @property
     def num_used(self) -> int:
-        return self.num_blocks - len(self.free)
+        return len(self.blocks) - len(self.free)
+
+    def _make(self, n: int) -> list[Block]:
+        """`n` blocks never used, lowest ids first."""
+        blocks = self.blocks
+        first = len(blocks)
+        new = [Block(i) for i in range(first, first + n)]
+        blocks.extend(new)
+        return new
 
     def allocate(self, n: int) -> list[Block]:
-        assert n <= len(self.free), (n, len(self.free))
-        pop = self.free.popitem
-        out = [pop(last=False)[1] for _ in range(n)]
+        assert n <= self.num_free, (n, self.num_free)
+        free, pop = self.free, self.free.popitem
+        out = []
+        while free and len(out) < n and next(iter(free.values())).key is None:
+            out.append(pop(last=False)[1])   # freed, uncached
+        unmade = self.num_blocks - len(self.blocks)
+        if len(out) < n and unmade:
+            out += self._make(min(n - len(out), unmade))
+        out += [pop(last=False)[1] for _ in range(n - len(out))]   # cached: evicted
         for b in out:
             b.ref_cnt = 1
         if self.enable_caching:
@@ -103,8 +126,9 @@ class PlainBlockPool(BlockPool):
         assert num_blocks > 0 and not enable_caching
         self.num_blocks = num_blocks
         self.enable_caching = False
-        self.blocks = [Block(i) for i in range(num_blocks)]
-        self.free: list[Block] = self.blocks[::-1]   # lowest ids first
+        self.blocks: list[Block] = []   # the blocks made so far; block i is blocks[i]
+        # freed blocks, the last freed on top: handed out before the blocks not made yet
+        self.free: list[Block] = []
         self.cached = {}
 
     def is_free(self, block: Block) -> bool:
@@ -112,13 +136,17 @@ class PlainBlockPool(BlockPool):
 
     def allocate(self, n: int) -> list[Block]:
         free = self.free
-        assert n <= len(free), (n, len(free))
         if n <= 0:
             return []
-        out = free[-n:]
-        del free[-n:]
-        out.reverse()
-        return out
+        if n <= len(free):
+            out = free[-n:]
+            del free[-n:]
+            out.reverse()
+            return out
+        assert n <= self.num_free, (n, self.num_free)
+        out = free[::-1]
+        free.clear()
+        return out + self._make(n - len(out))
 
     def touch(self, blocks: list[Block]) -> None:
         raise AssertionError("blocks are shared only with prefix caching")

@@ -236,7 +236,7 @@ class KVCacheManager:
                 grow.append((held, need))
                 total += need
         if grow:
-            if total > len(self.pool.free):   # the pool's num_free, without a property call
+            if total > self.pool.num_free:
                 return False
             new, i = self.pool.allocate(total), 0   # one call: the pool hands them out in order
             for held, need in grow:

@@ -106,3 +106,31 @@ def column_labels(req_df: pd.DataFrame, col: str) -> np.ndarray:
     if col not in req_df:
         return np.full(len(req_df), "default", dtype=object)
     return req_df[col].astype(str).to_numpy(dtype=object)
+
+
+TARGET_LABELS = {"ttft": "TTFT", "tpot": "TPOT", "request_p99_tbt": "own P99 TBT", "e2e": "E2E"}
+
+
+def _targets(t: dict) -> str:
+    return " and ".join(f"{label} <= {t[k]:g} s" for k, label in TARGET_LABELS.items()
+                        if (t or {}).get(k) is not None)
+
+
+def slo_judged_by(slo: dict) -> str:
+    """What a request must meet to count in attainment and goodput, in words: the per-request
+    targets that are set ("own P99 TBT <= 0.1 s (no TTFT target)"), per SLO class when the SLO
+    has classes. Without a TTFT target anywhere a request that queued for minutes still counts,
+    which the text says."""
+    top = _targets(slo) or "no target"
+    classes = slo.get("classes") or {}
+    if classes:
+        text = "; ".join(f"class {name}: {_targets(t) or 'no target'}"
+                         for name, t in classes.items()) + f"; any other class: {top}"
+    elif top == "no target":
+        return "no per-request target (every finished request counts)"
+    else:
+        text = top
+    if slo.get("ttft") is None and not any((t or {}).get("ttft") is not None
+                                           for t in classes.values()):
+        text += " (no TTFT target)"
+    return text

@@ -6,24 +6,11 @@ import numpy as np
 import pandas as pd
 
 from sarathi_lab.metrics.costs import offered_load, run_cost
-from sarathi_lab.metrics.latency import slo_met, stats, tbt_gaps
+from sarathi_lab.metrics.delays import queue_stats, stall_stats
+from sarathi_lab.metrics.latency import slo_judged_by, slo_met, stats, tbt_gaps
 from sarathi_lab.metrics.rejections import rejections
 from sarathi_lab.metrics.service import group_metrics, tenant_service
 from sarathi_lab.metrics.tables import token_times_flat
-
-
-def queue_stats(it_df: pd.DataFrame) -> dict | None:
-    """Waiting requests at the end of each iteration: the mean weighted by the iterations'
-    durations (the mean over time while the server works; a plain mean if no iteration took
-    time) and the maximum. None for an iteration table without the column."""
-    if "num_waiting" not in it_df:
-        return None
-    q = it_df["num_waiting"].to_numpy(float)
-    if not len(q):
-        return {"mean": 0.0, "max": 0}
-    d = it_df["duration"].to_numpy(float)
-    mean = float((q * d).sum() / d.sum()) if d.sum() > 0 else float(q.mean())
-    return {"mean": mean, "max": int(q.max())}
 
 
 def slo_criteria(out: dict, slo: dict, attainment: float) -> list[dict]:
@@ -85,8 +72,8 @@ def summarize(req_df: pd.DataFrame, it_df: pd.DataFrame, *, slo: dict | None = N
     slo = dict(slo or {})
     fin = req_df[req_df["status"] == "finished"]
     flat_owner = token_times_flat(req_df)
-    gaps_owner = tbt_gaps(req_df, flat_owner=flat_owner)
-    gaps = gaps_owner[0]
+    gaps, owner, gap_ends = tbt_gaps(req_df, with_times=True, flat_owner=flat_owner)
+    gaps_owner = gaps, owner
     span = float(np.nanmax(req_df["finish_time"]) - req_df["arrival_time"].min()) \
         if len(fin) else 0.0
     out = {
@@ -100,20 +87,13 @@ def summarize(req_df: pd.DataFrame, it_df: pd.DataFrame, *, slo: dict | None = N
         "throughput_rps": len(fin) / span if span > 0 else 0.0,
         "throughput_tok_s": float(fin["num_output_tokens"].sum()) / span if span > 0 else 0.0,
         "preemptions": int(req_df["num_preemptions"].sum()),
-        "num_gpus": int(num_gpus),
         "offered_load": offered_load(req_df),
         "rejections": rejections(req_df),
     }
     for col in ("ttft", "tpot", "e2e", "normalized_e2e", "scheduling_delay"):
         out[col] = stats(req_df[col])
     out["tbt"] = stats(gaps)
-    # stall: a gap far above the time of a decode-only iteration
-    dec_only = it_df.loc[it_df["prefill_tokens"] == 0, "duration"]
-    base = float(dec_only.median()) if len(dec_only) else \
-        float(it_df["duration"].median()) if len(it_df) else 0.0   # no NaN in summary.json
-    thresh = stall_factor * base
-    out["stalls"] = {"threshold_s": thresh, "count": int((gaps > thresh).sum()),
-                     "worst_s": float(gaps.max()) if len(gaps) else 0.0}
+    out["stalls"] = stall_stats(gaps, gap_ends, it_df, stall_factor)
     # requests per batch: vLLM's (SOSP'23) "average number of batched requests"
     batch = it_df["num_requests"].to_numpy(float)
     out["batch"] = {"requests_mean": float(batch.mean()) if len(batch) else 0.0,
@@ -136,9 +116,7 @@ def summarize(req_df: pd.DataFrame, it_df: pd.DataFrame, *, slo: dict | None = N
         hit, query = int(prefix_cache["hit_tokens"]), int(prefix_cache["query_tokens"])
         out["prefix_cache"] = {"hit_tokens": hit, "query_tokens": query,
                                "hit_rate": hit / query if query else None}
-    queue = queue_stats(it_df)
-    if queue is not None:
-        out["queue"] = queue
+    out["queue"] = queue_stats(req_df, it_df, span)
     if swap_space:
         out["swap"] = swap_stats(req_df, it_df, **swap_space)
     met = slo_met(req_df, slo, gaps_owner) if slo else None
@@ -154,6 +132,8 @@ def summarize(req_df: pd.DataFrame, it_df: pd.DataFrame, *, slo: dict | None = N
         out["slo"] = {
             **slo,
             "attainment": attainment,
+            # what attainment and goodput count: the per-request targets, in words
+            "judged_by": slo_judged_by(slo),
             "goodput_rps": float(met.sum()) / span if span > 0 else 0.0,
             # DistServe's per-GPU view: every GPU of the run (all replicas, all pools)
             "goodput_rps_per_gpu": float(met.sum()) / span / num_gpus if span > 0 else 0.0,

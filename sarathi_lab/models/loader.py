@@ -1,9 +1,14 @@
 """Build a model from a config: a local Hugging Face dir (config.json + safetensors) or a preset's
 shape with seeded random weights (tests, benchmarks).
 
-``model`` config keys used here: ``path`` (a Hugging Face model dir, or null), ``init_seed``
+``model`` config keys used here: ``path`` (a Hugging Face model dir, or null), ``random_weights``
+(without a path: seeded random weights for a model that is not test-sized), ``init_seed``
 (random weights, default 0), ``init_std`` (default 0.02) and, without a path, the preset's shape
 (see models.shape.ModelShape.from_config).
+
+Before anything is allocated, `check_memory` sets the model's memory (weights, KV cache,
+activations) against what the machine has free: a 7B model in float32 on a laptop is refused
+with the estimate, not an out-of-memory kill minutes later.
 """
 from __future__ import annotations
 
@@ -50,8 +55,15 @@ def model_shape(model_cfg: dict) -> ModelShape:
 def _empty_model(args: ModelShape, device, dtype) -> LlamaForCausalLM:
     # Built on the target device (not meta: meta-device init pulls in seconds of torch imports);
     # the default init is cheap next to loading and is overwritten anyway.
-    with torch.device(device):
-        model = LlamaForCausalLM(args)
+    # Built in its dtype: built in float32 and cast, a bfloat16 model would need its weights
+    # three times over at the peak (a 7B model: 27 GB of float32 beside 13.5 GB of bfloat16).
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(args)
+    finally:
+        torch.set_default_dtype(default)
     return model.to(dtype).eval()
 
 
@@ -126,9 +138,72 @@ def load_weights(model: LlamaForCausalLM, d: Path) -> None:
                          + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
 
 
+# Random weights by default only up to this size: test models (tiny-llama, 0.1M parameters; the
+# fidelity and chunk-overhead studies' random Llamas, about 5M). A real model's shape without
+# its weights is asked for explicitly (model.random_weights=true): its outputs mean nothing.
+TEST_SIZED_PARAMS = 100_000_000
+
+# The activations of the largest step, estimated for this many tokens at once (as the
+# simulator's executor.activation_tokens, after vLLM's max-size profiling forward): per token the
+# residual stream, q/k/v/o, the MLP's gate, up and product, and one row of logits.
+ACTIVATION_TOKENS = 8192
+
+
+def check_weights(model_cfg: dict, args: ModelShape) -> None:
+    """A model that is not test-sized needs its weights (``model.path``) or an explicit
+    ``model.random_weights=true``; random weights beside a path cannot act."""
+    name = model_cfg.get("name")
+    if model_cfg.get("path"):
+        if model_cfg.get("random_weights"):
+            raise ValueError(f"model.random_weights=true with model.path={model_cfg['path']}: "
+                             "the weights are loaded from model.path; drop one of the two")
+        return
+    n = args.num_params()
+    if n > TEST_SIZED_PARAMS and not model_cfg.get("random_weights"):
+        raise ValueError(
+            f"model {name}: {n / 1e9:.2f}B parameters and no model.path: set model.path=DIR (a "
+            "Hugging Face model directory: config.json and *.safetensors) to run its weights, "
+            "or model.random_weights=true to run seeded random ones (only models of up to "
+            f"{TEST_SIZED_PARAMS / 1e6:.0f}M parameters get them without asking)")
+
+
+def memory_estimate(args: ModelShape, itemsize: int) -> dict[str, int]:
+    """Bytes of the weights and of the largest step's activations (`ACTIVATION_TOKENS`)."""
+    per_token = (4 * args.hidden_size + 2 * args.num_heads * args.head_dim
+                 + 3 * args.intermediate_size + args.vocab_size)
+    return {"weights": args.num_params() * itemsize,
+            "activations": ACTIVATION_TOKENS * per_token * itemsize}
+
+
+def check_memory(model_cfg: dict, dtype, kv_bytes: int, kv_setting: str, free: int | None,
+                 where: str) -> None:
+    """Refuse, before allocating anything, a model whose weights, KV cache (`kv_bytes`, sized by
+    `kv_setting`; 0 where the cache takes a share of what is left) and activations exceed the
+    `free` bytes of `where` (None: unknown, not checked)."""
+    args = model_shape(model_cfg)
+    check_weights(model_cfg, args)
+    if free is None or kv_bytes > free:
+        return   # a KV budget that alone exceeds it is refused by name when the cache is sized
+    dt = torch_dtype(dtype, "executor.dtype")
+    est = memory_estimate(args, dt.itemsize)
+    need = est["weights"] + est["activations"] + kv_bytes
+    if need <= free:
+        return
+    gib = 2 ** 30
+    kv = f", KV cache {kv_bytes / gib:.2f} GiB ({kv_setting})" if kv_bytes else ""
+    raise ValueError(
+        f"model {model_cfg.get('name') or '(unnamed)'}: about {need / gib:.1f} GiB (weights "
+        f"{est['weights'] / gib:.2f} GiB in {str(dt).removeprefix('torch.')}{kv}, activations "
+        f"{est['activations'] / gib:.2f} GiB for a {ACTIVATION_TOKENS}-token step) but "
+        f"{free / gib:.1f} GiB is free on {where}; use a smaller model, a narrower "
+        f"executor.dtype{' or a smaller ' + kv_setting if kv_bytes else ''}, or a machine "
+        "with more memory")
+
+
 def load_model(model_cfg: dict, device, dtype) -> LlamaForCausalLM:
     """The model with weights from ``model.path``, or random ones seeded by ``model.init_seed``."""
     args = model_shape(model_cfg)
+    check_weights(model_cfg, args)
     model = _empty_model(args, torch.device(device), torch_dtype(dtype, "executor.dtype"))
     if model_cfg.get("path"):
         load_weights(model, _model_dir(model_cfg["path"]))

@@ -11,7 +11,8 @@ tables, the report is drawn from those tables (without the plots that need the r
 
 Modules: tables (the run and capacity tables), seeds (configurations, aggregation over seeds),
 cells (a table cell read back: plain),
-jobs (jobs without a result), markdown (report.md), command (make_report, the command).
+jobs (jobs without a result), markdown (report.md), chrome_trace (one run as a Chrome/Perfetto
+trace, --chrome), command (make_report, the command).
 """
 from sarathi_lab.report.command import MAX_LINES, Report, main, make_report, single_run_plots
 from sarathi_lab.report.jobs import incomplete_jobs, incomplete_lines

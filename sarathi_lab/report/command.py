@@ -152,6 +152,17 @@ def _positive(text):
     return v
 
 
+def _export_chrome(ap, a) -> None:
+    from sarathi_lab.report.chrome_trace import write_chrome_trace
+    if len(a.paths) != 1 or a.out:
+        ap.error("--chrome FILE exports one run directory: give one PATH and no --out")
+    try:
+        out = write_chrome_trace(a.paths[0], a.chrome, a.window)
+    except (FileNotFoundError, ValueError) as e:
+        sys.exit(f"sarathi-lab-report: {e}")
+    print(f"chrome trace -> {out} (open in https://ui.perfetto.dev or chrome://tracing)")
+
+
 def main(argv=None) -> None:
     from sarathi_lab.plots import CAPACITY_SCALES
     ap = argparse.ArgumentParser(
@@ -167,10 +178,13 @@ def main(argv=None) -> None:
                          "per run for up to 4 runs")
     ap.add_argument("--window", type=_window, default=None, metavar="START:END",
                     help="timeline zoom window in simulated seconds (default: around the "
-                         "worst TBT gap)")
+                         "worst TBT gap); with --chrome, what the export keeps")
     ap.add_argument("--max-lines", type=_positive, default=MAX_LINES, metavar="N",
                     help=f"lines on one axes before a plot splits into small multiples "
                          f"(default {MAX_LINES})")
+    ap.add_argument("--chrome", metavar="FILE",
+                    help="instead of the report, export the one run directory PATH as a "
+                         "Chrome/Perfetto trace (JSON; --window keeps what overlaps it)")
     ap.add_argument("--capacity-scale", choices=CAPACITY_SCALES, default="auto",
                     help="y scale of the capacity bars: auto = log when the largest capacity "
                          "is more than 20x the smallest")
@@ -178,6 +192,9 @@ def main(argv=None) -> None:
     for p in a.paths:
         if not Path(p).exists():
             ap.error(f"{p}: no such file or directory")
+    if a.chrome:
+        _export_chrome(ap, a)
+        return
     out = Path(a.out) if a.out else (Path(a.paths[0]) / "report" if len(a.paths) == 1
                                      else Path("report"))
     try:

@@ -96,7 +96,8 @@ class Policy(Admission, Preemption, Progress, abc.ABC):
     `decode_reserved`; `mechanics.progress.split_running`.
 
     The engine calls: `add_request`, `schedule`, `update`, `has_work`, `reject`, `adopt` (a
-    disaggregated decode replica), `swap_in_possible` and the `fast_forward` declaration; the
+    disaggregated decode replica), `abort` (a served request whose client went away),
+    `swap_in_possible` and the `fast_forward` declaration; the
     run layer `parse_config`, `unread_settings` and `swap_blocks`.
     """
 

@@ -22,7 +22,10 @@ class SchedulerOutput:
     swap_fallbacks: list[Request] = field(default_factory=list)
 
     def add(self, req: Request, n: int) -> None:
-        assert n > 0, (req, n)
+        if not n > 0:   # the engine names the plug-in whose schedule() called this
+            raise ValueError(f"broke the rule 'at least one token per entry': out.add(request "
+                             f"{req.request_id!r}, {n!r}) gives it {n!r} tokens; a request "
+                             "with nothing to compute this iteration is left out of the batch")
         self.reqs.append(req)
         self.num_new_tokens.append(n)
 

@@ -49,6 +49,10 @@ class RequestQueue:
     def pop(self) -> Request:
         return self._q.popleft()
 
+    def remove(self, req: Request) -> None:
+        """Take `req` out wherever it waits (a served request whose client went away)."""
+        self._q.remove(req)
+
     def victim(self, candidates: list[Request]) -> Request:
         """The running request to preempt among `candidates` (in admission order)."""
         return candidates[-1]
@@ -92,6 +96,10 @@ class OrderedQueue(RequestQueue):
 
     def pop(self) -> Request:
         return heapq.heappop(self._heap)[-1]
+
+    def remove(self, req: Request) -> None:
+        self._heap = [e for e in self._heap if e[-1] is not req]
+        heapq.heapify(self._heap)
 
     def ahead(self, req: Request) -> list[Request]:
         k = (self.key(req), req.arrival_time)

@@ -16,6 +16,7 @@ import numpy as np
 
 from sarathi_lab.closed_loop import THINK_STREAM, ThinkTime
 from sarathi_lab.request import Request
+from sarathi_lab.traces.precision import MAX_ARRIVAL_S, unresolvable
 
 
 class ClosedLoop:
@@ -25,6 +26,13 @@ class ClosedLoop:
     def __init__(self, requests: list[Request], clients: int, think: ThinkTime, seed: int = 0):
         if clients < 1:
             raise ValueError(f"clients={clients}: must be >= 1")
+        if clients > max(len(requests), 1):
+            # each user has one request in flight at a time, so at most one user per request
+            # ever sends; the rest would only cost a random stream and an event each
+            raise ValueError(f"trace.clients={clients}: more users than the trace's "
+                             f"{len(requests)} requests; each user waits for its answer before "
+                             f"sending again, so at most {len(requests)} of them ever send "
+                             f"(set trace.clients <= {len(requests)})")
         self.requests = list(requests)
         self.clients = clients
         self.think = think
@@ -49,6 +57,8 @@ class ClosedLoop:
             return   # nothing left to send: the user is done
         req = self.requests[sent]
         self._sent = sent + 1
+        if t >= MAX_ARRIVAL_S:   # a huge think time: the clock could not resolve the request
+            raise ValueError(unresolvable(t, f"request {req.request_id!r}, sent by user {u},"))
         if req.deadline is not None:
             req.deadline = t + (req.deadline - req.arrival_time)
         req.arrival_time = t

@@ -22,6 +22,7 @@ import math
 from operator import attrgetter
 
 from sarathi_lab.request import Request
+from sarathi_lab.topology.accounting import check_accounted
 
 _ARRIVAL = attrgetter("arrival_time")
 INTERNAL, LOAD = 0, 1   # ranks among events at one time: a topology's own first
@@ -60,6 +61,14 @@ class Topology:
 
     def finish(self) -> None:
         """The run is over: check that every engine finished its work."""
+        raise NotImplementedError
+
+    def named_engines(self) -> list[tuple]:
+        """(name, engine) for every engine, named as messages name it ("replica 2")."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """The topology as messages name it, with its router plug-ins."""
         raise NotImplementedError
 
     def tables(self, requests: list[Request]):
@@ -143,9 +152,10 @@ class OpenLoop:
 
 
 def drive(topology: Topology, load) -> list[Request]:
-    """Serve `load` (`OpenLoop`, `clients.ClosedLoop`) on `topology` until every request ended;
-    returns the requests served."""
+    """Serve `load` (`OpenLoop`, `clients.ClosedLoop`) on `topology` until every request ended
+    (checked: `accounting.check_accounted`); returns the requests served."""
     driver = Driver(topology)
     load.start(driver)
     driver.run()
+    check_accounted(topology, load.requests)
     return load.requests

@@ -144,6 +144,12 @@ class PipelineReplica(Fleet):
             e.executor.join_pipeline(self.pipeline, j, lambda e=e: e.now)
         super().__init__(engines, FewestUnfinished(RouterConfig(), P), progress=progress)
 
+    def named_engines(self) -> list[tuple]:
+        return [(f"virtual engine {j}", e) for j, e in enumerate(self.engines)]
+
+    def describe(self) -> str:
+        return f"a pipeline replica of {len(self.engines)} virtual engines"
+
     def tables(self, requests):
         """(requests table with `virtual_engine`, iterations table in the order the
         micro-batches were scheduled, with PIPELINE_COLUMNS and `bubble_stage<s>`)."""

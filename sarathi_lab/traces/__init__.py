@@ -39,6 +39,7 @@ pyproject.toml, checked by tests/test_layers.py):
     frame        the frame's columns; to_requests
     files        shipped names and files; reading text and gzip
     filters      the length filters
+    precision    arrival times the clock can resolve
     tokens       tokenizer loading; attach_prompt_ids
     csv_formats  CSV formats, recognised by their columns
     jsonl        JSONL traces
@@ -53,7 +54,8 @@ This package sits just above `request` and `settings` and imports nothing else o
 but `closed_loop.ClientSettings` (the closed-loop clients' settings, which every trace may set).
 """
 from sarathi_lab.traces.arrivals import ARRIVALS, burst_of, check_arrival_settings
-from sarathi_lab.traces.build import TraceConfig, build_trace, parse_trace_config
+from sarathi_lab.traces.build import (TraceConfig, build_trace, describe_trace,
+                                      own_trace_defaults, parse_trace_config)
 from sarathi_lab.traces.files import SHIPPED, resolve_trace
 from sarathi_lab.traces.frame import COLUMNS, SERVICE_DEFAULTS, to_requests
 from sarathi_lab.traces.load import load_trace
@@ -63,5 +65,6 @@ from sarathi_lab.traces.tokens import attach_prompt_ids
 
 __all__ = ["ARRIVALS", "COLUMNS", "SERVICE_DEFAULTS", "SHIPPED", "ComponentConfig", "MixConfig",
            "TraceConfig", "attach_prompt_ids", "build_mix", "build_trace", "burst_of",
+           "describe_trace", "own_trace_defaults",
            "check_arrival_settings", "load_trace", "parse_trace_config", "resolve_trace",
            "synthetic_trace", "to_requests"]

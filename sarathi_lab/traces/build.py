@@ -10,6 +10,8 @@ import pandas as pd
 from sarathi_lab.closed_loop import ClientSettings
 from sarathi_lab.settings import parse, plain, setting
 from sarathi_lab.traces.arrivals import ARRIVALS, burst_of, check_arrival_settings
+from sarathi_lab.traces.files import SHIPPED
+from sarathi_lab.traces.precision import check_arrivals
 from sarathi_lab.traces.load import load_trace
 from sarathi_lab.traces.mixes import MixConfig, build_mix
 from sarathi_lab.traces.synthetic import synthetic_trace
@@ -36,6 +38,8 @@ class TraceConfig(ClientSettings):
     prompt_len: int | dict | None = setting(None, help="generated: a length spec")
     output_len: int | dict | None = setting(None, help="generated: a length spec")
     tokenizer: str | None = setting(None, help="a local tokenizer dir for text prompts")
+    chat_template: bool | str = setting("auto", help="text prompts in the tokenizer's chat "
+                                        "template: auto (when it has one) | true | false")
 
     def validate(self) -> None:
         if self.path is None:
@@ -52,6 +56,12 @@ class TraceConfig(ClientSettings):
                 if getattr(self, key) is not None:
                     raise ValueError(f"{key}={getattr(self, key)!r}: read only for a generated "
                                      "trace (path: null)")
+        if isinstance(self.chat_template, str) and self.chat_template != "auto":
+            raise ValueError(f"chat_template={self.chat_template!r}: must be auto, true or "
+                             "false")
+        if self.chat_template != "auto" and self.tokenizer is None:
+            raise ValueError(f"chat_template={self.chat_template}: read only with "
+                             "trace.tokenizer (a JSONL trace of prompt text)")
         check_arrival_settings(self)
         self.check_clients()
 
@@ -70,7 +80,9 @@ def build_trace(cfg) -> pd.DataFrame:
     a DictConfig or a dict, checked by `parse_trace_config`)."""
     tc = cfg if isinstance(cfg, TraceConfig) else parse_trace_config(cfg)
     if not isinstance(tc, TraceConfig):
-        return build_mix(tc)
+        df = build_mix(tc)
+        check_arrivals(df, "mix")
+        return df
     common = dict(qps=tc.qps, arrival=tc.arrival, cv=tc.cv, burst=burst_of(tc),
                   max_total_tokens=tc.max_total_tokens,
                   max_prompt_tokens=tc.max_prompt_tokens, seed=tc.seed)
@@ -79,9 +91,41 @@ def build_trace(cfg) -> pd.DataFrame:
                              output_len=tc.output_len, **common)
     else:
         df = load_trace(tc.path, num_requests=tc.num_requests, tokenizer=tc.tokenizer,
-                        shuffle=tc.shuffle, **common)
+                        shuffle=tc.shuffle, chat_template=tc.chat_template, **common)
     df.attrs["name"] = tc.name or str(tc.path or "synthetic")
+    check_arrivals(df, str(tc.path) if tc.path is not None else df.attrs["name"])
     return df
+
+
+def own_trace_defaults(node: dict, user: list[str]) -> dict:
+    """The trace node for a file the user named on the command line (``trace.path=...``, one of
+    `user`'s dotted keys): the preset's rate, count and label describe the preset's trace, not
+    this one, so the file keeps its own arrival times and all its requests (``qps``,
+    ``num_requests``: null) and is labelled by its path, unless the user set ``trace.qps``,
+    ``trace.num_requests`` or ``trace.name`` too. A shipped trace named so (``trace.path=arxiv``)
+    is labelled by its name and keeps the preset's documented rate and count, as its own preset
+    does. Any other node is returned unchanged."""
+    if "trace.path" not in user or "components" in node or node.get("path") is None:
+        return node
+    out = dict(node)
+    if "trace.name" not in user:
+        out["name"] = str(node["path"])
+    if str(node["path"]) in SHIPPED:
+        return out
+    for key in ("qps", "num_requests"):
+        if f"trace.{key}" not in user:
+            out[key] = None
+    return out
+
+
+def describe_trace(df: pd.DataFrame) -> dict:
+    """summary.json's ``trace``: what was served and what was done to it. ``arrivals``: own (the
+    file's times), retimed (its gaps scaled to ``qps``), drawn (generated at ``qps``) or mix;
+    ``cut_to``: N when only the first N requests were kept (``trace.num_requests``), else null."""
+    a = df.attrs
+    return {"name": a.get("name"), "source": a.get("source"), "num_requests": len(df),
+            **({"arrivals": "mix"} if a.get("format") == "mix" else   # its components' own
+               {"arrivals": a.get("arrivals"), "qps": a.get("qps"), "cut_to": a.get("cut_to")})}
 
 
 def _to_plain_dict(cfg) -> dict:

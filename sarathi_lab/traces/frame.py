@@ -25,7 +25,7 @@ SERVICE_DEFAULTS = {k: inspect.signature(Request).parameters[k].default
 
 # What a valid value is, for error messages.
 SERVICE_WHAT = {
-    "priority": "a whole number (lower is more urgent)",
+    "priority": "a whole number below 2**53 in magnitude (lower is more urgent)",
     "tenant": "a string",
     "slo_class": "a string",
     "deadline": "a number of seconds > 0 (after arrival, for the first token)",

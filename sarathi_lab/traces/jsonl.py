@@ -11,11 +11,12 @@ import pandas as pd
 
 from sarathi_lab.traces.files import DECODE_ERRORS, open_text, unreadable
 from sarathi_lab.traces.frame import MAX_WHOLE, SERVICE_DEFAULTS, SERVICE_WHAT
-from sarathi_lab.traces.tokens import load_tokenizer
+from sarathi_lab.traces.tokens import chat_prompts, load_tokenizer
 
 
-def read_jsonl(src: Path, tokenizer) -> pd.DataFrame:
-    """One JSON object per line; errors give the line number (blank lines count, too)."""
+def read_jsonl(src: Path, tokenizer, chat_template="auto") -> pd.DataFrame:
+    """One JSON object per line; errors give the line number (blank lines count, too). Prompt
+    text is tokenized by `tokenizer`, in the tokenizer's chat template (`tokens.chat_prompts`)."""
     ids, texts, outputs, times, service, lines = [], {}, [], [], [], []
     try:
         with open_text(src) as f:
@@ -33,9 +34,15 @@ def read_jsonl(src: Path, tokenizer) -> pd.DataFrame:
         raise unreadable(src, e) from None
     if not ids:
         raise ValueError(f"trace {src} has no requests")
+    if not texts and tokenizer is not None:
+        raise ValueError(f"trace.tokenizer={tokenizer}: trace {src} holds token ids, no prompt "
+                         "text, so there is nothing to tokenize; leave trace.tokenizer unset")
     if texts:
         tok = load_tokenizer(tokenizer, src)
-        for row, toks in zip(texts, tok(list(texts.values()))["input_ids"]):
+        prompts, special = chat_prompts(tok, list(texts.values()), chat_template, src)
+        # a template writes its own special tokens (a plain callable tokenizer takes no flag)
+        encoded = tok(prompts) if special else tok(prompts, add_special_tokens=False)
+        for row, toks in zip(texts, encoded["input_ids"]):
             if not toks:
                 raise ValueError(f"trace {src}: line {lines[row]}: the prompt tokenizes to "
                                  "0 tokens")

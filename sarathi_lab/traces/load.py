@@ -10,7 +10,7 @@ import pandas as pd
 
 from sarathi_lab.traces.arrivals import arrival_times, check_arrival_options, retime
 from sarathi_lab.traces.csv_formats import read_csv
-from sarathi_lab.traces.files import is_json, resolve_trace
+from sarathi_lab.traces.files import SHIPPED, is_json, resolve_trace
 from sarathi_lab.traces.filters import check_filters, describe_filters, length_mask
 from sarathi_lab.traces.jsonl import read_jsonl
 from sarathi_lab.traces.streams import ARRIVAL_STREAM, SHUFFLE_STREAM, stream_rng
@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 
 def load_trace(path, *, num_requests=None, qps=None, arrival="poisson", cv=1.0, burst=None,
                max_total_tokens=None, max_prompt_tokens=None, seed=0,
-               tokenizer=None, shuffle=False) -> pd.DataFrame:
+               tokenizer=None, shuffle=False, chat_template="auto") -> pd.DataFrame:
     """Load a shipped trace (by name) or a trace file.
 
     The length filters are applied first, then the first ``num_requests`` survivors are kept;
@@ -32,7 +32,8 @@ def load_trace(path, *, num_requests=None, qps=None, arrival="poisson", cv=1.0, 
     kept) and is required for a length-only trace, whose arrivals are then drawn from ``arrival``
     (``poisson``, ``gamma`` with coefficient of variation ``cv``, or ``onoff`` with ``burst`` =
     (on_s, off_s): Poisson arrivals only during on periods). ``tokenizer`` (a local path
-    or a tokenizer object) is only needed for a JSONL trace that holds prompt text.
+    or a tokenizer object) is only needed for a JSONL trace that holds prompt text, which is
+    put in the tokenizer's chat template per ``chat_template`` (auto, True, False).
     """
     check_arrival_options(qps, arrival, cv, burst)
     check_filters(max_total_tokens, max_prompt_tokens)
@@ -42,15 +43,19 @@ def load_trace(path, *, num_requests=None, qps=None, arrival="poisson", cv=1.0, 
         num_requests = int(num_requests)
     src = resolve_trace(path)
     if is_json(src):
-        raw = read_jsonl(src, tokenizer)
+        raw = read_jsonl(src, tokenizer, chat_template)
+    elif tokenizer is not None:
+        raise ValueError(f"trace.tokenizer={tokenizer}: trace {src} is a CSV of token counts, "
+                         "with no prompt text to tokenize (only a JSONL trace holds text); "
+                         "leave trace.tokenizer unset")
     else:   # a random sample needs every row; the head only as many as it keeps
         raw = read_csv(src, None if shuffle else num_requests, max_total_tokens,
                         max_prompt_tokens)
     timed = raw.attrs["format"] != "lengths"
     if not timed and qps is None:
         raise ValueError(
-            f"trace {src} has token lengths but no arrival times; give qps (req/s) so that "
-            "arrivals can be generated")
+            f"trace {src} has token lengths but no arrival times: set trace.qps=<req/s> so that "
+            f"arrivals can be drawn (trace.arrival={arrival})")
     if shuffle:
         if timed:
             raise ValueError(f"trace.shuffle: trace {src} has its own arrival times, which a "
@@ -73,7 +78,14 @@ def load_trace(path, *, num_requests=None, qps=None, arrival="poisson", cv=1.0, 
     else:
         t = arrival_times(len(df), qps, arrival, cv, stream_rng(seed, ARRIVAL_STREAM), burst)
     df["arrival_time"] = t
-    df.attrs.update(source=str(src), format=raw.attrs["format"], dropped=dropped)
+    # what was done to the file's requests, for the summary (build.describe_trace)
+    arrivals = ("own" if qps is None else "retimed") if timed else "drawn"
+    cut = num_requests if num_requests is not None and len(df) == num_requests else None
+    # a shipped trace by its name: the package's install path says nothing about the run and
+    # would differ between two checkouts of the same code
+    source = f"shipped:{path}" if isinstance(path, str) and path in SHIPPED else str(src)
+    df.attrs.update(source=source, format=raw.attrs["format"], dropped=dropped,
+                    arrivals=arrivals, qps=qps, cut_to=cut)
     return df
 
 

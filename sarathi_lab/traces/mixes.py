@@ -77,10 +77,18 @@ class ComponentConfig:
         elif self.cv != 1.0 or self.on_s is not None or self.off_s is not None:
             raise ValueError("arrival=trace: keeps the trace's own gaps; cv, on_s and off_s "
                              "are not read")
-        tenant_weights(self.tenants, "component")   # raises on a bad value
+        # raises on a bad value; a count >= 1 is checked by the mix against the component's
+        # requests before any name is built (a billion names ran away)
+        if not _count(self.tenants) or self.tenants < 1:
+            tenant_weights(self.tenants, "component")
 
     def tenant_names(self, component: str) -> tuple[list[str], np.ndarray]:
         return tenant_weights(self.tenants, component)
+
+
+def _count(spec) -> bool:
+    """Whether a component's ``tenants`` is a count (N tenants), not a name or shares."""
+    return isinstance(spec, int) and not isinstance(spec, bool)
 
 
 def tenant_weights(spec, component: str) -> tuple[list[str], np.ndarray]:
@@ -133,6 +141,13 @@ class MixConfig(ClientSettings):
                              "give every component a share, or every one a qps")
         if self.qps is None and by_share:
             raise ValueError("qps: the components give shares, so the mix needs its total qps")
+        for name, n in self.counts().items():
+            tenants = self.components[name].tenants
+            if _count(tenants) and tenants > n:   # names for them all would be built for nothing
+                raise ValueError(f"components.{name}.tenants={tenants}: more tenants than the "
+                                 f"component's {n} requests (of num_requests={self.num_requests}"
+                                 f"); a tenant without a request has no service to measure "
+                                 f"(set at most {n}, or more requests)")
         self.check_clients()
 
     def rates(self) -> dict[str, float]:

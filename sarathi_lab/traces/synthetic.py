@@ -62,5 +62,6 @@ def synthetic_trace(num_requests, qps, *, arrival="poisson", cv=1.0, burst=None,
         "num_prompt_tokens": np.concatenate(prompts).astype(np.int64),
         "num_output_tokens": np.concatenate(outputs).astype(np.int64),
     })
-    df.attrs.update(source="synthetic", format="synthetic", dropped=dropped)
+    df.attrs.update(source="synthetic", format="synthetic", dropped=dropped, arrivals="drawn",
+                    qps=qps, cut_to=None)
     return df

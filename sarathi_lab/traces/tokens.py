@@ -17,12 +17,30 @@ logger = logging.getLogger(__name__)
 
 def load_tokenizer(tokenizer, src):
     if tokenizer is None:
-        raise ValueError(f"trace {src} holds prompt text; give tokenizer= (a local tokenizer "
-                         "path) to count its tokens")
+        raise ValueError(f"trace {src} holds prompt text; set trace.tokenizer=DIR (a local "
+                         "tokenizer directory, e.g. the model's) to turn it into tokens")
     if not isinstance(tokenizer, (str, os.PathLike)):
         return tokenizer  # already a tokenizer object
     from transformers import AutoTokenizer  # heavy import, only when text needs it
     return AutoTokenizer.from_pretrained(str(tokenizer), local_files_only=True)
+
+
+def chat_prompts(tok, texts: list[str], chat_template, src) -> tuple[list[str], bool]:
+    """The prompts as the model should see them, and whether the tokenizer should still add its
+    special tokens. An instruct model's tokenizer carries a chat template (its turn markers):
+    without it the text reaches the model as a bare continuation, and SmolLM2-135M-Instruct, for
+    one, answers a question with an immediate end of turn. ``chat_template``: auto (the
+    template when the tokenizer has one), true (required) or false (the text as it is). A
+    template writes its own special tokens, so none are added then."""
+    has = bool(getattr(tok, "chat_template", None))
+    if chat_template is True and not has:
+        raise ValueError(f"trace.chat_template=true: the tokenizer for trace {src} has no chat "
+                         "template; set trace.chat_template=false (or auto) to send the prompt "
+                         "text as it is")
+    if chat_template is False or not has:
+        return texts, True
+    return [tok.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
+                                    add_generation_prompt=True) for t in texts], False
 
 
 def attach_prompt_ids(df: pd.DataFrame, vocab_size: int, *, seed=0,

@@ -31,6 +31,9 @@ class HardwareSpec:
     pcie_bandwidth: float = setting(32.0e9, gt=0, help="GPU-host bytes/s, one direction")
     pcie_eff: float = setting(0.8, gt=0, le=1, help="share of pcie_bandwidth a pinned copy gets")
     pcie_latency_s: float = setting(1.0e-5, ge=0, help="per GPU-host copy")
+    # vLLM refuses a swap space (per GPU, times the node's GPUs) above 70% of the host's memory
+    host_memory_bytes: float = setting(2.0e12, gt=0, help="host (CPU) memory of one node, "
+                                       "bytes: bounds the swap space (DGX: 2 TB)")
     net_bandwidth: float = setting(25.0e9, gt=0,
                                    help="inter-node bytes/s per GPU (its NIC), one direction")
     net_eff: float = setting(0.9, gt=0, le=1, help="share of net_bandwidth an RDMA write gets")

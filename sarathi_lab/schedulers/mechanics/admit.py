@@ -31,6 +31,26 @@ class Admission:
         req.status = Status.REJECTED
         req.rejection_reason = reason
 
+    def abort(self, req: Request, reason: str) -> bool:
+        """Take `req` out of the policy wherever it is (waiting, running or swapped) and free
+        its KV, device and host: its client went away (`sarathi-lab-serve`). It ends rejected
+        with `reason`. False if it had already ended (nothing to do)."""
+        if req.status in (Status.FINISHED, Status.REJECTED):
+            return False
+        if req.status is Status.RUNNING:
+            self.running.remove(req)
+        elif req.status is Status.SWAPPED:
+            self.swapped.remove(req)
+            self.kv.drop_swapped(req)
+        else:
+            self.waiting.remove(req)
+        self.kv.free(req)   # a waiting request preempted by recompute holds none: no-op
+        self.reject(req, reason)
+        assert req not in self.running and req not in self.swapped and req not in self.waiting \
+            and not self.kv.held_slots([req])[0] and not self.kv.host_block_table(req), \
+            f"abort left request {req.request_id!r} in the policy or holding KV"
+        return True
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 

@@ -33,9 +33,10 @@ import numpy as np
 
 from sarathi_lab.engine import Engine
 from sarathi_lab.guard import RuleViolation
-from sarathi_lab.metrics import summarize, transfer_stats
+from sarathi_lab.metrics import queue_stats, summarize, transfer_stats
 from sarathi_lab.request import Request
 from sarathi_lab.routers import Router
+from sarathi_lab.topology.accounting import plugin
 from sarathi_lab.topology.disagg.settings import POOLS
 from sarathi_lab.topology.disagg.transfer import Transfer
 from sarathi_lab.topology.driver import INTERNAL, Topology
@@ -326,6 +327,16 @@ class Disaggregated(Topology):
                 except RuleViolation as err:
                     raise RuleViolation(f"{POOLS[pool]} replica {j}: {err}") from err
 
+    def named_engines(self) -> list[tuple]:
+        return [(f"{POOLS[pool]} replica {j}", e)
+                for pool, engines in enumerate((self.prefill, self.decode))
+                for j, e in enumerate(engines)]
+
+    def describe(self) -> str:
+        return "disaggregated pools (" + ", ".join(
+            f"{len(engines)} {POOLS[pool]} replicas behind router {plugin(self.routers[pool])}"
+            for pool, engines in enumerate((self.prefill, self.decode))) + ")"
+
     # -- results ------------------------------------------------------------------------------
     def tables(self, requests: list[Request]):
         """(requests table, iterations table). Requests gain `prefill_replica`,
@@ -380,8 +391,15 @@ class Disaggregated(Topology):
         kv = engines[0].kv
         col = "prefill_replica" if pool == 0 else "decode_replica"
         mine = it_df[it_df["pool"] == POOLS[pool]]
-        s = summarize(req_df[req_df[col] >= 0], mine, kv_blocks_total=kv.num_blocks,
+        served_here = req_df[req_df[col] >= 0]
+        s = summarize(served_here, mine, kv_blocks_total=kv.num_blocks,
                       block_size=kv.block_size)
+        if pool == 1:
+            # a request waits for the decode pool from its first token (its KV ready on the
+            # prefill side) to its transfer's start, not from its arrival
+            moved = served_here.assign(arrival_time=served_here["first_token_time"],
+                                       first_scheduled_time=served_here["transfer_start"])
+            s["queue"] = queue_stats(moved, mine, span)
         tp = self.tensor_parallel[pool]
         busy = float(mine["duration"].sum())
         served = req_df[col].to_numpy()

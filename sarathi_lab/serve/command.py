@@ -152,7 +152,9 @@ def _main(cfg: DictConfig) -> None:
 def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import importlib.util
-    if importlib.util.find_spec("aiohttp") is None:   # the optional extra
+    # the optional extra, checked before a model is built; the help needs none of it
+    helps = ("-h", "--help", "--hydra-help", "--info", "-i", "--cfg", "-c")
+    if importlib.util.find_spec("aiohttp") is None and not set(sys.argv[1:]) & set(helps):
         sys.exit(f"{PROG}: error: aiohttp is not installed: pip install 'sarathi-lab[serve]'")
     if any(a in ("-m", "--multirun") for a in sys.argv[1:]):
         sys.exit(f"{PROG}: error: -m: a server serves one configuration (no multirun)")

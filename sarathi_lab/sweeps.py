@@ -57,6 +57,25 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("dirname", dirname)
 
 
+def compose_config(overrides: list[str], config_name: str = "config") -> dict:
+    """The config `sarathi-lab <overrides>` would run (Hydra's compose API, resolvers
+    registered), as a plain dict without the `hydra` node: for commands and scripts that build
+    runs in-process. A Hydra error (an unknown group or option, a malformed override) is a
+    ConfigError naming the overrides."""
+    from hydra import compose, initialize_config_module
+    from hydra.errors import HydraException
+    from sarathi_lab.settings import ConfigError, plain
+    register_resolvers()
+    try:
+        with initialize_config_module("sarathi_lab.configs", version_base="1.3"):
+            cfg = compose(config_name, overrides=list(overrides))
+    except HydraException as e:
+        raise ConfigError(f"{' '.join(overrides)}: {e}") from None
+    c = plain(cfg)
+    c.pop("hydra", None)
+    return c
+
+
 def start_collecting() -> None:
     """`sarathi-lab` starts with the cyclic garbage collector off: start-up makes a few hundred
     thousand objects that live to the end (modules, Hydra's state), and each collection would

@@ -29,19 +29,10 @@ def host_hardware(name: str) -> dict:
 
 def build_executor(overrides: list[str]):
     """The torch executor and model preset of `sarathi-lab executor=torch <overrides>`."""
-    from hydra import compose, initialize_config_module
     from sarathi_lab.config import resolve
-    from sarathi_lab.settings import ConfigError, plain
-    from sarathi_lab.sweeps import register_resolvers
-    from hydra.errors import HydraException
-    register_resolvers()
-    try:
-        with initialize_config_module("sarathi_lab.configs", version_base="1.3"):
-            cfg = compose("config", overrides=["executor=torch", *overrides])
-    except HydraException as e:
-        raise ConfigError(f"{' '.join(overrides)}: {e}") from None
-    c = plain(cfg)
-    c.pop("hydra", None)
+    from sarathi_lab.settings import ConfigError
+    from sarathi_lab.sweeps import compose_config
+    c = compose_config(["executor=torch", *overrides])
     r = resolve(c, ["executor=torch", *overrides])
     if r.executor_cls.__name__ != "TorchExecutor":
         raise ConfigError("sarathi-lab-profile measures the torch executor (executor=torch)")

@@ -22,22 +22,13 @@ READ = ("trace", "slo", "seed")   # the config keys a replay reads
 def compose(overrides: list[str]) -> dict:
     """{trace, slo, seed} of `sarathi-lab <overrides>`; an override of any other key is an error
     (no component of a replay would read it)."""
-    from hydra import compose as hydra_compose, initialize_config_module
-    from hydra.errors import HydraException
-    from sarathi_lab.settings import plain
-    from sarathi_lab.sweeps import register_resolvers
+    from sarathi_lab.sweeps import compose_config
     for o in overrides:
         key = o.split("=", 1)[0].lstrip("+~")
         if "=" not in o or key.split(".")[0].split("/")[0] not in READ:
             raise ConfigError(f"{o}: sarathi-lab-replay reads only overrides of "
                               f"{', '.join(READ)} (trace=..., trace.KEY=..., slo=..., seed=N)")
-    register_resolvers()
-    try:
-        with initialize_config_module("sarathi_lab.configs", version_base="1.3"):
-            cfg = hydra_compose("config", overrides=overrides)
-    except HydraException as e:
-        raise ConfigError(f"{' '.join(overrides)}: {e}") from None
-    c = plain(cfg)
+    c = compose_config(overrides)
     return {k: c[k] for k in READ}
 
 

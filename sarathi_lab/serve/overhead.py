@@ -24,13 +24,11 @@ OVERRIDES = ["executor=torch", "model=tiny-llama", "executor.device=cpu",
 
 
 def _in_process(prompts, out_len: int, burst: bool):
-    from hydra import compose, initialize_config_module
-    from omegaconf import OmegaConf
     from sarathi_lab.engine import Engine
     from sarathi_lab.request import Request
     from sarathi_lab.runner import build
-    with initialize_config_module("sarathi_lab.configs", version_base="1.3"):
-        c = OmegaConf.to_container(compose("config", overrides=OVERRIDES), resolve=True)
+    from sarathi_lab.sweeps import compose_config
+    c = compose_config(OVERRIDES)
     policy, ex = build(c)
     e = Engine(policy, ex)
     n = len(prompts[0])

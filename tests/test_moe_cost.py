@@ -134,6 +134,7 @@ def test_bad_layouts_are_named(shape, settings, message):
         cm(ModelShape(**{**TINY, **shape}), **settings)
 
 
+@pytest.mark.slow   # two runs of the simulator
 def test_a_run_counts_every_gpu_of_the_layout(tmp_path):
     from helpers import composed
 

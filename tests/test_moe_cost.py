@@ -161,3 +161,11 @@ def test_the_dense_model_is_priced_as_before():
                           "attention_prefill", "attention_decode", "lm_head", "allreduce",
                           "total"}
     assert dataclasses.replace(m, name="x").num_experts == 0
+
+
+def test_a_profile_does_not_price_experts():
+    from sarathi_lab.costmodels.profiled import ProfiledConfig, ProfiledCostModel
+    from sarathi_lab.costmodels.profiles import ProfileError
+    with pytest.raises(ProfileError, match="tiny-moe is a mixture-of-experts model, which a "
+                       "profile's dense operators cannot price; use executor.cost_model=roofline"):
+        ProfiledCostModel(ModelShape(**TINY), TOY_HW, 1, ProfiledConfig(profile="any.parquet"))

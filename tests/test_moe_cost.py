@@ -104,6 +104,9 @@ def test_memory_per_gpu_by_hand():
     assert c.num_kv_blocks(16, 1.0, 0, 100) == 2 * int(usable // 512)
     # every GPU holds all 4 experts without expert parallelism
     assert cm().weight_bytes == (1224 + 2 * 288) * 2
+    with pytest.raises(ValueError, match="tiny-moe does not fit on toy at tensor_parallel=1 "
+                       "expert_parallel=2: .*or executor.expert_parallel"):
+        c.num_kv_blocks(16, 0.001, 0, 100)
 
 
 def test_mixtral_weights_per_gpu():

@@ -54,12 +54,17 @@ class RooflineMemory:
             need_tp = self.tp
             while need_tp < 64 and self.weight_bytes * self.tp / need_tp + reserve >= usable:
                 need_tp *= 2
+            layout = f"tensor_parallel={self.tp}" + (
+                f" expert_parallel={self.ep}" if self.ep > 1 else "")
+            # a MoE model's experts can also be split over expert-parallel groups
+            hint = f"try tensor_parallel={need_tp}" + (
+                ", or executor.expert_parallel (parallel=tp1ep2, tp1ep4, tp1ep8, tp2ep4)"
+                if m.is_moe else "")
             raise ValueError(
-                f"{m.name} does not fit on {hw.name} at tensor_parallel={self.tp}: weights take "
+                f"{m.name} does not fit on {hw.name} at {layout}: weights take "
                 f"{self.weight_bytes / gib:.1f} GiB per GPU plus {reserve / gib:.1f} GiB of "
                 f"activations/workspace, but gpu_memory_utilization={gpu_memory_utilization} "
-                f"of {hw.memory_bytes / gib:.1f} GiB leaves {usable / gib:.1f} GiB "
-                f"(try tensor_parallel={need_tp})")
+                f"of {hw.memory_bytes / gib:.1f} GiB leaves {usable / gib:.1f} GiB ({hint})")
         # with expert parallelism each of the ep groups keeps its own requests' KV
         blocks = int((usable - self.weight_bytes - reserve)
                      // (block_size * self.kv_bytes_per_token)) * self.ep

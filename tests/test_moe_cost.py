@@ -172,3 +172,39 @@ def test_a_profile_does_not_price_experts():
     with pytest.raises(ProfileError, match="tiny-moe is a mixture-of-experts model, which a "
                        "profile's dense operators cannot price; use executor.cost_model=roofline"):
         ProfiledCostModel(ModelShape(**TINY), TOY_HW, 1, ProfiledConfig(profile="any.parquet"))
+
+
+def _running(rid, computed, prompt, outputs=0):
+    from sarathi_lab.request import Request
+    r = Request(rid, 0.0, prompt, 10_000)
+    r.num_computed_tokens, r.num_output_tokens = computed, outputs
+    return r
+
+
+@pytest.mark.parametrize("ep", [1, 2])
+def test_the_hot_paths_price_experts_as_a_step_does(ep):
+    # fast-forward's decode runs and chunk runs must equal stepping bit for bit (they share
+    # _fixed, where the experts and the all-to-all are added)
+    import numpy as np
+    c = cm(expert_parallel=ep) if ep > 1 else cm()
+    ctx = [5, 30, 17]
+    reqs = [_running(i, x, 4, x - 3) for i, x in enumerate(ctx)]
+    fast = c.decode_run(np.array(ctx), 20)
+    slow = []
+    for _ in range(20):
+        slow.append(c.step_time(reqs, [1] * 3))
+        for r in reqs:
+            r.num_computed_tokens += 1
+            r.num_output_tokens += 1
+    np.testing.assert_array_equal(fast, np.array(slow))
+    decodes = [_running(i, x, 4, x - 3) for i, x in enumerate(ctx)]
+    pre = _running(9, 0, 14)
+    runs = c.chunk_run(ctx, 0, [6, 8], True)
+    steps = []
+    for n in (6, 8):
+        steps.append(c.step_time(decodes + [pre], [1] * 3 + [n]))
+        for r in decodes:
+            r.num_computed_tokens += 1
+            r.num_output_tokens += 1
+        pre.num_computed_tokens += n
+    assert runs == steps

@@ -208,3 +208,15 @@ def test_the_hot_paths_price_experts_as_a_step_does(ep):
             r.num_output_tokens += 1
         pre.num_computed_tokens += n
     assert runs == steps
+
+
+def test_disaggregated_pools_refuse_expert_parallelism():
+    from helpers import composed
+
+    from sarathi_lab.cli import check_config
+    from sarathi_lab.settings import ConfigError
+    # the run's executor node is each pool's
+    over = ["model=mixtral-8x7b", "cluster=disagg", "executor.expert_parallel=2"]
+    with pytest.raises(ConfigError, match="executor.expert_parallel=2 \\(in the prefill pool\\): "
+                       "disaggregated pools of expert-parallel groups are not modelled"):
+        check_config(composed(*over), over)

@@ -14,6 +14,7 @@ from sarathi_lab.traces.files import SHIPPED
 from sarathi_lab.traces.precision import check_arrivals
 from sarathi_lab.traces.load import load_trace
 from sarathi_lab.traces.mixes import MixConfig, build_mix
+from sarathi_lab.traces.sessions import SessionConfig, build_sessions
 from sarathi_lab.traces.synthetic import synthetic_trace
 
 
@@ -68,17 +69,24 @@ class TraceConfig(ClientSettings):
 
 def parse_trace_config(cfg):
     """The trace node checked as what it describes: a `mixes.MixConfig` when it has
-    ``components``, else a `TraceConfig`."""
+    ``components``, a `sessions.SessionConfig` when it has ``turns``, else a `TraceConfig`."""
     c = _to_plain_dict(cfg)
     if "components" in c:
         return parse(MixConfig, c, "trace", "a workload mix")
+    if "turns" in c:
+        return parse(SessionConfig, c, "trace", "multi-turn sessions")
     return parse(TraceConfig, c, "trace")
 
 
 def build_trace(cfg) -> pd.DataFrame:
     """Build the trace a ``configs/trace/*.yaml`` entry describes (a TraceConfig, a MixConfig,
-    a DictConfig or a dict, checked by `parse_trace_config`)."""
-    tc = cfg if isinstance(cfg, TraceConfig) else parse_trace_config(cfg)
+    a SessionConfig, a DictConfig or a dict, checked by `parse_trace_config`)."""
+    tc = cfg if isinstance(cfg, (TraceConfig, SessionConfig)) else parse_trace_config(cfg)
+    if isinstance(tc, SessionConfig):
+        df = build_sessions(tc)
+        df.attrs["name"] = tc.name or "multi_turn"
+        check_arrivals(df, df.attrs["name"])
+        return df
     if not isinstance(tc, TraceConfig):
         df = build_mix(tc)
         check_arrivals(df, "mix")
@@ -121,8 +129,14 @@ def own_trace_defaults(node: dict, user: list[str]) -> dict:
 def describe_trace(df: pd.DataFrame) -> dict:
     """summary.json's ``trace``: what was served and what was done to it. ``arrivals``: own (the
     file's times), retimed (its gaps scaled to ``qps``), drawn (generated at ``qps``) or mix;
-    ``cut_to``: N when only the first N requests were kept (``trace.num_requests``), else null."""
+    ``cut_to``: N when only the first N requests were kept (``trace.num_requests``), else null;
+    multi-turn sessions (arrivals: sessions): how many, started at what rate, and the turns
+    not sent for ``max_total_tokens``."""
     a = df.attrs
+    if a.get("format") == "sessions":
+        return {"name": a.get("name"), "source": a.get("source"), "num_requests": len(df),
+                "arrivals": "sessions", "sessions": a.get("sessions"),
+                "session_rate": a.get("session_rate"), "cut_turns": a.get("cut_turns")}
     return {"name": a.get("name"), "source": a.get("source"), "num_requests": len(df),
             **({"arrivals": "mix"} if a.get("format") == "mix" else   # its components' own
                {"arrivals": a.get("arrivals"), "qps": a.get("qps"), "cut_to": a.get("cut_to")})}

@@ -32,7 +32,7 @@ def length_sampler(prompt_spec, output_spec, seed):
         if isinstance(spec, Mapping) and "trace" in spec:
             cols = table(spec)
             return lambda n: cols[which][rng.integers(0, len(cols[which]), n)]
-        return _distribution(spec, rng, what)
+        return distribution(spec, rng, what)
 
     same_trace = (isinstance(prompt_spec, Mapping) and isinstance(output_spec, Mapping)
                   and "trace" in prompt_spec and "trace" in output_spec
@@ -49,7 +49,9 @@ def length_sampler(prompt_spec, output_spec, seed):
     return lambda n: (draw_p(n), draw_o(n))
 
 
-def _distribution(spec, rng, what):
+def distribution(spec, rng, what):
+    """A function n -> n draws of the length spec `spec` (an int, uniform or lognormal; `what`
+    names it in errors), drawing from `rng`."""
     if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
         if spec < 1:
             raise ValueError(f"{what} must be >= 1, got {spec}")

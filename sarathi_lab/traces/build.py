@@ -41,6 +41,10 @@ class TraceConfig(ClientSettings):
     tokenizer: str | None = setting(None, help="a local tokenizer dir for text prompts")
     chat_template: bool | str = setting("auto", help="text prompts in the tokenizer's chat "
                                         "template: auto (when it has one) | true | false")
+    models: str | list[str] | None = setting(None, help="BurstGPT: keep rows whose Model is "
+                                             "one of these (ignoring case); null: all")
+    log_types: str | list[str] | None = setting(None, help="BurstGPT: keep rows whose Log Type "
+                                                "is one of these (ignoring case); null: all")
 
     def validate(self) -> None:
         if self.path is None:
@@ -52,7 +56,14 @@ class TraceConfig(ClientSettings):
             if self.shuffle:
                 raise ValueError("shuffle: read only for a trace file (path); a generated "
                                  "trace is a random draw already")
+            for key in ("models", "log_types"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"{key}={getattr(self, key)!r}: read only for a BurstGPT "
+                                     "trace file (path)")
         else:
+            if self.path == "???":   # OmegaConf's mark of a value the preset leaves to the user
+                raise ValueError("path: this preset ships no trace file (trace=burstgpt: its "
+                                 "data is not bundled); name yours with trace.path=FILE")
             for key in ("prompt_len", "output_len"):
                 if getattr(self, key) is not None:
                     raise ValueError(f"{key}={getattr(self, key)!r}: read only for a generated "
@@ -99,7 +110,8 @@ def build_trace(cfg) -> pd.DataFrame:
                              output_len=tc.output_len, **common)
     else:
         df = load_trace(tc.path, num_requests=tc.num_requests, tokenizer=tc.tokenizer,
-                        shuffle=tc.shuffle, chat_template=tc.chat_template, **common)
+                        shuffle=tc.shuffle, chat_template=tc.chat_template, models=tc.models,
+                        log_types=tc.log_types, **common)
     df.attrs["name"] = tc.name or str(tc.path or "synthetic")
     check_arrivals(df, str(tc.path) if tc.path is not None else df.attrs["name"])
     return df

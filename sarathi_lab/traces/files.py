@@ -19,6 +19,7 @@ SHIPPED = {
     "splitwise_conv": "splitwise_conv.csv.gz",
     "splitwise_code": "splitwise_code.csv.gz",
     "arxiv": "arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv.gz",
+    "mooncake": "mooncake_conversation_trace_head300.jsonl.gz",
 }
 
 

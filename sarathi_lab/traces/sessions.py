@@ -30,11 +30,9 @@ from sarathi_lab.traces.arrivals import arrival_times
 from sarathi_lab.traces.lengths import distribution, length_sampler
 from sarathi_lab.traces.streams import (ARRIVAL_STREAM, IDS_STREAM, TURNS_STREAM,
                                         stream_rng)
+from sarathi_lab.traces.tokens import DEFAULT_VOCAB
 
 logger = logging.getLogger(__name__)
-
-# Llama-2's vocabulary, the smallest of the shipped models': ids below it fit every one of them.
-DEFAULT_VOCAB = 32000
 
 
 @dataclass

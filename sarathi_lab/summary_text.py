@@ -185,7 +185,7 @@ def _pipeline_line(p: dict) -> str:
 
 def _load_line(s: dict) -> str | None:
     load = s.get("load") or {}
-    if load.get("mode") != "closed":
+    if load.get("mode") not in ("closed", "sessions"):
         return None
     t = load["think_time"]
     if t["dist"] == "constant":
@@ -195,6 +195,8 @@ def _load_line(s: dict) -> str | None:
     else:
         think = f"{t['dist']}, mean {t['mean']:g} s" + \
             (f", sigma {t['sigma']:g}" if t["dist"] == "lognormal" else "")
+    if load["mode"] == "sessions":
+        return f"multi-turn sessions: {load['sessions']}, think time {think} between turns"
     return f"closed loop: {load['clients']} users, think time {think}"
 
 

@@ -1,11 +1,12 @@
 """Mooncake (JSONL with block hash ids) and BurstGPT (CSV) traces (traces/mooncake.py,
 traces/csv_formats.py): hash ids shared as exactly that many cache blocks, BurstGPT's filters,
 errors naming the file and the row, the shipped Mooncake sample, and the CLI with each."""
+import dataclasses
 import json
 
 import pytest
 from conftest import LinearCost, make_policy
-from helpers import cli
+from helpers import CONFIGS, cli
 
 from sarathi_lab.engine import Engine
 from sarathi_lab.settings import ConfigError
@@ -200,3 +201,13 @@ def test_cli_with_each_format(tmp_path, burst):
 
     r = cli("trace=burstgpt", f"hydra.run.dir={tmp_path}/none", cwd=tmp_path)
     assert r.returncode != 0 and "trace.path: this preset ships no trace file" in r.stderr
+
+
+def test_the_burstgpt_preset_writes_the_trace_keys_and_its_filters():
+    from omegaconf import OmegaConf
+
+    from sarathi_lab.traces import TraceConfig
+    raw = OmegaConf.load(CONFIGS / "trace" / "burstgpt.yaml")
+    assert set(raw.keys()) == {f.name for f in dataclasses.fields(TraceConfig)} - {
+        "prompt_len", "output_len"}
+    assert OmegaConf.is_missing(raw, "path")

@@ -1,6 +1,7 @@
 """Multi-turn sessions (traces/sessions.py, topology/clients.py `Sessions`): prompts that grow by
 exactly the previous turn, the prefix-cache hit rate worked out by hand, send times = previous
 finish + think time, the settings' errors, and the CLI (trace=multi_turn)."""
+import dataclasses
 import json
 
 import numpy as np
@@ -154,3 +155,16 @@ def test_cli_multi_turn(tmp_path):
                                    mine["arrival_time"].to_numpy()[:-1]
                                    + mine["e2e"].to_numpy()[:-1] + 0.5)
     assert s["prefix_cache"]["hit_tokens"] > 0
+
+
+def test_the_preset_writes_every_setting():
+    from omegaconf import OmegaConf
+
+    from helpers import CONFIGS
+    from sarathi_lab.traces.sessions import SessionConfig
+    raw = OmegaConf.load(CONFIGS / "trace" / "multi_turn.yaml")
+    assert set(raw.keys()) == {f.name for f in dataclasses.fields(SessionConfig)}
+    df = build_trace(OmegaConf.to_container(OmegaConf.create({"seed": 0, "t": raw}),
+                                            resolve=True)["t"])
+    assert df.attrs["sessions"] == 100 and df.attrs["name"] == "multi_turn"
+    assert set(df.groupby("session")["turn"].max() + 1) <= {2, 3, 4, 5, 6}

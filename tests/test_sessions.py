@@ -168,3 +168,13 @@ def test_the_preset_writes_every_setting():
                                             resolve=True)["t"])
     assert df.attrs["sessions"] == 100 and df.attrs["name"] == "multi_turn"
     assert set(df.groupby("session")["turn"].max() + 1) <= {2, 3, 4, 5, 6}
+
+
+def test_replay_against_a_server_is_refused(tmp_path):
+    """sarathi-lab-replay sends a trace's requests itself and feeds no answer back, so a
+    session's later turns could not wait for theirs: refused before anything is sent."""
+    from sarathi_lab.replay.command import run_replay
+    from sarathi_lab.replay.loads import Endpoint
+    ep = Endpoint("http://127.0.0.1:9/v1", "stub-model", 1.0, 1.0, 1)
+    with pytest.raises(ConfigError, match="trace.turns: multi-turn sessions are not replayed"):
+        run_replay(["trace=multi_turn"], ep, tmp_path / "out")

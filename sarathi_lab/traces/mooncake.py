@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sarathi_lab.traces.files import DECODE_ERRORS, open_text, unreadable
+from sarathi_lab.traces.files import (DECODE_ERRORS, json_lines, json_object, line_error,
+                                      open_text)
 from sarathi_lab.traces.frame import MAX_WHOLE, is_int, is_number
 from sarathi_lab.traces.precision import MAX_ARRIVAL_S, unresolvable
 from sarathi_lab.traces.streams import HASH_BLOCK_STREAM
@@ -45,28 +46,19 @@ def is_mooncake(src: Path) -> bool:
 def read_mooncake(src: Path, with_ids: bool = True) -> pd.DataFrame:
     """The trace frame of a Mooncake trace, with prompt token ids made from the hash ids
     (`with_ids`; a length table needs none). Errors name the file and the line."""
-    times, prompts, outputs, hashes, lines = [], [], [], [], []
-    try:
-        with open_text(src) as f:
-            for lineno, line in enumerate(f, 1):
-                if line.strip():
-                    t, p, o, h = _parse_line(line, src, lineno)
-                    if times and t < times[-1]:
-                        raise ValueError(f"trace {src}: line {lineno}: timestamp {t!r} ms comes "
-                                         f"before the previous request's ({times[-1]!r} ms); "
-                                         "times must be ascending")
-                    if times and (t - times[0]) / 1e3 >= MAX_ARRIVAL_S:
-                        raise ValueError(f"trace {src}: line {lineno}: " + unresolvable(
-                            (t - times[0]) / 1e3, "the request"))
-                    times.append(t)
-                    prompts.append(p)
-                    outputs.append(o)
-                    hashes.append(h)
-                    lines.append(lineno)
-    except DECODE_ERRORS as e:
-        raise unreadable(src, e) from None
-    if not times:
+    rows = []   # (timestamp ms, input_length, output_length, hash_ids)
+    for lineno, line in json_lines(src):
+        row = _parse_line(line, src, lineno)
+        if rows and row[0] < rows[-1][0]:
+            raise line_error(src, lineno, f"timestamp {row[0]!r} ms comes before the previous "
+                             f"request's ({rows[-1][0]!r} ms); times must be ascending")
+        if rows and (row[0] - rows[0][0]) / 1e3 >= MAX_ARRIVAL_S:
+            raise line_error(src, lineno, unresolvable((row[0] - rows[0][0]) / 1e3,
+                                                       "the request"))
+        rows.append(row)
+    if not rows:
         raise ValueError(f"trace {src} has no requests")
+    times, prompts, outputs, hashes = zip(*rows)
     raw = pd.DataFrame({
         "arrival_time": np.array(times, dtype=np.float64) / 1e3,
         "num_prompt_tokens": np.array(prompts, dtype=np.int64),
@@ -95,14 +87,9 @@ def block_ids(hashes: list[list[int]], lengths: list[int],
 
 def _parse_line(line, src, lineno):
     def bad(msg):
-        return ValueError(f"trace {src}: line {lineno}: {msg}")
+        return line_error(src, lineno, msg)
 
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise bad(f"not valid JSON ({e.msg})") from None
-    if not isinstance(obj, dict):
-        raise bad("expected a JSON object")
+    obj = json_object(line, src, lineno)
     absent = [k for k in KEYS if k not in obj]
     if absent:
         raise bad(f"missing {', '.join(absent)} (a Mooncake trace line has "

@@ -234,6 +234,9 @@ def _trace_text(s: dict) -> str:
         return str((s.get("config", {}).get("trace") or {}).get("name", "?"))
     if t["arrivals"] == "mix":
         return str(t["name"])
+    if t["arrivals"] == "sessions":
+        return (f"{t['name']} ({t['sessions']} sessions started at {t['session_rate']:g}/s, "
+                f"{t['num_requests']} turns)")
     rate = "" if t.get("qps") is None else f" {t['qps']:g} req/s"
     how = {"own": "its own arrival times", "retimed": f"re-timed to{rate}",
            "drawn": f"arrivals drawn at{rate}"}.get(t["arrivals"], t["arrivals"])

@@ -145,6 +145,7 @@ def test_cli_multi_turn(tmp_path):
     assert s["load"]["mode"] == "sessions" and s["load"]["sessions"] == 8
     assert s["trace"]["arrivals"] == "sessions" and s["trace"]["sessions"] == 8
     assert "multi-turn sessions: 8, think time 0.5 s between turns" in r.stdout
+    assert f"trace multi_turn (8 sessions started at 1/s, {s['num_requests']} turns)" in r.stdout
     rq = pd.read_parquet(tmp_path / "run" / "requests.parquet")
     assert s["num_finished"] == len(rq) > 8
     assert sorted(rq["session"].unique()) == list(range(8))

@@ -179,3 +179,19 @@ def test_replay_against_a_server_is_refused(tmp_path):
     ep = Endpoint("http://127.0.0.1:9/v1", "stub-model", 1.0, 1.0, 1)
     with pytest.raises(ConfigError, match="trace.turns: multi-turn sessions are not replayed"):
         run_replay(["trace=multi_turn"], ep, tmp_path / "out")
+
+
+def test_a_rejected_turn_is_answered_and_the_session_goes_on():
+    """max_model_len 60: turn 1 (20 + 12 tokens) runs; turns 2 (52 + 12) and 3 (84 + 12) can
+    never fit and are rejected on arrival (the engine idle: at once), each sent 0.5 s after
+    its predecessor ended."""
+    df = build_trace(node())
+    policy = make_policy("sarathi", token_budget=512, block_size=16, num_blocks=400,
+                         max_model_len=60, enable_prefix_caching=True)
+    engine = Engine(policy, LinearCost(1.0, 0.0))
+    reqs = to_requests(df)
+    drive(Single(engine), Sessions(reqs, df["session"], df["turn"], ThinkTime("constant", 0.5)))
+    assert [r.status.name for r in reqs] == ["FINISHED", "REJECTED", "REJECTED"]
+    assert reqs[1].arrival_time == reqs[0].finish_time + 0.5 == 12.5
+    assert reqs[2].arrival_time == 13.0   # turn 2 rejected at 12.5, then 0.5 s of thought
+    assert "exceeds max_model_len=60" in reqs[1].rejection_reason

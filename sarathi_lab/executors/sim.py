@@ -65,14 +65,12 @@ class SimConfig(ExecutorConfig):
     acceptance: str = setting("fixed", choices=("fixed", "geometric", "trace"),
                               help="speculation: fixed (acceptance_rate for every draft) | "
                                    "geometric (acceptance_rates, one per draft position) | trace "
-                                   "(each request's rate, the trace's acceptance_column)")
+                                   "(each request's rate, a CSV trace's acceptance_rate column)")
     acceptance_rate: float | None = setting(None, ge=0, le=1, help="acceptance=fixed: the chance "
                                             "each draft token is accepted")
     acceptance_rates: list[float] | None = setting(
         None, help="acceptance=geometric: p_i, the chance the i-th draft is accepted once the "
                    "ones before it were, one per position")
-    acceptance_column: str = setting("acceptance_rate", help="acceptance=trace: the trace "
-                                     "column of each request's rate")
     acceptance_seed: int = setting(0, ge=0, help="speculation: the acceptance draws' stream")
     # the chosen cost model's typed settings, filled by SimExecutor.parse_config
     cost_model_settings: object = field(default=None, metadata={"internal": True})

@@ -298,3 +298,17 @@ def test_cli_runs_with_speculation(model, tmp_path):
     assert int(it["spec_proposed"].sum()) == sp["proposed"]
     df = pd.read_parquet(out / "requests.parquet")
     assert int(df["spec_accepted"].sum()) == sp["accepted"]
+
+
+def test_an_executor_that_emits_more_than_it_computed_is_stopped():
+    class Greedy(Scripted):
+        def execute(self, out):
+            step = super().execute(out)
+            if step.accepted is not None:   # claims one token more than 1 + accepted
+                step.emitted = [1 + a + 1 for a in step.accepted]
+                step.finished = []
+            return step
+
+    with pytest.raises(ValueError, match="Greedy.execute.*StepResult.emitted=.*at most 1 \\+ "
+                                         "its accepted drafts"):
+        run(Greedy({0: [1]}), [req(0, 4, 20)], token_budget=64, num_speculative_tokens=2)

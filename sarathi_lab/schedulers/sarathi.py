@@ -24,8 +24,7 @@ class Sarathi(Policy):
         out, budget = SchedulerOutput(), self.cfg.token_budget
         decodes, prefills = split_running(self.running)
         # decodes first: a running decode is never stalled by a prefill
-        self.schedule_decodes(out, decodes if len(decodes) <= budget else decodes[:budget],
-                              budget)
+        self.schedule_decodes(out, decodes if len(decodes) <= budget else decodes[:budget])
         # speculative decodes take 1 + k tokens of the budget each
         budget -= out.total_tokens if out.spec_lens else len(out.reqs)
         # then ongoing prefills, chunked to what is left; their blocks were taken at admission,

@@ -25,10 +25,13 @@ from sarathi_lab.models.shape import ModelShape
 
 log = logging.getLogger(__name__)
 
-# checkpoint name -> (our fused parameter, shard index); shards are concatenated in this order
+# checkpoint name -> (our fused parameter, shard index); shards are concatenated in this order.
+# Mixtral's expert projections: w1 gate, w3 up, w2 down.
 _FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
-
+          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+          "w1": ("gate_up_proj", 0), "w3": ("gate_up_proj", 1), "w2": ("down_proj", None)}
+# Mixtral's MoE block is named block_sparse_moe in its checkpoints; ours is mlp, as Qwen2-MoE's
+_RENAMED = {"block_sparse_moe": "mlp"}
 
 def _model_dir(path) -> Path:
     d = Path(os.path.expanduser(str(path)))
@@ -98,13 +101,34 @@ def _checkpoint_files(d: Path) -> list[Path]:
     return files
 
 
+def _target(key: str) -> tuple[str, int | None, int | None]:
+    """Our parameter for checkpoint tensor `key`, the expert it is one slice of (a stacked
+    ``experts.*`` parameter) or None, and its shard of a fused projection or None."""
+    parts = [_RENAMED.get(p, p) for p in key.split(".")]
+    if len(parts) >= 4 and parts[-4] == "experts" and parts[-3].isdigit() \
+            and parts[-2] in _FUSED and parts[-1] == "weight":
+        # experts.{i}.{proj}.weight -> experts.{gate_up_proj|down_proj}[i]
+        name, shard = _FUSED[parts[-2]]
+        return ".".join(parts[:-3] + [name]), int(parts[-3]), shard
+    fused = _FUSED.get(parts[-2]) if len(parts) >= 2 else None
+    if fused and fused[1] is not None:
+        parts[-2] = fused[0]
+        return ".".join(parts), None, fused[1]
+    return ".".join(parts), None, None
+
+
 def load_weights(model: LlamaForCausalLM, d: Path) -> None:
     from safetensors import safe_open
     params = dict(model.named_parameters())
     a = model.args
     q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
-    splits = {"qkv_proj": [q, kv, kv], "gate_up_proj": [a.intermediate_size] * 2}
-    todo = {n: len(splits.get(n.split(".")[-2], [0])) for n in params}  # shards still missing
+    # each parameter's pieces: (expert, shard) pairs, all of which the checkpoint must hold
+    todo = {}
+    for n, p in params.items():
+        last = n.split(".")[-1 if ".experts." in n else -2]
+        experts = range(p.shape[0]) if ".experts." in n else [None]
+        shards = {"qkv_proj": range(3), "gate_up_proj": range(2)}.get(last, [None])
+        todo[n] = {(e, s) for e in experts for s in shards}
     for f in _checkpoint_files(d):
         try:
             st_file = safe_open(str(f), framework="pt", device="cpu")
@@ -114,29 +138,37 @@ def load_weights(model: LlamaForCausalLM, d: Path) -> None:
             for key in st.keys():
                 if "rotary_emb" in key or (a.tie_word_embeddings and key == "lm_head.weight"):
                     continue   # derived buffers, or a tied head saved anyway
-                parts = key.split(".")
-                fused = _FUSED.get(parts[-2]) if len(parts) >= 2 else None
-                if fused:
-                    parts[-2], shard = fused
-                name = ".".join(parts)
+                name, expert, shard = _target(key)
                 if name not in params:
                     raise ValueError(f"{f}: unexpected tensor {key!r} for a {a.num_layers}-layer "
-                                     "Llama-family model")
+                                     f"{_kind(a)} model")
                 dst = params[name].data
-                if fused:
-                    sizes = splits[parts[-2]]
+                if expert is not None:
+                    if expert >= dst.shape[0]:
+                        raise ValueError(f"{f}: {key} is expert {expert}, the config says "
+                                         f"{dst.shape[0]} experts")
+                    dst = dst[expert]
+                if shard is not None:
+                    # qkv: q, k, v rows; gate_up: gate then up, halves
+                    sizes = [q, kv, kv] if ".qkv_proj." in name else [dst.shape[0] // 2] * 2
                     dst = dst.narrow(0, sum(sizes[:shard]), sizes[shard])
                 t = st.get_tensor(key)
                 if t.shape != dst.shape:
                     raise ValueError(f"{f}: {key} has shape {tuple(t.shape)}, the config says "
                                      f"{tuple(dst.shape)}")
                 dst.copy_(t)
-                todo[name] -= 1
-    missing = [n for n, left in todo.items() if left > 0]
+                if expert is None and shard is None and ".experts." in name:
+                    todo[name].clear()   # a stacked tensor saved whole (transformers 5 layout)
+                todo[name].discard((expert, shard))
+    missing = [n for n, left in todo.items() if left]
     if missing:
         raise ValueError(f"model.path={str(d)!r}: checkpoint lacks {', '.join(missing[:5])}"
                          + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
 
+
+def _kind(a: ModelShape) -> str:
+    return (f"mixture-of-experts ({a.num_experts} experts)" if a.num_experts
+            else "Llama-family")
 
 # Random weights by default only up to this size: test models (tiny-llama, 0.1M parameters; the
 # fidelity and chunk-overhead studies' random Llamas, about 5M). A real model's shape without

@@ -1,7 +1,8 @@
 """Mixture-of-experts models (Mixtral, Qwen2-MoE) on the real executor against the Hugging Face
 oracle: the MoE block alone, then greedy output ids through the engine (paged KV, chunked
 prefill, prefix caching, preemption) equal `transformers`' exactly; checkpoint errors name the
-tensor; seeded random weights for a tiny MoE preset; what the real executor refuses."""
+tensor; seeded random weights for a tiny MoE preset; what the real executor refuses. And the
+dense config.json models beside them: Mistral's sliding window through the engine."""
 import json
 
 import pandas as pd
@@ -75,6 +76,15 @@ def test_greedy_equals_hugging_face(moe_oracle, sched):
         assert sum(r.num_preemptions for r in reqs) > 0
     if "prefix" in sched:
         assert sum(engine.iters["prefill_tokens"]) < sum(len(ids) for ids, _ in specs)
+
+
+@pytest.mark.parametrize("sched", ["sarathi-c16-b4", "vllm-preempt-b4"])
+def test_mistral_sliding_window_equals_hugging_face(tmp_path, sched):
+    """A window of 8 keys, shorter than most prompts and than a chunk of 16."""
+    model = make_hf_model(tmp_path, "mistral", sliding_window=8, seed=2)
+    specs = make_specs(10, seed=5)
+    reqs, _ = run_engine(tmp_path, specs, **SCHEDULES[sched])
+    assert [r.output_token_ids for r in reqs] == hf_generate(model, specs)
 
 
 def test_the_model_has_the_checkpoints_experts(moe_oracle):

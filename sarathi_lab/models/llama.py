@@ -79,6 +79,7 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(a.hidden_size, self.q_size + 2 * self.kv_size, bias=a.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, a.hidden_size, bias=a.o_bias)
         self.scale = self.d ** -0.5
+        self.window = a.sliding_window   # Mistral's; None: every earlier key
         self.k_cache = self.v_cache = None   # set by the executor's bind()
 
     def forward(self, x, cos, sin, meta: AttnMetadata, kernels):
@@ -91,7 +92,8 @@ class Attention(nn.Module):
         v = qkv[:, self.q_size + self.kv_size:].view(-1, self.nkv, self.d)
         write_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         o = paged_attention(q, self.k_cache, self.v_cache, meta.block_tables,
-                            meta.query_start_loc, meta.seq_lens, self.scale, **meta.attn_kwargs)
+                            meta.query_start_loc, meta.seq_lens, self.scale, window=self.window,
+                            **meta.attn_kwargs)
         return self.o_proj(o.reshape(-1, self.q_size))
 
 

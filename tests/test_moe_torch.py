@@ -123,7 +123,7 @@ def test_an_expert_the_config_lacks_is_named(tmp_path):
     f = tmp_path / "model.safetensors"
     sd = load_file(f)
     sd["model.layers.0.block_sparse_moe.experts.4.w1.weight"] = \
-        sd["model.layers.0.block_sparse_moe.experts.0.w1.weight"]
+        sd["model.layers.0.block_sparse_moe.experts.0.w1.weight"].clone()
     save_file(sd, f, metadata={"format": "pt"})
     with pytest.raises(ValueError, match="experts.4.w1.weight is expert 4, the config says 4 "
                                          "experts"):

@@ -29,7 +29,12 @@ log = logging.getLogger(__name__)
 # Mixtral's expert projections: w1 gate, w3 up, w2 down.
 _FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
           "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
-          "w1": ("gate_up_proj", 0), "w3": ("gate_up_proj", 1), "w2": ("down_proj", None)}
+          "w1": ("gate_up_proj", 0), "w3": ("gate_up_proj", 1), "w2": ("down_proj", None),
+          "down_proj": ("down_proj", None)}
+# the config.json model types whose weights this loader reads and whose forward llama.py computes
+# (tests/test_moe_torch.py and test_model.py check each against transformers); the simulator reads
+# more (models/shape.py's SUPPORTED_TYPES), e.g. DeepSeek-MoE, whose checkpoints need remote code
+REAL_TYPES = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe")
 # Mixtral's MoE block is named block_sparse_moe in its checkpoints; ours is mlp, as Qwen2-MoE's
 _RENAMED = {"block_sparse_moe": "mlp"}
 
@@ -52,7 +57,13 @@ def model_shape(model_cfg: dict) -> ModelShape:
         hf = json.loads(f.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{f}: not valid JSON ({e})") from None
-    return ModelShape.from_hf(hf, str(f), name=model_cfg.get("name"))
+    shape = ModelShape.from_hf(hf, str(f), name=model_cfg.get("name"))
+    mtype = hf.get("model_type", "llama")
+    if mtype not in REAL_TYPES:
+        raise ValueError(f"{f}: model_type {mtype!r} runs in the simulator only; the real "
+                         f"executor runs {', '.join(REAL_TYPES)} (whose checkpoints transformers "
+                         "reads, and the oracle tests check)")
+    return shape
 
 
 def _empty_model(args: ModelShape, device, dtype) -> LlamaForCausalLM:
@@ -167,8 +178,7 @@ def load_weights(model: LlamaForCausalLM, d: Path) -> None:
 
 
 def _kind(a: ModelShape) -> str:
-    return (f"mixture-of-experts ({a.num_experts} experts)" if a.num_experts
-            else "Llama-family")
+    return f"mixture-of-experts ({a.num_experts} experts)" if a.is_moe else "Llama-family"
 
 # Random weights by default only up to this size: test models (tiny-llama, 0.1M parameters; the
 # fidelity and chunk-overhead studies' random Llamas, about 5M). A real model's shape without

@@ -92,7 +92,7 @@ class SparseMoE(nn.Module):
     @classmethod
     def from_shape(cls, a: ModelShape) -> SparseMoE:
         return cls(a.hidden_size, a.num_experts, a.num_experts_per_tok,
-                   a.moe_intermediate_size or a.intermediate_size, a.norm_topk_prob,
+                   a.moe_intermediate_size, a.norm_topk_prob,
                    a.shared_expert_intermediate_size, a.shared_expert_gate)
 
     def forward(self, x):
@@ -111,4 +111,4 @@ class SparseMoE(nn.Module):
 
 def is_moe_layer(a: ModelShape, layer: int) -> bool:
     """Whether `layer` has routed experts (DeepSeek's first layers keep a dense MLP)."""
-    return getattr(a, 'num_experts', 0) > 0 and layer >= a.first_dense_layers  # TEMP until moecost
+    return a.is_moe and layer >= a.first_dense_layers

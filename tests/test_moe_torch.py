@@ -150,6 +150,18 @@ def test_random_weights_for_a_tiny_moe_preset():
     assert sum(p.numel() for p in a.parameters()) == a.args.num_params()
 
 
+def test_the_memory_estimate_counts_the_experts_activations():
+    from sarathi_lab.models.loader import ACTIVATION_TOKENS, memory_estimate
+    a = model_shape(TINY_MOE)
+    est = memory_estimate(a, 4)
+    assert est["weights"] == a.num_params() * 4
+    # per token: residual 4*32, q/k/v/o 2*4*8, logits 100; the MoE MLP (wider than the dense
+    # first layer's 3*64): 2 experts of 16 and the shared 32, gate/up/product (3*64), router
+    # scores and probabilities (2*4), the token's copy and output per expert (2*2*32)
+    per_token = 4 * 32 + 2 * 4 * 8 + 100 + 3 * 64 + 2 * 4 + 2 * 2 * 32
+    assert est["activations"] == ACTIVATION_TOKENS * per_token * 4
+
+
 def test_the_real_executor_refuses_what_it_cannot_run(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({
         "model_type": "deepseek_v3", "num_hidden_layers": 2, "hidden_size": 64,

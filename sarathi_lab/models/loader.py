@@ -187,7 +187,9 @@ TEST_SIZED_PARAMS = 100_000_000
 
 # The activations of the largest step, estimated for this many tokens at once (as the
 # simulator's executor.activation_tokens, after vLLM's max-size profiling forward): per token the
-# residual stream, q/k/v/o, the MLP's gate, up and product, and one row of logits.
+# residual stream, q/k/v/o, the MLP's gate, up and product, and one row of logits; an MoE layer's
+# MLP holds that for each of a token's k experts and the shared expert, plus its router's scores
+# and the token's gathered copy per expert.
 ACTIVATION_TOKENS = 8192
 
 
@@ -211,8 +213,14 @@ def check_weights(model_cfg: dict, args: ModelShape) -> None:
 
 def memory_estimate(args: ModelShape, itemsize: int) -> dict[str, int]:
     """Bytes of the weights and of the largest step's activations (`ACTIVATION_TOKENS`)."""
-    per_token = (4 * args.hidden_size + 2 * args.num_heads * args.head_dim
-                 + 3 * args.intermediate_size + args.vocab_size)
+    mlp = 3 * args.intermediate_size
+    if args.is_moe:
+        k = args.num_experts_per_tok
+        moe = (3 * (k * args.moe_intermediate_size + args.shared_expert_intermediate_size)
+               + 2 * args.num_experts + 2 * k * args.hidden_size)
+        mlp = max(mlp if args.first_dense_layers else 0, moe)
+    per_token = (4 * args.hidden_size + 2 * args.num_heads * args.head_dim + mlp
+                 + args.vocab_size)
     return {"weights": args.num_params() * itemsize,
             "activations": ACTIVATION_TOKENS * per_token * itemsize}
 

@@ -142,3 +142,76 @@ def test_layouts_the_shape_cannot_describe_are_refused(name, change, message):
     with pytest.raises(ValueError, match=f"cfg.json: .*{message}"):
         ModelShape.from_hf(hf, "cfg.json")
     assert "deepseek" in SUPPORTED_TYPES
+
+
+# -- model.hf_config, the setting ----------------------------------------------------------------
+
+def _check(*overrides):
+    from helpers import composed
+
+    from sarathi_lab.cli import check_config
+    return check_config(composed(*overrides), list(overrides))
+
+
+def test_a_config_json_gives_the_run_its_shape(tmp_path):
+    # a shipped name, a model directory and a config.json file: one shape, recorded in the
+    # run's model node for every reader (the cost model reads the node)
+    d = tmp_path / "Llama-3-8B"
+    d.mkdir()
+    (d / "config.json").write_text((SHIPPED / "llama-3-8b" / "config.json").read_text())
+    nodes = [{k: v for k, v in _check("model=hf", f"model.hf_config={ref}",
+                                      "model.name=l3").model.items() if k != "hf_config"}
+             for ref in ("llama-3-8b", d, d / "config.json")]
+    assert nodes[0] == nodes[1] == nodes[2]
+    assert ModelShape.from_config(nodes[0]) == \
+        dataclasses.replace(hand_preset("llama-3-8b"), name="l3")
+    # unnamed: the config.json's folder names the model
+    assert _check("model=hf", f"model.hf_config={d}").model["name"] == "Llama-3-8B"
+    r = _check("model=mixtral-8x7b", "executor.tensor_parallel=2")
+    assert r.model["num_experts"] == 8 and r.model["hf_config"] == "mixtral-8x7b"
+
+
+def test_serving_choices_override_the_config_json():
+    r = _check("model=qwen2.5-7b", "model.dtype=float16", "model.max_model_len=4096")
+    s = ModelShape.from_config(r.model)
+    assert (s.dtype, s.max_model_len, s.num_layers) == ("float16", 4096, 28)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model=hf"], "model.hf_config: must be set: the model preset takes its shape from a "
+                   "config.json .*shipped config: deepseek-moe-16b, llama-2-70b"),
+    (["model=hf", "model.hf_config=nosuch"], "model.hf_config='nosuch': no such config.json"),
+    (["model=hf", "model.hf_config=llama-3-8b", "model.max_model_len=0"],
+     "model.hf_config=llama-3-8b: model 'llama-3-8b': max_model_len=0 must be a positive"),
+])
+def test_bad_hf_config_settings_are_named(overrides, message):
+    from sarathi_lab.settings import ConfigError
+    with pytest.raises(ConfigError, match=message):
+        _check(*overrides)
+
+
+def test_a_preset_with_its_own_shape_cannot_take_another_config():
+    from sarathi_lab.models.hf_config import resolve_model
+    node = yaml.safe_load((ROOT / "configs" / "model" / "mistral-7b.yaml").read_text())
+    with pytest.raises(ValueError, match="model.hf_config=llama-3-8b: the model preset sets "
+                       "intermediate_size=14336 .the config.json: 14336.|rope_theta=10000.0 "
+                       ".the config.json: 500000.0., .*choose model=hf"):
+        resolve_model({**node, "hf_config": "llama-3-8b"})
+    # the same values are no clash: a preset may carry the fields of its config.json
+    assert resolve_model({**node, "hf_config": "mistral-7b"})["sliding_window"] == 4096
+    # on the command line, a hand-written preset has no hf_config key: the error says what to do
+    from helpers import cli
+    r = cli("model.hf_config=llama-3-8b")
+    assert "choose model=hf model.hf_config=PATH" in r.stderr
+
+
+def test_the_real_model_reads_the_same_config(tmp_path):
+    from sarathi_lab.models.loader import model_shape
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text((SHIPPED / "mistral-7b" / "config.json").read_text())
+    assert model_shape({"name": "x", "hf_config": "mistral-7b", "path": str(d)}) == \
+        dataclasses.replace(shipped("mistral-7b"), name="x")
+    with pytest.raises(ValueError, match="model.hf_config=llama-3-8b and model.path=.*: their "
+                       "config.json files describe different models"):
+        model_shape({"name": "x", "hf_config": "llama-3-8b", "path": str(d)})

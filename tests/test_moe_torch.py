@@ -167,9 +167,25 @@ def test_the_real_executor_refuses_what_it_cannot_run(tmp_path):
         "model_type": "deepseek_v3", "num_hidden_layers": 2, "hidden_size": 64,
         "intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 256,
         "kv_lora_rank": 16}))
-    with pytest.raises(ValueError, match=r"model_type 'deepseek_v3'.*llama, mistral, qwen2, "
-                                         r"mixtral, qwen2_moe"):
+    with pytest.raises(ValueError, match=r"model.path: .*model_type 'deepseek_v3' does not run "
+                                         r"on the real executor \(executor=torch runs llama, "
+                                         r"mistral, qwen2, mixtral, qwen2_moe"):
         model_shape({"path": str(tmp_path)})
+    # DeepSeek-MoE: a shape the simulator prices, but no checkpoint this executor reads
+    with pytest.raises(ValueError, match=r"model.hf_config: .*model_type 'deepseek' does not run"):
+        model_shape({"hf_config": "deepseek-moe-16b", "random_weights": True})
+
+
+def test_a_shipped_moe_config_runs_on_random_weights():
+    """model.hf_config=mixtral-8x7b's shape, shrunk to a test size: Mixtral's MoE layers."""
+    from sarathi_lab.models.hf_config import read_shape
+    big = read_shape("mixtral-8x7b")
+    cfg = {**big.to_preset(), "num_layers": 2, "hidden_size": 64, "intermediate_size": 32,
+           "moe_intermediate_size": 32, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16,
+           "vocab_size": 128, "max_model_len": 64}
+    model = load_model(cfg, "cpu", "float32")
+    assert model.model.layers[0].mlp.experts.gate_up_proj.shape == (8, 64, 64)
+    assert model.model.layers[0].mlp.top_k == 2 and model.model.layers[0].mlp.norm_topk_prob
 
 
 @pytest.mark.slow   # a CLI subprocess

@@ -73,8 +73,9 @@ class SimExecutor(Executor):
     @classmethod
     def reads_model_key(cls, key: str) -> bool:
         from sarathi_lab.models.shape import ModelShape
-        # the shape, and hf_name (where the shape came from, for the reader)
-        return key in ModelShape.__dataclass_fields__ or key in ("hf_name", "dtype")
+        # the shape, where it came from (hf_name, for the reader; hf_config, the config.json
+        # the shape is read from)
+        return key in ModelShape.__dataclass_fields__ or key in ("hf_name", "hf_config", "dtype")
 
     @classmethod
     def parse_config(cls, values: dict, where: str = "executor") -> SimConfig:

@@ -12,6 +12,7 @@ with the estimate, not an out-of-memory kill minutes later.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ from pathlib import Path
 import torch
 
 from sarathi_lab.models.dtypes import torch_dtype
+from sarathi_lab.models.hf_config import config_file, read_shape
 from sarathi_lab.models.llama import LlamaForCausalLM
 from sarathi_lab.models.shape import ModelShape
 
@@ -38,6 +40,7 @@ REAL_TYPES = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe")
 # Mixtral's MoE block is named block_sparse_moe in its checkpoints; ours is mlp, as Qwen2-MoE's
 _RENAMED = {"block_sparse_moe": "mlp"}
 
+
 def _model_dir(path) -> Path:
     d = Path(os.path.expanduser(str(path)))
     if not d.is_dir():
@@ -49,21 +52,36 @@ def _model_dir(path) -> Path:
 
 
 def model_shape(model_cfg: dict) -> ModelShape:
-    """The shape in ``model.path``'s config.json, or else the preset's own."""
+    """The shape in ``model.path``'s config.json, or else the preset's own (or its
+    ``hf_config``'s, which must then agree with the weights' config.json)."""
+    if model_cfg.get("hf_config"):
+        _check_real_type(config_file(model_cfg["hf_config"]), "model.hf_config")
     if not model_cfg.get("path"):
         return ModelShape.from_config(model_cfg)
-    f = _model_dir(model_cfg["path"]) / "config.json"
-    try:
-        hf = json.loads(f.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{f}: not valid JSON ({e})") from None
-    shape = ModelShape.from_hf(hf, str(f), name=model_cfg.get("name"))
-    mtype = hf.get("model_type", "llama")
-    if mtype not in REAL_TYPES:
-        raise ValueError(f"{f}: model_type {mtype!r} runs in the simulator only; the real "
-                         f"executor runs {', '.join(REAL_TYPES)} (whose checkpoints transformers "
-                         "reads, and the oracle tests check)")
+    d = _model_dir(model_cfg["path"])
+    _check_real_type(d / "config.json", "model.path")
+    shape = read_shape(d, model_cfg.get("name"), "model.path")
+    if model_cfg.get("hf_config"):
+        named = ModelShape.from_config(model_cfg)
+        if dataclasses.replace(named, name=shape.name) != shape:
+            raise ValueError(f"model.hf_config={model_cfg['hf_config']} and model.path="
+                             f"{model_cfg['path']}: their config.json files describe different "
+                             "models (set one)")
     return shape
+
+
+def _check_real_type(f: Path, where: str) -> None:
+    """Refuse a config.json whose model type the real executor does not run (the simulator may:
+    models/shape.py's SUPPORTED_TYPES), naming what it runs."""
+    try:
+        mtype = json.loads(f.read_text()).get("model_type", "llama")
+    except (ValueError, AttributeError):
+        return   # not a JSON object: read_shape says so, naming the file
+    if mtype not in REAL_TYPES:
+        raise ValueError(f"{where}: {f}: model_type {mtype!r} does not run on the real executor "
+                         f"(executor=torch runs {', '.join(REAL_TYPES)}: the architectures whose "
+                         "forward it computes and whose checkpoints it reads; the simulator "
+                         "prices more)")
 
 
 def _empty_model(args: ModelShape, device, dtype) -> LlamaForCausalLM:

@@ -212,8 +212,12 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, cfg) -> ModelShape:
-        """From a model preset (configs/model/*.yaml), a dict or an OmegaConf config."""
+        """From a model preset (configs/model/*.yaml), a dict or an OmegaConf config; one that
+        names a config.json (hf_config) gets its shape from it (models.hf_config)."""
         c = {k: v for k, v in plain(cfg).items() if v is not None}   # YAML null: the default
+        if c.get("hf_config"):
+            from sarathi_lab.models.hf_config import resolve_model   # it reads this module
+            c = {k: v for k, v in resolve_model(c).items() if v is not None}
         name = str(c.get("name", "model"))
         missing = [k for k in _PRESET_REQUIRED if k not in c]
         if missing:

@@ -20,6 +20,8 @@ transformers = pytest.importorskip("transformers")
 # 4 experts, 2 per token: a tiny model still routes rows to different experts
 MOE = {
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+    # Mixtral's config may set Mistral's sliding window too
+    "mixtral-window": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=8),
     "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
                       shared_expert_intermediate_size=96, norm_topk_prob=False),
     "qwen2_moe-norm": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,

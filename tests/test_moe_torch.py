@@ -119,6 +119,26 @@ def test_a_checkpoint_missing_an_expert_is_named(tmp_path, kind, key, match):
         load_model({"path": str(tmp_path)}, "cpu", "float32")
 
 
+def test_stacked_expert_tensors_load_as_the_per_expert_ones(tmp_path):
+    """A checkpoint whose experts are saved stacked ([E, 2I, H] gate and up, [E, H, I] down, the
+    layout transformers 5 keeps in memory) loads to the same weights."""
+    from safetensors.torch import load_file, save_file
+    make_hf_model(tmp_path, "mixtral", **MOE["mixtral"])
+    per_expert = load_model({"path": str(tmp_path)}, "cpu", "float32")
+    f = tmp_path / "model.safetensors"
+    sd = load_file(f)
+    for layer in range(2):
+        pre = f"model.layers.{layer}.block_sparse_moe.experts"
+        w = {n: [sd.pop(f"{pre}.{e}.{n}.weight") for e in range(4)] for n in ("w1", "w2", "w3")}
+        sd[f"model.layers.{layer}.mlp.experts.gate_up_proj"] = torch.stack(
+            [torch.cat((g, u)) for g, u in zip(w["w1"], w["w3"])])
+        sd[f"model.layers.{layer}.mlp.experts.down_proj"] = torch.stack(w["w2"])
+    save_file(sd, f, metadata={"format": "pt"})
+    stacked = load_model({"path": str(tmp_path)}, "cpu", "float32")
+    for (n, p), q in zip(per_expert.named_parameters(), stacked.parameters()):
+        assert torch.equal(p, q), n
+
+
 def test_an_expert_the_config_lacks_is_named(tmp_path):
     from safetensors.torch import load_file, save_file
     make_hf_model(tmp_path, "mixtral", **MOE["mixtral"])

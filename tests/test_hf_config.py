@@ -153,6 +153,7 @@ def _check(*overrides):
     return check_config(composed(*overrides), list(overrides))
 
 
+@pytest.mark.slow   # three Hydra compositions
 def test_a_config_json_gives_the_run_its_shape(tmp_path):
     # a shipped name, a model directory and a config.json file: one shape, recorded in the
     # run's model node for every reader (the cost model reads the node)
@@ -205,6 +206,7 @@ def test_a_preset_with_its_own_shape_cannot_take_another_config():
     assert "choose model=hf model.hf_config=PATH" in r.stderr
 
 
+@pytest.mark.slow   # imports torch
 def test_the_real_model_reads_the_same_config(tmp_path):
     from sarathi_lab.models.loader import model_shape
     d = tmp_path / "m"

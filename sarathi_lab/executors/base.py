@@ -97,6 +97,12 @@ class Executor(abc.ABC):
         host swap space (scheduler.swap_space_gib) and the swap traffic."""
         return None
 
+    def predictor(self):
+        """A predictor of iteration time for a policy's budget controller: (prefill chunks as
+        (tokens, tokens in KV) pairs, decode contexts) -> seconds, as this executor would
+        price such a batch; None: it offers none (a real executor measures time)."""
+        return None
+
     def cost_model_record(self) -> dict | None:
         """Which cost model priced the run (the summary's ``cost_model``); None: none did (a
         real executor's times are measured)."""

@@ -152,6 +152,10 @@ class SimExecutor(Executor):
             self._jitter = (np.random.default_rng(cfg.step_jitter_seed), cfg.step_jitter)
             self.supports_fast_forward = False
 
+    def predictor(self):
+        # the cost model's own price (without step_jitter: the controller plans on the median)
+        return self.cost_model.iteration_time
+
     def cost_model_record(self) -> dict:
         """Which cost model priced the run, and from what (the summary's ``cost_model``)."""
         from sarathi_lab.costmodels.profiled import ProfiledCostModel

@@ -73,12 +73,12 @@ class View:
     max_budget: int                    # scheduler.token_budget: the cap on any decision
     max_spec_len: int                  # scheduler.num_speculative_tokens (0: no speculation)
 
-    def chunks(self, prefill_tokens: int) -> list[tuple[int, int]]:
+    def chunks(self, prefill_tokens: int, prompts=None) -> list[tuple[int, int]]:
         """The prefill chunks (tokens, context) the policy would build from `prefill_tokens`:
-        prompts under way in order, then waiting ones, each up to what it has left (KV and
-        seat limits on admission are not foreseen)."""
+        `prompts` in order (default: those under way, then waiting ones), each up to what it
+        has left (KV and seat limits on admission are not foreseen)."""
         out = []
-        for p in (*self.prefills, *self.waiting):
+        for p in (*self.prefills, *self.waiting) if prompts is None else prompts:
             if prefill_tokens <= 0:
                 break
             n = min(p.left, prefill_tokens)

@@ -33,9 +33,14 @@ class Slack(BudgetController):
         hopeless = tuple(p.request_id for p in (*view.prefills, *view.waiting)
                          if not p.relegated and p.deadline is not None
                          and now + predict([(p.left, p.context)], []) > p.deadline)
-        order = tuple(p.request_id for p in sorted(
-            view.prefills, key=lambda p: (p.relegated or p.request_id in hopeless, p.priority,
-                                          _INF if p.deadline is None else p.deadline - now)))
+        last = {p.request_id for p in (*view.prefills, *view.waiting)
+                if p.relegated or p.request_id in hopeless}
+        ordered = sorted(view.prefills, key=lambda p: (
+            p.request_id in last, p.priority, _INF if p.deadline is None else p.deadline - now))
+        order = tuple(p.request_id for p in ordered)
+        # the chunks as the policy will give them: in this order, then the waiting ones
+        prompts = [*ordered, *(p for p in view.waiting if p.request_id not in last),
+                   *(p for p in view.waiting if p.request_id in last)]
         n_dec, cap = len(view.decodes), view.max_budget
         budget = cap
         if view.decodes and n_dec < cap:
@@ -44,6 +49,6 @@ class Slack(BudgetController):
             ctx = view.decode_contexts()
 
             def fits(b: int) -> bool:
-                return predict(view.chunks(b - n_dec), ctx) <= slack
+                return predict(view.chunks(b - n_dec, prompts), ctx) <= slack
             budget = largest_within(min(cap, n_dec + self.cfg.min_chunk), cap, fits)
         return Decision(budget, relegate=hopeless, prefill_order=order)

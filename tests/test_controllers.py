@@ -256,8 +256,11 @@ def test_each_controller_runs_from_the_cli(ctl, tmp_path):
     assert tokens.max() <= 256
     if ctl == "plugins:Fraction":
         assert tokens.max() <= 64
-    if ctl in ("tbt_target", "slack"):
-        # every iteration with a decode in it kept 4 ms, unless the decodes alone broke it
-        busy = it[(it["decode_tokens"] > 0) & (it["prefill_tokens"] > 16)]
+    # iterations with decodes and more than min_chunk prompt tokens beside them
+    busy = it[(it["decode_tokens"] > 0) & (it["prefill_tokens"] > 16)]
+    assert len(busy) > 100
+    if ctl == "static":   # the fixed budget breaks 4 ms (4.5 ms measured when written) ...
+        assert busy["duration"].max() > 0.004
+    if ctl in ("tbt_target", "slack"):   # ... the adaptive ones keep it
         assert (busy["duration"] <= 0.004 + 1e-12).all()
     assert math.isfinite(pd.read_parquet(run_dir / "requests.parquet")["ttft"].max())

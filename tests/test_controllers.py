@@ -264,3 +264,29 @@ def test_each_controller_runs_from_the_cli(ctl, tmp_path):
     if ctl in ("tbt_target", "slack"):   # ... the adaptive ones keep it
         assert (busy["duration"] <= 0.004 + 1e-12).all()
     assert math.isfinite(pd.read_parquet(run_dir / "requests.parquet")["ttft"].max())
+
+
+def test_the_view_shows_contexts_targets_and_deadlines_from_the_slo():
+    from sarathi_lab.config import SLOConfig
+    from sarathi_lab.settings import parse
+    slo = parse(SLOConfig, {"ttft": 2.0, "request_p99_tbt": 0.1,
+                            "classes": {"chat": {"ttft": 0.5, "tpot": 0.03}}}, "slo")
+    p = make_policy("sarathi", token_budget=32, controller="plugins:FullBudget",
+                    max_model_len=1024)
+    p.bind_predictor(_linear, slo)
+    eng = Engine(p, LinearCost(), fast_forward=False)
+    eng.add_request(Request(0, 0.0, 20, 5))                               # decodes after step 1
+    eng.add_request(Request(1, 0.0, 40, 5, slo_class="chat"))             # 12 of 40 in step 1
+    eng.add_request(Request(2, 0.0, 10, 5, deadline=0.7))                 # waits
+    eng.step()   # 20 + 12 tokens: t = 0.01 + 0.032 = 0.042
+    v = p.view(eng.now)
+    assert v.now == pytest.approx(0.042) and v.max_budget == 32 and v.max_spec_len == 0
+    (d,) = v.decodes
+    assert (d.request_id, d.context, d.tbt_target, d.last_token_time) == (0, 20, 0.1, v.now)
+    (pre,) = v.prefills
+    # class chat: its own TTFT (0.5 s after arrival) and TBT (its tpot)
+    assert (pre.request_id, pre.left, pre.context, pre.deadline) == (1, 28, 12, 0.5)
+    (w,) = v.waiting
+    assert (w.request_id, w.left, w.context, w.deadline) == (2, 10, 0, 0.7)   # its own deadline
+    assert v.chunks(31) == [(28, 12), (3, 0)]
+    assert p.speculation_length() == 0

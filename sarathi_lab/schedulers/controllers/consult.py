@@ -175,6 +175,13 @@ class Consulting:
         self.spec_len = view.max_spec_len if d.spec_len is None else d.spec_len
         return d.token_budget
 
+    def speculation_length(self) -> int:
+        """k for this iteration's decodes (read after `iteration_budget`): the controller's
+        spec_len, else the run's scheduler.num_speculative_tokens (0 where it does not exist)."""
+        if self.controller is not None:
+            return self.spec_len
+        return getattr(self.cfg, "num_speculative_tokens", 0)
+
     def relegate(self, ids: set, now: float) -> None:
         for r in self.running:   # a prompt under way gets its chunks last (`chunk_order`)
             if r.request_id in ids and RELEGATED not in r.extra:

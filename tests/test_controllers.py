@@ -69,10 +69,20 @@ def test_tbt_target_keeps_min_chunk_when_the_decodes_alone_break_the_target():
     assert ctl.decide(view([], [prompt(0, 1000)]), context_aware).token_budget == 512
 
 
-def test_a_decode_without_a_target_is_an_error_naming_the_settings():
-    with pytest.raises(ValueError, match="target_tbt_s"):
-        TBTTarget(TargetConfig()).decide(view([decode(0, tbt=None)], [prompt(0, 10)]),
-                                         context_aware)
+def test_a_decode_without_a_target_constrains_nothing_and_a_run_without_any_is_an_error():
+    # d0's class has no TBT target (a batch class): only d1's 40 ms binds -> 86 as above;
+    # with d0 alone, nothing binds: the cap
+    ctl = TBTTarget(TargetConfig())
+    v = view([decode(0, tbt=None), decode(1, tbt=0.04)], [prompt(0, 1000, ctx=2000)])
+    assert ctl.decide(v, context_aware).token_budget == 86
+    v = view([decode(0, tbt=None)], [prompt(0, 1000, ctx=2000)])
+    assert ctl.decide(v, context_aware).token_budget == 512
+    # no SLO with a TBT target and no scheduler.target_tbt_s: refused before the run
+    p = make_policy("sarathi", controller="slack")
+    with pytest.raises(ConfigError, match="controller=slack: no request has a TBT target to keep; set "
+                                          "scheduler.target_tbt_s"):
+        p.bind_predictor(context_aware, None)
+    make_policy("sarathi", controller="slack", target_tbt_s=0.1).bind_predictor(context_aware)
 
 
 # -- slack --------------------------------------------------------------------------------------

@@ -110,6 +110,10 @@ class BudgetController(abc.ABC):
     def __init__(self, cfg):
         self.cfg = cfg
 
+    def check_targets(self, has_tbt_target: bool) -> None:
+        """Called once before the run: raise (naming the setting) if this controller cannot act
+        when `has_tbt_target` is False (the run's SLO gives no request a TBT target)."""
+
     @abc.abstractmethod
     def decide(self, view: View, predict: Predictor | None) -> Decision:
         """This iteration's decision (`predict` is None only when `needs_predictor` is False

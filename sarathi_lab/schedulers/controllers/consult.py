@@ -57,6 +57,14 @@ def slo_targets(slo):
     return lambda cls: per.get(cls, top)
 
 
+def has_tbt_target(slo) -> bool:
+    """Whether the run's SLO gives any request a TBT target (at top level or in a class)."""
+    if slo is None:
+        return False
+    return any(t is not None for t in (slo.request_p99_tbt, slo.tpot, slo.p99_tbt)) or any(
+        c.request_p99_tbt is not None or c.tpot is not None for c in (slo.classes or {}).values())
+
+
 class RelegatingQueue(RequestQueue):
     """FCFS with relegated requests at the tail: an arrival goes before them, so a relegated
     request is served after every other (never dropped)."""
@@ -135,6 +143,8 @@ class Consulting:
                 "does: executor=sim); use scheduler.controller=static")
         self.predictor = predictor
         self.targets = slo_targets(slo)
+        if ctl is not None:
+            ctl.check_targets(has_tbt_target(slo))
 
     def view(self, now: float) -> View:
         targets = self.targets

@@ -5,7 +5,8 @@ dynamic chunking, hybrid prioritisation and relegation under overload).
 Each iteration:
 - the budget is the largest whose predicted iteration time fits the tightest slack among running
   decodes: the time left until the next token of each is due (its last token's time + its TBT
-  target), never below the decodes plus `min_chunk` prompt tokens;
+  target; decodes of a class without one constrain nothing), never below the decodes plus
+  `min_chunk` prompt tokens;
 - prompts under way get their chunks in class order (`priority`, lower first), then by the
   slack of their TTFT deadline (deadline - now), least first;
 - a prompt (under way or waiting) whose deadline cannot be met even if it ran alone, all of it
@@ -17,12 +18,12 @@ prompts but does not size the chunk), no per-class chunk limits and no admission
 it with scheduler.deadline_admission for that).
 """
 from sarathi_lab.schedulers.controllers.base import BudgetController, Decision, largest_within
-from sarathi_lab.schedulers.controllers.targets import TargetConfig, tbt_target
+from sarathi_lab.schedulers.controllers.targets import NeedsTBTTarget, TargetConfig, tightest
 
 _INF = float("inf")
 
 
-class Slack(BudgetController):
+class Slack(NeedsTBTTarget, BudgetController):
     name = "slack"
     config_class = TargetConfig
     needs_predictor = True
@@ -43,9 +44,9 @@ class Slack(BudgetController):
                    *(p for p in view.waiting if p.request_id in last)]
         n_dec, cap = len(view.decodes), view.max_budget
         budget = cap
-        if view.decodes and n_dec < cap:
-            slack = min((d.last_token_time if d.last_token_time is not None else now)
-                        + tbt_target(self, d) - now for d in view.decodes)
+        slack = tightest(self, view.decodes, lambda d, t: (
+            d.last_token_time if d.last_token_time is not None else now) + t - now)
+        if slack is not None and n_dec < cap:
             ctx = view.decode_contexts()
 
             def fits(b: int) -> bool:

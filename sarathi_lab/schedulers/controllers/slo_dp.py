@@ -8,7 +8,7 @@ the decodes' 1 + k tokens each). For each, the batch is priced once (`predict`; 
 verifying 1 + k tokens is priced as a chunk of 1 + k tokens at its context) and repeated for
 `horizon` iterations:
 - a decode meets its SLO if its time per token, t / (1 + a + a^2 + ... + a^k) with a =
-  `acceptance_rate`, stays within its TBT target;
+  `acceptance_rate`, stays within its TBT target (one without a target counts for none);
 - a prompt with a deadline meets it if the repeated chunks finish it (in the policy's fill order)
   within the horizon by its deadline; one that cannot finish by its deadline within the horizon
   counts as missed either way (it adds to no candidate); prompts without a deadline count for
@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 
 from sarathi_lab.schedulers.controllers.base import BudgetController, Decision
-from sarathi_lab.schedulers.controllers.targets import TargetConfig, tbt_target
+from sarathi_lab.schedulers.controllers.targets import NeedsTBTTarget, TargetConfig, tbt_target
 from sarathi_lab.settings import setting
 
 
@@ -47,7 +47,7 @@ def expected_tokens(k: int, a: float) -> float:
     return 1 + sum(a ** i for i in range(1, k + 1))
 
 
-class SLODP(BudgetController):
+class SLODP(NeedsTBTTarget, BudgetController):
     name = "slo_dp"
     config_class = SLODPConfig
     needs_predictor = True
@@ -79,7 +79,8 @@ class SLODP(BudgetController):
         else:
             t = predict(chunks, view.decode_contexts())
         per_token = t / expected_tokens(k, self.cfg.acceptance_rate)
-        met = sum(per_token <= tbt_target(self, d) for d in view.decodes)
+        met = sum(t is not None and per_token <= t
+                  for t in (tbt_target(self, d) for d in view.decodes))
         done = 0   # prompt tokens ahead of each prompt, in fill order
         for p in (*view.prefills, *view.waiting):
             done += p.left

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sarathi_lab.schedulers.controllers.base import ControllerConfig, DecodeView
-from sarathi_lab.settings import setting
+from sarathi_lab.settings import ConfigError, setting
 
 
 @dataclass
@@ -16,11 +16,24 @@ class TargetConfig(ControllerConfig):
                              "the decodes alone break their target (prompts never starve)")
 
 
-def tbt_target(ctl, d: DecodeView) -> float:
-    """The TBT target of decode `d` under controller `ctl` (its own setting, else the SLO's)."""
-    t = ctl.cfg.target_tbt_s if ctl.cfg.target_tbt_s is not None else d.tbt_target
-    if t is None:
-        raise ValueError(f"scheduler.controller={ctl.name}: request {d.request_id!r} (slo class "
-                         f"{d.slo_class!r}) has no TBT target; set scheduler.target_tbt_s or "
-                         "choose an slo with request_p99_tbt, tpot or p99_tbt")
-    return t
+def tbt_target(ctl, d: DecodeView) -> float | None:
+    """The TBT target of decode `d` under controller `ctl` (its own setting, else its SLO
+    class's; None: its class has none, e.g. a batch class judged end to end)."""
+    return ctl.cfg.target_tbt_s if ctl.cfg.target_tbt_s is not None else d.tbt_target
+
+
+def tightest(ctl, decodes, of=lambda d, t: t) -> float | None:
+    """The least of of(d, target) over the decodes that have a TBT target; None: none has."""
+    ts = [of(d, t) for d in decodes if (t := tbt_target(ctl, d)) is not None]
+    return min(ts) if ts else None
+
+
+class NeedsTBTTarget:
+    """A controller whose settings are a TargetConfig: refuses a run where no request can have
+    a TBT target (neither scheduler.target_tbt_s nor a TBT target in the SLO)."""
+
+    def check_targets(self, has_tbt_target: bool) -> None:
+        if not has_tbt_target and self.cfg.target_tbt_s is None:
+            raise ConfigError(
+                f"scheduler.controller={self.name}: no request has a TBT target to keep; set "
+                "scheduler.target_tbt_s or choose an slo with request_p99_tbt, tpot or p99_tbt")

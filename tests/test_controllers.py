@@ -300,3 +300,18 @@ def test_the_view_shows_contexts_targets_and_deadlines_from_the_slo():
     assert (w.request_id, w.left, w.context, w.deadline) == (2, 10, 0, 0.7)   # its own deadline
     assert v.chunks(31) == [(28, 12), (3, 0)]
     assert p.speculation_length() == 0
+
+
+@pytest.mark.slow   # a study at toy scale: 7 runs
+def test_adaptive_chunking_study_at_toy_scale(tmp_path):
+    from study_scripts import load_study
+    study = load_study("adaptive_chunking")
+    df = study.study(tmp_path, "test", log=lambda *_: None)
+    assert list(df["config"]) == [*(f"static {b}" for b in study.STATIC), *study.CONTROLLERS]
+    rows = df.set_index("config")
+    # the TBT-keeping controllers hold the strict SLO's 100 ms P99 TBT; the largest static
+    # budget breaks it; every relegated request was served
+    assert (rows.loc[["tbt_target", "slack"], "p99_tbt_s"] <= 0.1 + 1e-9).all()
+    assert rows.loc["static 2048", "p99_tbt_s"] > 0.1
+    assert (df["relegated_finished"] == df["relegated"]).all()
+    assert "| 3 | best static (" in (tmp_path / "adaptive_chunking.md").read_text()

@@ -1,7 +1,7 @@
 """Adaptive chunking: the best static token budget against the budget controllers (tbt_target,
 slack, slo_dp) on one workload under a strict SLO (issue 25, item 4, at toy scale).
 
-    python experiments/adaptive_chunking/run.py [--toy] [--out DIR]
+    python experiments/adaptive_chunking/run.py [--toy] [--out DIR]   (DIR: results/adaptive_chunking)
 
 Mistral-7B on one simulated A100-80GB, `trace=mix` (interactive chat, a heavy tenant's long
 prompts, a batch summarization job in bursts), SLO `chat-batch` made strict for the interactive
@@ -28,7 +28,8 @@ STRICT = ["slo=chat-batch", "slo.classes.interactive.tpot=null",
 BASE = ["model=mistral-7b", "hardware=a100-80gb", "trace=mix", "progress=false", *STRICT]
 STATIC = (256, 512, 1024, 2048)
 CONTROLLERS = ("tbt_target", "slack", "slo_dp")
-SCALES = {"toy": dict(requests=120, loads=(2.0, 3.0)),
+SCALES = {"test": dict(requests=40, loads=(3.0,)),   # the suite's check (tests/test_controllers.py)
+          "toy": dict(requests=120, loads=(2.0, 3.0)),
           "full": dict(requests=1000, loads=(1.0, 2.0, 3.0, 4.0))}
 
 
@@ -46,11 +47,14 @@ def one(overrides: list[str], run_dir: Path) -> dict:
     return {"attainment": s["slo"]["attainment"], "goodput_rps": s["slo"]["goodput_rps"],
             "p99_tbt_s": s["tbt"]["p99"], "p99_ttft_s": s["ttft"]["p99"],
             "throughput_rps": s["throughput_rps"],
-            "relegated": s.get("relegated", {}).get("num_relegated", 0)}
+            "relegated": s.get("relegated", {}).get("num_relegated", 0),
+            "relegated_finished": s.get("relegated", {}).get("num_finished", 0),
+            "max_prefill_tokens": int(pd.read_parquet(run_dir / "iterations.parquet")
+                                      ["prefill_tokens"].max())}
 
 
-def study(out: Path, toy: bool = True, log=print) -> pd.DataFrame:
-    scale = SCALES["toy" if toy else "full"]
+def study(out: Path, scale: str = "toy", log=print) -> pd.DataFrame:
+    scale = SCALES[scale]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for qps in scale["loads"]:
@@ -88,6 +92,6 @@ if __name__ == "__main__":
     ap.add_argument("--toy", action="store_true", help="120 requests at 2 and 3 req/s")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    out = Path(a.out or ROOT / "results" / "adaptive_chunking" / ("toy" if a.toy else ""))
-    study(out, toy=a.toy)
+    out = Path(a.out or ROOT / "results" / "adaptive_chunking")
+    study(out, "toy" if a.toy else "full")
     print((out / "adaptive_chunking.md").read_text())

@@ -306,6 +306,9 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
                           "pipeline stages (the simulator does: executor=sim)")
     executor_cfg = executor_cls.parse_config(e_node, "executor")
     pp = getattr(executor_cfg, "pipeline_parallel", 1)
+    if (needs := policy_cls.needs_predictor(policy_cfg)) and not executor_cls.offers_predictor:
+        raise ConfigError(f"{needs}: needs a predictor of iteration time, and executor "
+                          f"{e_name!r} offers none (a simulator's cost model does: executor=sim)")
 
     hardware = c.get("hardware") or None
     if hardware is not None and executor_cls.uses_hardware:

@@ -172,6 +172,11 @@ def test_a_controller_that_needs_a_predictor_without_one_is_an_error_naming_the_
     with pytest.raises(ConfigError, match="scheduler.controller=tbt_target.*predictor"):
         p.bind_predictor(None)
     make_policy("sarathi", controller="plugins:Fraction").bind_predictor(None)   # needs none
+    # and before any run directory or model: the executor class offers none
+    ov = ["executor=torch", "model=tiny-llama", "scheduler.controller=slo_dp"]
+    with pytest.raises(ConfigError, match="scheduler.controller=slo_dp: needs a predictor.*"
+                                          "executor 'torch' offers none"):
+        resolve(composed(*ov), ov)
 
 
 def test_config_errors_unknown_controller_unread_and_misplaced_settings():

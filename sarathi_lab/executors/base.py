@@ -63,6 +63,8 @@ class Executor(abc.ABC):
     #: True when the executor runs pipeline stages (an ``executor.pipeline_parallel`` setting,
     #: `join_pipeline`; sarathi_lab/topology/pipeline.py drives it); False: that setting is an error
     supports_pipeline: ClassVar[bool] = False
+    #: True when `predictor` returns one (a budget controller that prices batches needs it)
+    offers_predictor: ClassVar[bool] = False
 
     @classmethod
     def parse_config(cls, values: dict, where: str = "executor"):

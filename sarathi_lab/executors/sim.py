@@ -69,6 +69,7 @@ class SimExecutor(Executor):
     supports_fast_forward = True   # with pipeline_parallel 1 (the pipeline steps every batch)
     supports_swap = True           # with pipeline_parallel 1
     supports_pipeline = True
+    offers_predictor = True
 
     @classmethod
     def reads_model_key(cls, key: str) -> bool:

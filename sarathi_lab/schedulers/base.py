@@ -143,6 +143,12 @@ class Policy(Admission, Preemption, Progress, abc.ABC):
         controller)."""
         return (cls.config_class,)
 
+    @classmethod
+    def needs_predictor(cls, cfg: SchedulerConfig) -> str | None:
+        """The setting that makes this policy need a predictor of iteration time (a budget
+        controller that prices batches), or None; checked against the executor at start-up."""
+        return None
+
     def bind_predictor(self, predictor, slo=None) -> None:
         """Called once by the run layer: the executor's predictor of iteration time
         (`Executor.predictor`; None if it offers none) and the run's SLO settings (None: none).

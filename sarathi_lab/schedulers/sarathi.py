@@ -53,6 +53,13 @@ class Sarathi(Consulting, Policy):
         except ValueError:   # an unknown controller: parse_config names it
             return (cls.config_class,)
 
+    @classmethod
+    def needs_predictor(cls, cfg):
+        from sarathi_lab.schedulers.controllers.consult import controller_class
+        if controller_class(cfg.controller).needs_predictor:
+            return f"scheduler.controller={cfg.controller}"
+        return None
+
     def schedule(self, now):
         out, budget = SchedulerOutput(), self.iteration_budget(now)
         decodes, prefills = split_running(self.running)

@@ -29,11 +29,24 @@ class Slack(NeedsTBTTarget, BudgetController):
     needs_predictor = True
     relegates = True
 
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        # (left, context) -> the prompt's time alone: asked for every waiting prompt each
+        # iteration, and a waiting prompt's pair does not change
+        self._alone: dict = {}
+
+    def alone(self, p, predict) -> float:
+        key = (p.left, p.context)
+        t = self._alone.get(key)
+        if t is None:
+            t = self._alone[key] = predict([key], [])
+        return t
+
     def decide(self, view, predict):
         now = view.now
         hopeless = tuple(p.request_id for p in (*view.prefills, *view.waiting)
                          if not p.relegated and p.deadline is not None
-                         and now + predict([(p.left, p.context)], []) > p.deadline)
+                         and now + self.alone(p, predict) > p.deadline)
         last = {p.request_id for p in (*view.prefills, *view.waiting)
                 if p.relegated or p.request_id in hopeless}
         ordered = sorted(view.prefills, key=lambda p: (

@@ -1,7 +1,8 @@
 """Adaptive chunking: the best static token budget against the budget controllers (tbt_target,
 slack, slo_dp) on one workload under a strict SLO (issue 25, item 4, at toy scale).
 
-    python experiments/adaptive_chunking/run.py [--toy] [--out DIR]   (DIR: results/adaptive_chunking)
+    python experiments/adaptive_chunking/run.py [--toy] [--out DIR]
+                                                (DIR default: results/adaptive_chunking)
 
 Mistral-7B on one simulated A100-80GB, `trace=mix` (interactive chat, a heavy tenant's long
 prompts, a batch summarization job in bursts), SLO `chat-batch` made strict for the interactive

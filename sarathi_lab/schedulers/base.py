@@ -95,10 +95,11 @@ class Policy(Admission, Preemption, Progress, abc.ABC):
     `schedule_decodes`, `allocate_or_preempt`, `preempt`, `swap_in_waiting`;
     `decode_reserved`; `mechanics.progress.split_running`.
 
-    The run layer calls `bind_predictor` once. The engine calls: `add_request`, `schedule`, `update`, `has_work`, `reject`, `adopt` (a
+    The engine calls: `add_request`, `schedule`, `update`, `has_work`, `reject`, `adopt` (a
     disaggregated decode replica), `abort` (a served request whose client went away),
-    `swap_in_possible` and the `fast_forward` declaration; the
-    run layer `parse_config`, `unread_settings` and `swap_blocks`.
+    `swap_in_possible` and the `fast_forward` declaration; the run layer `parse_config`,
+    `setting_classes`, `needs_predictor`, `unread_settings`, `swap_blocks` and, once,
+    `bind_predictor`.
     """
 
     name: ClassVar[str] = "base"

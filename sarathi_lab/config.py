@@ -339,6 +339,11 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
     model = _node(c, "model")
     if not model:
         raise ConfigError("model: a model preset is needed (e.g. model=mistral-7b)")
+    from sarathi_lab.models.hf_config import resolve_model
+    try:   # model.hf_config: the shape from a config.json, for every executor alike
+        model = resolve_model(model)
+    except (ValueError, FileNotFoundError) as e:
+        raise ConfigError(str(e)) from None
     for k in user:
         if k.startswith("model.") and not executor_cls.reads_model_key(k.split(".")[1]):
             unread(k, f"executor {e_name!r} does not read it (it reads the model's shape)")

@@ -74,8 +74,9 @@ class SimExecutor(Executor):
     @classmethod
     def reads_model_key(cls, key: str) -> bool:
         from sarathi_lab.models.shape import ModelShape
-        # the shape, and hf_name (where the shape came from, for the reader)
-        return key in ModelShape.__dataclass_fields__ or key in ("hf_name", "dtype")
+        # the shape, where it came from (hf_name, for the reader; hf_config, the config.json
+        # the shape is read from)
+        return key in ModelShape.__dataclass_fields__ or key in ("hf_name", "hf_config", "dtype")
 
     @classmethod
     def parse_config(cls, values: dict, where: str = "executor") -> SimConfig:
@@ -224,13 +225,15 @@ class SimExecutor(Executor):
         except ValueError as e:
             raise ConfigError(f"executor.{e}") from None
         gpn = layout.hw.gpus_per_node
-        if gpn % tp:
+        g = tp * layout.ep          # a stage's GPUs: its expert-parallel groups of tp
+        if gpn % g:
             raise ConfigError(
-                f"executor.tensor_parallel={tp} with pipeline_parallel={P}: a stage's GPUs must "
-                f"share a node of hardware.gpus_per_node={gpn} (tensor_parallel must divide it)")
-        # stage s holds GPUs [s tp, (s+1) tp): the boundary after it leaves the node when
-        # (s+1) tp is a multiple of the node's GPUs
-        links = [layout.send_recv_terms(across_nodes=(s + 1) * tp % gpn == 0)
+                f"executor.tensor_parallel={tp} (x expert_parallel={layout.ep}) with "
+                f"pipeline_parallel={P}: a stage's GPUs must share a node of "
+                f"hardware.gpus_per_node={gpn} (their product must divide it)")
+        # stage s holds GPUs [s g, (s+1) g): the boundary after it leaves the node when
+        # (s+1) g is a multiple of the node's GPUs
+        links = [layout.send_recv_terms(across_nodes=(s + 1) * g % gpn == 0)
                  for s in range(P - 1)]
         return {"share": [n / L for n in layers], "links": links,
                 "gather": layout.gather_terms(), "parts": split_step(cm)}

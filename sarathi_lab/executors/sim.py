@@ -89,6 +89,7 @@ class SimExecutor(Executor):
     supports_pipeline = True
     supports_speculation = True    # with pipeline_parallel 1 (executors/speculation.py)
     speculation_settings = speculation.SETTINGS
+    offers_predictor = True
 
     @classmethod
     def reads_model_key(cls, key: str) -> bool:
@@ -193,6 +194,10 @@ class SimExecutor(Executor):
         if self.cfg.acceptance == "trace":
             self._spec.read_trace(df)
         return df
+
+    def predictor(self):
+        # the cost model's own price (without step_jitter: the controller plans on the median)
+        return self.cost_model.iteration_time
 
     def cost_model_record(self) -> dict:
         """Which cost model priced the run, and from what (the summary's ``cost_model``)."""

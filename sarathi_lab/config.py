@@ -323,7 +323,6 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
         hardware = None
 
     slo = parse(SLOConfig, _node(c, "slo"), "slo") if c.get("slo") else None
-    _check_slo_model(slo, _node(c, "model").get("name"), user)
     capacity = None
     if run.mode == "capacity":
         capacity = parse(CapacityConfig, _node(c, "capacity"), "capacity")
@@ -345,6 +344,7 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
         model = resolve_model(model)
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError(str(e)) from None
+    _check_slo_model(slo, model.get("name"), user)   # after the shape: model=hf names it
     for k in user:
         if k.startswith("model.") and not executor_cls.reads_model_key(k.split(".")[1]):
             unread(k, f"executor {e_name!r} does not read it (it reads the model's shape)")
@@ -450,6 +450,13 @@ def _check_slo_model(slo: SLOConfig | None, model: str | None, user: list[str]) 
     but an experiment's or a sweep's fixed SLO would otherwise judge another model silently.
     A model of the user's own (a `model.name` that is no preset) has no SLO of its own to offer
     instead, and is judged by the one composed."""
+    if slo is not None and slo.model == "hf" and "slo" not in user:
+        # model=hf is any config.json: no limits were set for it, so none is taken unasked
+        raise ConfigError(
+            f"slo={slo.name}: model=hf (a shape from any config.json) has no SLO of its own; "
+            "choose one for this model's size with slo=<option> (configs/slo: e.g. "
+            "slo=mistral-7b-strict for a ~7B dense model, slo=llama-2-70b-strict for ~70B), or "
+            f"name slo={slo.name} on the command line to judge it by Mistral-7B's limits")
     if slo is None or slo.model is None or model is None or slo.model == model or "slo" in user:
         return
     if model not in _presets("model"):   # a model of the user's own: no SLO of its own to offer

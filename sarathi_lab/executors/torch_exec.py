@@ -32,7 +32,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from sarathi_lab.executors import spec_step
 from sarathi_lab.executors.base import Executor, ExecutorConfig, StepResult
+from sarathi_lab.executors.draft import LayerDraft, draft_layers
 from sarathi_lab.kernels.sequence_kv import SequenceKV
 from sarathi_lab.models.llama import AttnMetadata
 from sarathi_lab.models.dtypes import torch_dtype
@@ -79,11 +81,20 @@ class TorchConfig(ExecutorConfig):
              "it through shared caches and memory), and the engine's clock advances by the step "
              "alone (host_s recorded, not counted). cpu needs executor.device=cpu and one torch "
              "thread (num_threads=1)")
+    draft: str | None = setting(
+        None, help="speculative decoding's draft model (with scheduler.num_speculative_tokens "
+                   "> 0; null: none): layers:N, the target's first N layers with its final norm "
+                   "and LM head, sharing the target's KV (executors/draft.py)")
 
     def validate(self) -> None:
         if self.top_p < 1 and self.temperature == 0:
             raise ValueError(f"top_p={self.top_p}: read only with executor.temperature > 0 "
                              "(temperature 0 decodes greedily, from no sampled nucleus)")
+        if self.draft is not None:
+            draft_layers(self.draft)
+            if self.temperature > 0:
+                raise ValueError(f"draft={self.draft!r} with temperature={self.temperature}: "
+                                 "the drafts are verified greedily (temperature 0 only)")
 
 
 def eos_token_ids(model_cfg: dict) -> tuple[int, ...]:
@@ -116,6 +127,7 @@ def eos_token_ids(model_cfg: dict) -> tuple[int, ...]:
 class TorchExecutor(Executor):
     config_class = TorchConfig
     supports_swap = True
+    supports_speculation = True   # with executor.draft: executors/spec_step.py
 
     @classmethod
     def parse_config(cls, values: dict, where: str = "executor") -> TorchConfig:
@@ -191,11 +203,13 @@ class TorchExecutor(Executor):
             raise ValueError(f"model.path: eos_token_id {sorted(self.eos_ids)} outside the "
                              f"vocabulary of {self.args.vocab_size}")
         self.model.setup(kernels, self.device)
+        self.draft = LayerDraft(self.model, cfg.draft) if cfg.draft else None
         self.kv = None
         # request id -> (temperature, top_p, seed or None, ignore_eos): `set_sampling`
         self.request_sampling: dict = {}
         # seconds spent per phase, summed over steps (read by benchmarks)
-        self.timers = {"swap": 0.0, "prepare": 0.0, "forward": 0.0, "sample": 0.0, "steps": 0}
+        self.timers = {"swap": 0.0, "draft": 0.0, "prepare": 0.0, "forward": 0.0, "sample": 0.0,
+                       "steps": 0}
 
     # -- sizing ---------------------------------------------------------------------------------
     def block_bytes(self, block_size: int) -> int:
@@ -297,12 +311,14 @@ class TorchExecutor(Executor):
                                  shared_prefix_len=self.shared_prefix_len)
 
     # -- one step -------------------------------------------------------------------------------
-    def prepare(self, out):
-        """Flattened inputs of a scheduled batch: (input_ids, positions, metadata, sample rows)."""
+    def prepare(self, out, drafts: dict | None = None):
+        """Flattened inputs of a scheduled batch: (input_ids, positions, metadata, the indices of
+        the entries that sample, their logits rows). `drafts`: entry index -> the draft tokens of
+        a speculative entry, its inputs after its last token; all its rows are logits rows."""
         reqs, ns = out.reqs, out.num_new_tokens
-        bs = self.kv.block_size
         starts = [r.num_computed_tokens for r in reqs]
-        ids, tables, sample = [], [], []
+        drafts = drafts or {}
+        ids, sample = [], []
         for i, (r, s, n) in enumerate(zip(reqs, starts, ns)):
             P = r.num_prompt_tokens
             if r.prompt_token_ids is None:
@@ -316,10 +332,26 @@ class TorchExecutor(Executor):
             else:
                 ids += r.prompt_token_ids[s:]
                 ids += r.output_token_ids[:s + n - P]
-            tables.append(self.kv.block_table(r))
-            if s + n == P + r.num_output_tokens:
+            spec = drafts.get(i)
+            if spec is not None:
+                ids += spec
+            if s + n - len(spec or ()) == P + r.num_output_tokens:
                 sample.append(i)
-        B, T = len(reqs), len(ids)
+        positions, meta, cu = self.batch_metadata(reqs, starts, ns)
+        ends = cu[1:].tolist()
+        rows = []
+        for i in sample:
+            k = len(drafts.get(i, ()))
+            rows.extend(range(ends[i] - 1 - k, ends[i]))
+        logits_rows = torch.tensor(rows, dtype=torch.int64, device=self.device)
+        return torch.tensor(ids, device=self.device), positions, meta, sample, logits_rows
+
+    def batch_metadata(self, reqs, starts, ns):
+        """(positions, attention metadata, query_start_loc on the host) of a flattened batch:
+        entry i computes the ns[i] tokens of reqs[i] after its first starts[i]."""
+        bs = self.kv.block_size
+        tables = [self.kv.block_table(r) for r in reqs]
+        B, T = len(reqs), sum(ns)
         n_t = torch.tensor(ns, dtype=torch.int64)
         s_t = torch.tensor(starts, dtype=torch.int64)
         cu = torch.zeros(B + 1, dtype=torch.int64)
@@ -341,8 +373,7 @@ class TorchExecutor(Executor):
         elif self.sequence_kv is not None:
             meta.attn_kwargs = {"sequence_kv": self.sequence_kv.plan(
                 [r.request_id for r in reqs], starts, ns, tables, bs)}
-        logits_rows = (cu[1:][sample] - 1).to(dev)
-        return torch.tensor(ids, device=dev), positions.to(dev), meta, sample, logits_rows
+        return positions.to(dev), meta, cu
 
     def swap(self, out) -> None:
         """Copy the batch's swapped KV blocks: device to host for its swap-outs, then host to
@@ -365,42 +396,63 @@ class TorchExecutor(Executor):
             self.swap(out)
             sync()
             tp = now()
-        input_ids, positions, meta, sample, rows = self.prepare(out)
+        lens = spec_step.spec_lens(out)
+        drafts = None
+        if lens:
+            if self.draft is None:
+                raise ConfigError("scheduler.num_speculative_tokens > 0 needs a draft model: "
+                                  "set executor.draft (e.g. layers:N)")
+            spec_step.check_entries(self, out, lens)
+            drafts = spec_step.propose(self, out, lens)
+            sync()
+        td = now()
+        input_ids, positions, meta, sample, rows = self.prepare(out, drafts)
         t1 = now()
         logits = self.model(input_ids, positions, meta, rows)
         sync()
         t2 = now()
         reqs = out.reqs
-        sampled = [-1] * len(reqs)
-        if sample:
-            toks = self.sample(logits, [reqs[i] for i in sample])
-            for i, tok in zip(sample, toks):
-                sampled[i] = tok
-        finished = self.finished(out)
-        if self.stop_at_eos and sample:
-            ends = set(finished)
-            for i in sample:
-                if sampled[i] in self.eos_ids and not self._ignores_eos(reqs[i]):
-                    self._eos_ended.add(reqs[i].request_id)
-                    if i not in ends:
-                        finished.append(i)
-            finished.sort()
+        kept = None
+        if drafts is not None:
+            result, kept = spec_step.finish_step(self, out, lens, logits, sample, drafts)
+        else:
+            result = StepResult(duration=0.0, sampled=[-1] * len(reqs),
+                                finished=self.finished(out))
+            if sample:
+                self.sample_entries(out, logits, sample, result)
+        finished = result.finished
         if self.request_sampling:
             for i in finished:
                 self.request_sampling.pop(reqs[i].request_id, None)
         seq_kv = self.sequence_kv
         if seq_kv is not None:
-            seq_kv.commit(meta.attn_kwargs["sequence_kv"])
+            seq_kv.commit(meta.attn_kwargs["sequence_kv"], kept)
             seq_kv.drop([reqs[i].request_id for i in finished])
             seq_kv.drop([r.request_id for r in out.preempted])
         t3 = now()
         tm = self.timers
         tm["swap"] += tp - t0
-        tm["prepare"] += t1 - tp
+        tm["draft"] += td - tp
+        tm["prepare"] += t1 - td
         tm["forward"] += t2 - t1
         tm["sample"] += t3 - t2
         tm["steps"] += 1
-        return StepResult(duration=t3 - t0, sampled=sampled, finished=finished, swap_s=tp - t0)
+        result.duration, result.swap_s = t3 - t0, tp - t0
+        return result
+
+    def sample_entries(self, out, logits, idx, result: StepResult) -> None:
+        """Sample the entries `idx` of the batch, one logits row each (in that order), into
+        `result.sampled`; an entry that samples an EOS joins `result.finished`."""
+        reqs = out.reqs
+        for i, tok in zip(idx, self.sample(logits, [reqs[i] for i in idx])):
+            result.sampled[i] = tok
+        if self.stop_at_eos:
+            ends = set(result.finished)
+            for i in idx:
+                if result.sampled[i] in self.eos_ids and not self._ignores_eos(reqs[i]):
+                    self._eos_ended.add(reqs[i].request_id)
+                    ends.add(i)
+            result.finished = sorted(ends)
 
     def add_request(self, req, output_len):
         reason = super().add_request(req, output_len)

@@ -1,0 +1,115 @@
+"""The torch executor's speculative step: draft proposals, then greedy verification.
+
+A speculative entry of a batch is a decode scheduled with k > 0 (`SchedulerOutput.spec_lens`),
+1 + k tokens: its last emitted token (at position s = its computed tokens) and k draft tokens.
+
+1. `propose`: k greedy forwards of the draft (`executors/draft.py`) over the batch's speculative
+   entries only, one token each: forward j feeds each entry with k >= j its last token (j = 1)
+   or its draft j - 1, at position s + j - 1, and takes the argmax as draft j.
+2. The target runs the whole batch once (prefill chunks, ordinary decodes and each speculative
+   entry's 1 + k tokens as one chunk), reading the logits of every row of a speculative entry.
+3. `verify`: row j's argmax is the target's greedy token after the entry's first j + 1 inputs;
+   the drafts are accepted up to the first one that differs from it, and the target's token at
+   that row (the correction, or after k accepted drafts the bonus token) is the entry's sampled
+   token. So the tokens emitted are exactly those greedy decoding would emit, one step at a time.
+"""
+from __future__ import annotations
+
+import torch
+
+from sarathi_lab.executors.base import StepResult
+
+
+def spec_lens(out) -> list[int] | None:
+    """The batch's speculation lengths (aligned with out.reqs), or None when no entry has any."""
+    lens = getattr(out, "spec_lens", None)
+    return lens if lens and any(lens) else None
+
+
+def check_entries(ex, out, lens) -> None:
+    """A speculative entry must be a decode (its first token its last emitted one) of a request
+    decoded greedily: the verification is greedy."""
+    for r, n, k in zip(out.reqs, out.num_new_tokens, lens):
+        if not k:
+            continue
+        if n != 1 + k or r.num_computed_tokens + 1 != r.num_tokens:
+            raise ValueError(
+                f"request {r.request_id!r}: a speculative entry of k={k} must be a decode of "
+                f"1 + k tokens after all of its KV, but it has {n} tokens at "
+                f"{r.num_computed_tokens} of {r.num_tokens} computed (the policy broke the "
+                "speculation rule of SchedulerOutput.add(req, n, spec=k))")
+        own = ex.request_sampling.get(r.request_id)
+        if own is not None and own[0] > 0:
+            raise ValueError(
+                f"request {r.request_id!r}: temperature={own[0]} with speculative decoding; the "
+                "torch executor verifies drafts greedily (temperature 0 only)")
+
+
+def propose(ex, out, lens) -> dict[int, list[int]]:
+    """Entry index -> its k draft tokens, from k greedy forwards of the draft."""
+    reqs = out.reqs
+    entries = [i for i, k in enumerate(lens) if k]
+    drafts = {i: [] for i in entries}
+    for j in range(max(lens)):
+        live = [i for i in entries if lens[i] > j]
+        ids = [drafts[i][-1] if j else reqs[i].output_token_ids[-1] for i in live]
+        positions, meta, _ = ex.batch_metadata([reqs[i] for i in live],
+                                               [reqs[i].num_computed_tokens + j for i in live],
+                                               [1] * len(live))
+        logits = ex.draft(torch.tensor(ids, device=ex.device), positions, meta)
+        for i, tok in zip(live, logits.argmax(dim=-1).tolist()):
+            drafts[i].append(tok)
+    return drafts
+
+
+def verify(target: list[int], draft: list[int]) -> tuple[int, int]:
+    """(accepted drafts, the token the target emits after them), from the target's argmax
+    `target` (len(draft) + 1 rows) and the draft tokens."""
+    a = 0
+    while a < len(draft) and draft[a] == target[a]:
+        a += 1
+    return a, target[a]
+
+
+def finish_step(ex, out, lens, logits, sample, drafts) -> tuple[StepResult, dict[int, int]]:
+    """The step's result (its times left to the caller) and, per speculative entry, how many of
+    its tokens' KV stays (1 + accepted). `logits` holds, in `sample`'s order, one row per ordinary
+    entry that samples and 1 + k rows per speculative one."""
+    reqs = out.reqs
+    n = len(reqs)
+    accepted, accepted_ids = [0] * n, [[] for _ in range(n)]
+    # the default stop rule: right for the ordinary entries, which sample as in any step
+    result = StepResult(duration=0.0, sampled=[-1] * n, finished=ex.finished(out),
+                        accepted=accepted, accepted_ids=accepted_ids)
+    plain_rows, plain, greedy, row = [], [], {}, 0
+    for i in sample:
+        if lens[i]:
+            greedy[i] = logits[row:row + 1 + lens[i]].argmax(dim=-1).tolist()
+            row += 1 + lens[i]
+        else:
+            plain_rows.append(row)
+            plain.append(i)
+            row += 1
+    if plain:
+        ex.sample_entries(out, logits[plain_rows], plain, result)
+    stop = ex.stop_lengths()
+    ends = set(result.finished)
+    kept = {}
+    for i, target in greedy.items():
+        a, tok = verify(target, drafts[i])
+        r = reqs[i]
+        if ex.stop_at_eos and not ex._ignores_eos(r):
+            # greedy decoding stops at an accepted EOS: what follows it is never emitted
+            eos = next((p for p, t in enumerate(drafts[i][:a]) if t in ex.eos_ids), None)
+            if eos is not None:
+                a, tok = eos, drafts[i][eos]
+            if tok in ex.eos_ids:
+                ex._eos_ended.add(r.request_id)
+                ends.add(i)
+        result.sampled[i], accepted[i], accepted_ids[i] = tok, a, drafts[i][:a]
+        kept[i] = 1 + a
+        # it emits 1 + a tokens; the engine drops those past its stop length
+        if r.num_output_tokens + 1 + a >= stop[r.request_id]:
+            ends.add(i)
+    result.finished = sorted(ends)
+    return result, kept

@@ -1,0 +1,132 @@
+"""Speculative decoding on the real executor: a truncated-layer draft over the target's paged KV,
+greedy verification. The oracle: the tokens equal non-speculative greedy decoding (Hugging Face
+`generate`, which the executor's plain greedy output already equals), for every k, draft depth,
+attention backend, and with prefill chunks in the same batches."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sarathi_lab import runner
+from sarathi_lab.request import Request
+from sarathi_lab.settings import ConfigError
+
+# one_thread and oracle are fixtures: imported, they apply here (one_thread is autouse)
+from hf_oracle import one_thread, oracle  # noqa: F401
+
+pytest.importorskip("transformers")
+
+
+def build(path, draft, backend="torch", block_size=4, **executor):
+    cfg = {"executor": {"name": "torch", "device": "cpu", "dtype": "float32",
+                        "attention_backend": backend, "kv_cache_gib": 0.01, "seed": 0,
+                        "draft": draft, **executor},
+           "model": {"name": "hf-tiny", "path": str(path)},
+           "scheduler": {"name": "sarathi", "block_size": block_size}}
+    policy, ex = runner.build(cfg)
+    ex.bind(policy.kv)
+    return ex, policy.kv
+
+
+def drive(ex, kv, specs, k, chunk):
+    """A hand-built schedule, no policy: each step every decoding request speculates k tokens
+    (fewer when its stop is nearer: it never needs more), and the first unfinished prompt
+    advances by a chunk of up to `chunk` tokens in the same batch. Returns the requests and,
+    per speculative entry, (k, accepted)."""
+    reqs = [Request(i, 0.0, len(ids), n, prompt_token_ids=list(ids))
+            for i, (ids, n) in enumerate(specs)]
+    for r in reqs:
+        assert ex.add_request(r, r.take_output_len()) is None
+    stop = ex.stop_lengths()
+    live, spec_log = list(reqs), []
+    while live:
+        out = SimpleNamespace(reqs=[], num_new_tokens=[], spec_lens=[], preempted=[],
+                              swapped_out=[], swapped_in=[])
+        for r in live:
+            if r.num_output_tokens:   # a decode: its last token + k drafts
+                kk = min(k, stop[r.request_id] - r.num_output_tokens - 1)
+                n = 1 + kk
+            elif r.num_computed_tokens < r.num_prompt_tokens and \
+                    not any(x.num_output_tokens == 0 for x in out.reqs):
+                kk, n = 0, min(chunk, r.num_prompt_tokens - r.num_computed_tokens)
+            else:
+                continue
+            assert kv.allocate_slots(r, n) is not None
+            out.reqs.append(r)
+            out.num_new_tokens.append(n)
+            out.spec_lens.append(kk)
+        step = ex.execute(out)
+        for i, (r, n, kk) in enumerate(zip(out.reqs, out.num_new_tokens, out.spec_lens)):
+            a = step.accepted[i] if kk else 0
+            if kk:
+                spec_log.append((kk, a))
+                assert len(step.accepted_ids[i]) == a
+            r.num_computed_tokens += 1 + a if kk else n
+            if step.sampled[i] >= 0:
+                new = (step.accepted_ids[i] if kk else []) + [step.sampled[i]]
+                new = new[:stop[r.request_id] - r.num_output_tokens]
+                r.output_token_ids += new
+                r.num_output_tokens += len(new)
+            if i in step.finished:
+                assert r.num_output_tokens == stop[r.request_id]
+                kv.free(r)
+                live.remove(r)
+            else:
+                assert r.num_output_tokens < stop[r.request_id]
+    return reqs, spec_log
+
+
+@pytest.mark.parametrize("k,draft,chunk", [(1, "layers:1", 16), (3, "layers:1", 7),
+                                           (3, "layers:2", 16)])
+def test_hand_built_speculative_steps_equal_greedy(oracle, k, draft, chunk):
+    """k drafts per decode, prefill chunks beside them: the tokens are greedy decoding's."""
+    path, specs, ref = oracle
+    ex, kv = build(path, draft)
+    reqs, log = drive(ex, kv, specs, k, chunk)
+    assert [r.output_token_ids for r in reqs] == ref
+    proposed, accepted = sum(kk for kk, _ in log), sum(a for _, a in log)
+    assert proposed > 100
+    if draft == "layers:2":   # the whole model as its own draft: every draft is right
+        assert accepted == proposed
+    else:                     # one layer of two: some right, not all
+        assert 0 < accepted < proposed
+
+
+def test_triton_kernels_speculate_the_same(oracle):
+    """The Triton kernels (TRITON_INTERPRET=1 on a CPU, tests/conftest.py) on a few short
+    requests: drafts, verification chunks and a prefill chunk in one batch."""
+    pytest.importorskip("triton")
+    path, specs, ref = oracle
+    picks = [1, 3, 7]   # prompts of 2, 5 and 9 tokens; greedy prefixes of HF's outputs
+    ex, kv = build(path, "layers:2", backend="triton")
+    reqs, log = drive(ex, kv, [(specs[i][0], 6) for i in picks], 2, 4)
+    assert [r.output_token_ids for r in reqs] == [ref[i][:6] for i in picks]
+    assert log and all(a == kk for kk, a in log)
+
+
+@pytest.mark.parametrize("draft,words", [
+    ("layers:0", "expected layers:N with N >= 1"),
+    ("tiny", "expected layers:N"),
+    ("layers:3", "the model has 2 layers"),
+])
+def test_a_bad_draft_names_the_setting(oracle, draft, words):
+    with pytest.raises(ConfigError, match=f"executor.draft='{draft}'.*{words}"):
+        build(oracle[0], draft)
+
+
+def test_drafts_are_verified_greedily_only(oracle):
+    with pytest.raises(ConfigError, match="temperature=0.5: the drafts are verified greedily"):
+        build(oracle[0], "layers:1", temperature=0.5)
+
+
+def test_a_speculative_entry_must_be_a_decode(oracle):
+    path, specs, _ = oracle
+    ex, kv = build(path, "layers:1")
+    r = Request(0, 0.0, len(specs[2][0]), 4, prompt_token_ids=list(specs[2][0]))
+    ex.add_request(r, r.take_output_len())
+    kv.allocate_slots(r, 3)
+    out = SimpleNamespace(reqs=[r], num_new_tokens=[3], spec_lens=[2], preempted=[],
+                          swapped_out=[], swapped_in=[])
+    with pytest.raises(ValueError, match="request 0: a speculative entry of k=2 must be a "
+                                         "decode of 1 \\+ k tokens after all of its KV"):
+        ex.execute(out)

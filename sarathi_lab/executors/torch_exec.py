@@ -24,7 +24,6 @@ for the requests it catches up. Sampling with temperature > 0 draws from a gener
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ import torch
 from sarathi_lab.executors import spec_step
 from sarathi_lab.executors.base import Executor, ExecutorConfig, StepResult
 from sarathi_lab.executors.draft import LayerDraft, draft_layers
+from sarathi_lab.executors.sampling import draw, eos_token_ids, stream_seed
 from sarathi_lab.kernels.sequence_kv import SequenceKV
 from sarathi_lab.models.llama import AttnMetadata
 from sarathi_lab.models.dtypes import torch_dtype
@@ -95,33 +95,6 @@ class TorchConfig(ExecutorConfig):
             if self.temperature > 0:
                 raise ValueError(f"draft={self.draft!r} with temperature={self.temperature}: "
                                  "the drafts are verified greedily (temperature 0 only)")
-
-
-def eos_token_ids(model_cfg: dict) -> tuple[int, ...]:
-    """The EOS ids of ``model.path``'s checkpoint, as `generate` reads them: generation_config.json,
-    else config.json (an int or a list). None for a preset with random weights."""
-    import json
-    from pathlib import Path
-    if not model_cfg.get("path"):
-        return ()
-    d = Path(str(model_cfg["path"])).expanduser()
-    for name in ("generation_config.json", "config.json"):
-        f = d / name
-        if not f.is_file():
-            continue
-        try:
-            eos = json.loads(f.read_text()).get("eos_token_id")
-        except (ValueError, AttributeError) as e:
-            raise ValueError(f"{f}: not a JSON object ({e})") from None
-        if eos is None:
-            continue
-        ids = eos if isinstance(eos, list) else [eos]
-        if not ids or not all(type(i) is int and i >= 0 for i in ids):
-            raise ValueError(f"{f}: eos_token_id={eos!r} is not a token id or a list of them")
-        return tuple(ids)
-    return ()
-
-
 
 
 class TorchExecutor(Executor):
@@ -490,7 +463,7 @@ class TorchExecutor(Executor):
         if self.temperature <= 0:
             return logits.argmax(dim=-1).tolist()
         probs = torch.softmax(logits / self.temperature, dim=-1).cpu()
-        return [self._draw(p, self.top_p, self._stream(r.request_id, r.num_output_tokens))
+        return [draw(p, self.top_p, stream_seed(self.seed, r.request_id, r.num_output_tokens))
                 for p, r in zip(probs, reqs)]
 
     def _sample_each(self, logits: torch.Tensor, reqs) -> list[int]:
@@ -506,21 +479,7 @@ class TorchExecutor(Executor):
                 continue
             p = torch.softmax(logits[i] / temp, dim=-1).cpu()
             # a request's own seed: its stream depends on nothing else (same seed, same tokens)
-            stream = self._stream(r.request_id, r.num_output_tokens) if seed is None else \
-                self._stream(None, r.num_output_tokens, seed)
-            toks.append(self._draw(p, top_p, stream))
+            stream = stream_seed(self.seed, r.request_id, r.num_output_tokens) \
+                if seed is None else stream_seed(seed, None, r.num_output_tokens)
+            toks.append(draw(p, top_p, stream))
         return toks
-
-    @staticmethod
-    def _draw(p: torch.Tensor, top_p: float, stream: int) -> int:
-        g = torch.Generator().manual_seed(stream)
-        if top_p < 1.0:
-            p_sorted, idx = p.sort(descending=True)
-            # keep the smallest head whose mass reaches top_p (always the top token)
-            p_sorted[(p_sorted.cumsum(0) - p_sorted) >= top_p] = 0.0
-            return int(idx[torch.multinomial(p_sorted, 1, generator=g)])
-        return int(torch.multinomial(p, 1, generator=g))
-
-    def _stream(self, request_id, index: int, seed: int | None = None) -> int:
-        key = f"{self.seed if seed is None else seed}/{request_id!r}/{index}".encode()
-        return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1

@@ -12,7 +12,7 @@ from operator import attrgetter
 
 import numpy as np
 
-from sarathi_lab.executors.base import Executor
+from sarathi_lab.executors.base import Executor, check_speculation
 from sarathi_lab.guard import BatchGuard
 from sarathi_lab.request import Request, Status
 from sarathi_lab.schedulers.base import Policy
@@ -54,10 +54,13 @@ class Engine(SkipRuns):
         self.executor = executor
         self.kv = policy.kv
         executor.bind(self.kv)
+        self.speculative = check_speculation(policy, executor)
         if policy.oracle:
             policy._output_len = executor.output_len
         # skipping steady decode runs needs predicted durations and no real tokens
-        self.fast_forward = fast_forward and executor.supports_fast_forward
+        # (and every step: a steady run's tokens per step would depend on the drafts accepted)
+        self.fast_forward = fast_forward and executor.supports_fast_forward \
+            and not self.speculative
         # the policy's declaration of its steady runs, the only thing read to skip them
         self._ff = policy.fast_forward
         if self.fast_forward and self._ff is None:
@@ -278,7 +281,12 @@ class Engine(SkipRuns):
         pre = clock() - t0 if clock else 0.0
         try:
             step = ex.execute(out)
-            if step.finished is None:
+            if step.accepted is not None:
+                self._speculated(out, step)
+            elif out.spec_lens and any(out.spec_lens):
+                raise RuntimeError("returned no StepResult.accepted for a batch with "
+                                   "speculative entries (SchedulerOutput.spec_lens)")
+            elif step.finished is None:
                 step.finished = ended if ended is not None else ex.finished(out)
         except Exception as e:
             raise self._blame(ex, "execute", e) from e
@@ -313,6 +321,21 @@ class Engine(SkipRuns):
             self.num_tokens += n_pre + n_dec
             self.progress(self.num_done, self.num_tokens)
         return out, done, n_pre, n_dec
+
+    def _speculated(self, out, step) -> None:
+        """A step that ran speculative decodes: check its `accepted` and fill `emitted` and
+        `finished` by the default stop rule where the executor left them."""
+        acc, spec = step.accepted, out.spec_lens or [0] * len(out.reqs)
+        if len(acc) != len(out.reqs) or any(not 0 <= a <= s for a, s in zip(acc, spec)):
+            raise ValueError(f"StepResult.accepted={acc[:10]!r}: one count per entry, each "
+                             f"from 0 to the entry's drafts (spec_lens={spec[:10]!r})")
+        if step.emitted is None or step.finished is None:
+            emitted, ended = self.executor.speculative_ends(out, acc)
+            if step.emitted is None:
+                step.emitted = emitted
+            if step.finished is None:
+                step.finished = ended
+        self._emitted = sum(1 for m in step.emitted if m)
 
     # -- the stepping API a topology drives (sarathi_lab/topology/) -------------------------------
     def next_event_time(self) -> float:

@@ -40,8 +40,8 @@ class OrderedSarathi(Sarathi):
         """Add this iteration's decodes, then prefill chunks in rank order, to `out`."""
         budget = self.cfg.token_budget
         decodes, prefills = split_running(self.running)
-        self.schedule_decodes(out, decodes[:budget])
-        budget -= len(out)
+        self.schedule_decodes(out, decodes[:budget], budget)
+        budget -= out.total_tokens if out.spec_lens else len(out)
         prefills = sorted((r for r in prefills if r.status is Status.RUNNING), key=self.rank)
         i, admitting, waiting = 0, True, self.waiting
         while budget > 0:

@@ -10,12 +10,13 @@ from sarathi_lab.schedulers.whole_prompt import WholePromptPolicy
 class VLLM(WholePromptPolicy):
     name = "vllm"
     fast_forward = steady.VLLM   # its steady decode runs (schedulers/steady.py)
+    speculates = True
 
     def schedule(self, now):
         out = SchedulerOutput()
         if not self.swapped:
             self.admit_waiting(out, self.token_cap, whole=True)
         if not out:
-            self.schedule_decodes(out, list(self.running))
+            self.schedule_decodes(out, list(self.running), self.token_cap)
             self.swap_in_waiting(out, self.token_cap - out.total_tokens, whole=True)
         return out

@@ -61,12 +61,12 @@ def drive(ex, kv, specs, k, chunk):
             if kk:
                 spec_log.append((kk, a))
                 assert len(step.accepted_ids[i]) == a
-            r.num_computed_tokens += 1 + a if kk else n
-            if step.sampled[i] >= 0:
-                new = (step.accepted_ids[i] if kk else []) + [step.sampled[i]]
-                new = new[:stop[r.request_id] - r.num_output_tokens]
-                r.output_token_ids += new
-                r.num_output_tokens += len(new)
+            m = step.emitted[i] if step.emitted is not None else int(step.sampled[i] >= 0)
+            assert m == (min(1 + a, stop[r.request_id] - r.num_output_tokens) if kk else
+                         int(step.sampled[i] >= 0))
+            r.num_computed_tokens += m if kk else n
+            r.output_token_ids += ((step.accepted_ids[i] if kk else []) + [step.sampled[i]])[:m]
+            r.num_output_tokens += m
             if i in step.finished:
                 assert r.num_output_tokens == stop[r.request_id]
                 kv.free(r)

@@ -22,7 +22,7 @@ from sarathi_lab.executors.base import StepResult
 
 def spec_lens(out) -> list[int] | None:
     """The batch's speculation lengths (aligned with out.reqs), or None when no entry has any."""
-    lens = getattr(out, "spec_lens", None)
+    lens = out.spec_lens
     return lens if lens and any(lens) else None
 
 
@@ -77,39 +77,35 @@ def finish_step(ex, out, lens, logits, sample, drafts) -> tuple[StepResult, dict
     entry that samples and 1 + k rows per speculative one."""
     reqs = out.reqs
     n = len(reqs)
-    accepted, accepted_ids = [0] * n, [[] for _ in range(n)]
-    # the default stop rule: right for the ordinary entries, which sample as in any step
-    result = StepResult(duration=0.0, sampled=[-1] * n, finished=ex.finished(out),
-                        accepted=accepted, accepted_ids=accepted_ids)
-    plain_rows, plain, greedy, row = [], [], {}, 0
+    sampled, accepted, accepted_ids = [-1] * n, [0] * n, [[] for _ in range(n)]
+    plain_rows, plain, kept, row = [], [], {}, 0
     for i in sample:
-        if lens[i]:
-            greedy[i] = logits[row:row + 1 + lens[i]].argmax(dim=-1).tolist()
-            row += 1 + lens[i]
+        k = lens[i]
+        if k:
+            target = logits[row:row + 1 + k].argmax(dim=-1).tolist()
+            accepted[i], sampled[i] = verify(target, drafts[i])
+            accepted_ids[i] = drafts[i][:accepted[i]]
+            kept[i] = 1 + accepted[i]
+            row += 1 + k
         else:
             plain_rows.append(row)
             plain.append(i)
             row += 1
     if plain:
-        ex.sample_entries(out, logits[plain_rows], plain, result)
-    stop = ex.stop_lengths()
-    ends = set(result.finished)
-    kept = {}
-    for i, target in greedy.items():
-        a, tok = verify(target, drafts[i])
-        r = reqs[i]
-        if ex.stop_at_eos and not ex._ignores_eos(r):
-            # greedy decoding stops at an accepted EOS: what follows it is never emitted
-            eos = next((p for p, t in enumerate(drafts[i][:a]) if t in ex.eos_ids), None)
-            if eos is not None:
-                a, tok = eos, drafts[i][eos]
-            if tok in ex.eos_ids:
-                ex._eos_ended.add(r.request_id)
+        for i, tok in zip(plain, ex.sample(logits[plain_rows], [reqs[i] for i in plain])):
+            sampled[i] = tok
+    # the default stop rule (trace length, max_tokens, max_model_len) cuts each entry's
+    # 1 + accepted tokens; then greedy decoding's own: nothing after an EOS is emitted
+    emitted, ends = ex.speculative_ends(out, accepted)
+    ends = set(ends)
+    if ex.stop_at_eos:
+        eos = ex.eos_ids
+        for i in sample:
+            toks = (accepted_ids[i] + [sampled[i]])[:emitted[i]]
+            at = next((j for j, t in enumerate(toks) if t in eos), None)
+            if at is not None and not ex._ignores_eos(reqs[i]):
+                emitted[i] = at + 1
                 ends.add(i)
-        result.sampled[i], accepted[i], accepted_ids[i] = tok, a, drafts[i][:a]
-        kept[i] = 1 + a
-        # it emits 1 + a tokens; the engine drops those past its stop length
-        if r.num_output_tokens + 1 + a >= stop[r.request_id]:
-            ends.add(i)
-    result.finished = sorted(ends)
-    return result, kept
+                ex._eos_ended.add(reqs[i].request_id)
+    return StepResult(duration=0.0, sampled=sampled, finished=sorted(ends), accepted=accepted,
+                      accepted_ids=accepted_ids, emitted=emitted), kept

@@ -36,6 +36,10 @@ FLOAT_COLUMNS = ("start", "duration", "swap_s")   # the others count things
 # a column of the iterations of an executor that measures host time (`Engine.step`), after
 # ITER_COLUMNS: the simulator's tables have none
 HOST_COLUMN = "host_s"
+# the columns of a speculating engine's iterations (scheduler.num_speculative_tokens > 0), after
+# those: draft tokens proposed and accepted, speculative entries, and the tokens those emitted
+SPEC_COLUMNS = ("spec_proposed", "spec_accepted", "spec_steps", "spec_tokens")
+_NO_SPEC = (0, 0, 0, 0)
 
 
 
@@ -54,7 +58,7 @@ class Engine(SkipRuns):
         self.executor = executor
         self.kv = policy.kv
         executor.bind(self.kv)
-        self.speculative = check_speculation(policy, executor)
+        self.speculative = check_speculation(policy.cfg.num_speculative_tokens, executor)
         if policy.oracle:
             policy._output_len = executor.output_len
         # skipping steady decode runs needs predicted durations and no real tokens
@@ -108,6 +112,8 @@ class Engine(SkipRuns):
         self._host_clock = getattr(executor, "host_clock", None)
         self._host_in_clock = bool(getattr(executor, "host_in_clock", False))
         self._host_s: list[float] | None = [] if self._host_clock else None
+        # a speculating engine's per-iteration SPEC_COLUMNS (it steps every iteration)
+        self._spec_rows: list[tuple] | None = [] if self.speculative else None
 
     # -- records ------------------------------------------------------------------------------------
     def iterations(self) -> np.ndarray:
@@ -164,6 +170,11 @@ class Engine(SkipRuns):
         if self._host_s is not None:   # an executor that steps every iteration (no skips)
             assert len(self._host_s) == n_rows, "host time recorded for every iteration"
             cols[HOST_COLUMN] = np.array(self._host_s, float)
+        if self._spec_rows is not None:   # no skips either
+            assert len(self._spec_rows) == n_rows, "speculation recorded for every iteration"
+            spec = np.array(self._spec_rows, np.int64).reshape(-1, len(SPEC_COLUMNS))
+            for i, c in enumerate(SPEC_COLUMNS):
+                cols[c] = spec[:, i].copy()
         return cols
 
     def swap_space(self) -> dict | None:
@@ -309,6 +320,9 @@ class Engine(SkipRuns):
         self.rows.append((start, step.duration, n_pre, n_dec, len(out.reqs), kv.pool.num_used,
                           kv.num_stored_tokens, len(out.preempted), len(policy.waiting),
                           *swaps, kv.num_used_host_blocks))
+        if self._spec_rows is not None:
+            self._spec_rows.append(_spec_record(out, step) if step.accepted is not None
+                                   else _NO_SPEC)
         if clock:
             host = pre + clock() - t1
             self._host_s.append(host)
@@ -468,3 +482,16 @@ class Engine(SkipRuns):
             return type(e)(f"{where}: {e}")
         except Exception:   # an exception class that takes other arguments
             return RuntimeError(f"{where} raised {type(e).__name__}: {e}")
+
+
+def _spec_record(out, step) -> tuple:
+    """An iteration's SPEC_COLUMNS: drafts proposed and accepted, speculative entries, the
+    tokens they emitted."""
+    proposed = accepted = steps = tokens = 0
+    for s, a, m in zip(out.spec_lens, step.accepted, step.emitted):
+        if s:
+            proposed += s
+            accepted += a
+            steps += 1
+            tokens += m
+    return proposed, accepted, steps, tokens

@@ -78,11 +78,19 @@ class Executor(abc.ABC):
     #: drafts k, verified by the target in this step) and returns `StepResult.accepted`;
     #: False: scheduler.num_speculative_tokens > 0 is an error
     supports_speculation: ClassVar[bool] = False
+    #: its settings read only with scheduler.num_speculative_tokens > 0 (one the user set
+    #: without it is an error)
+    speculation_settings: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def parse_config(cls, values: dict, where: str = "executor"):
         """Typed settings from the ``executor`` config node (without its ``name``)."""
         return parse(cls.config_class, values, where, f"executor {cls.__qualname__}")
+
+    @classmethod
+    def check_speculation_settings(cls, cfg, k: int) -> None:
+        """Start-up, with scheduler.num_speculative_tokens = k > 0: raise ConfigError, naming
+        the setting, if `cfg` cannot run k drafts per decode."""
 
     @classmethod
     def reads_model_key(cls, key: str) -> bool:
@@ -230,13 +238,13 @@ class Executor(abc.ABC):
         return None
 
 
-def check_speculation(policy, executor) -> bool:
-    """Whether this engine speculates (scheduler.num_speculative_tokens > 0); an error if the
-    executor cannot (its supports_speculation is False)."""
-    k = policy.cfg.num_speculative_tokens
+def check_speculation(k: int, executor) -> bool:
+    """Whether a run with scheduler.num_speculative_tokens = k speculates (k > 0); an error if
+    the executor (an instance or its class) cannot (its supports_speculation is False)."""
     if k and not executor.supports_speculation:
+        name = executor.__name__ if isinstance(executor, type) else type(executor).__name__
         raise ConfigError(f"scheduler.num_speculative_tokens={k}: executor "
-                          f"{type(executor).__name__} does not run speculative decodes (its "
+                          f"{name} does not run speculative decodes (its "
                           "supports_speculation is False; executor=sim does); set "
                           "scheduler.num_speculative_tokens=0 or choose another executor")
     return bool(k)

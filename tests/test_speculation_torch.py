@@ -12,7 +12,7 @@ from sarathi_lab.request import Request
 from sarathi_lab.settings import ConfigError
 
 # one_thread and oracle are fixtures: imported, they apply here (one_thread is autouse)
-from hf_oracle import one_thread, oracle  # noqa: F401
+from hf_oracle import one_thread, oracle, run_engine, with_eos  # noqa: F401
 
 pytest.importorskip("transformers")
 
@@ -92,6 +92,7 @@ def test_hand_built_speculative_steps_equal_greedy(oracle, k, draft, chunk):
         assert 0 < accepted < proposed
 
 
+@pytest.mark.slow   # the Triton interpreter
 def test_triton_kernels_speculate_the_same(oracle):
     """The Triton kernels (TRITON_INTERPRET=1 on a CPU, tests/conftest.py) on a few short
     requests: drafts, verification chunks and a prefill chunk in one batch."""
@@ -130,3 +131,75 @@ def test_a_speculative_entry_must_be_a_decode(oracle):
     with pytest.raises(ValueError, match="request 0: a speculative entry of k=2 must be a "
                                          "decode of 1 \\+ k tokens after all of its KV"):
         ex.execute(out)
+
+
+# --- through the engine: the policy schedules 1 + k tokens per decode -------------------------
+
+ENGINE_CASES = {
+    # k, draft, scheduler settings
+    "sarathi-k1-c16": (1, "layers:1", dict(token_budget=16, block_size=4)),
+    "sarathi-k3-c16": (3, "layers:1", dict(token_budget=16, block_size=4)),
+    "sarathi-k3-all-layers": (3, "layers:2", dict(token_budget=32, block_size=16)),
+    "vllm-k2": (2, "layers:1", dict(name="vllm", block_size=4)),
+    # 96 tokens of KV for 18 requests of up to 75 tokens: preemption, recompute, then swap
+    "sarathi-k3-preempt": (3, "layers:2", dict(token_budget=16, block_size=4, num_kv_blocks=24)),
+    "sarathi-k2-swap": (2, "layers:1", dict(token_budget=16, block_size=4, num_kv_blocks=24,
+                                            preemption_mode="swap", num_swap_blocks=40)),
+}
+
+
+@pytest.mark.parametrize("case", list(ENGINE_CASES))
+def test_speculative_runs_equal_greedy(oracle, case):
+    path, specs, ref = oracle
+    k, draft, sched = ENGINE_CASES[case]
+    reqs, engine = run_engine(path, specs, executor={"draft": draft},
+                              num_speculative_tokens=k, **sched)
+    assert [r.output_token_ids for r in reqs] == ref
+    proposed = sum(r.spec_proposed for r in reqs)
+    accepted = sum(r.spec_accepted for r in reqs)
+    it = engine.iteration_columns()
+    assert proposed == it["spec_proposed"].sum() > 50
+    assert accepted == it["spec_accepted"].sum()
+    if "sarathi" in case:   # prefill chunks ran beside speculative decodes
+        assert ((it["spec_steps"] > 0) & (it["prefill_tokens"] > 0)).sum() > 5
+    if draft == "layers:2":   # the target as its own draft
+        assert accepted == proposed
+    else:
+        assert 0 < accepted < proposed
+    if "preempt" in case or "swap" in case:
+        assert sum(r.num_preemptions for r in reqs) > 0
+    assert len(engine.executor.sequence_kv) == 0   # every request's KV copy was dropped
+
+
+def test_an_accepted_eos_ends_the_request_there(oracle, tmp_path):
+    """EOS inside the accepted drafts: the tokens after it are not emitted; the drafts the
+    target accepted past it still count as accepted (they measure the draft)."""
+    path, specs, ref = oracle
+    i = next(i for i, (_, n) in enumerate(specs) if n >= 8 and ref[i][2] not in ref[i][:2])
+    eos = ref[i][2]
+    d = with_eos(path, tmp_path, eos)
+    reqs, _ = run_engine(d, specs, executor={"draft": "layers:2"}, num_speculative_tokens=3,
+                         token_budget=16, block_size=4)
+    for r, want, (_, n) in zip(reqs, ref, specs):
+        cut = want.index(eos) + 1 if eos in want else n
+        assert r.output_token_ids == want[:cut]
+        assert r.finish_reason == ("eos" if eos in want else "length")
+    # request i's first decode step (output 1) proposes 3 drafts: tokens 2, 3 and 4 of its
+    # output; the EOS is token 3, so the step emits 2 and ends it, with all 3 accepted
+    assert reqs[i].num_output_tokens == 3
+    assert reqs[i].spec_proposed == reqs[i].spec_accepted == 3
+
+
+def test_speculation_settings_are_checked_at_start_up(oracle):
+    from sarathi_lab.config import resolve
+    base = {"executor": {"name": "torch", "device": "cpu"},
+            "model": {"name": "hf-tiny", "path": str(oracle[0])},
+            "scheduler": {"name": "sarathi"}}
+    no_draft = {**base, "scheduler": {"name": "sarathi", "num_speculative_tokens": 2}}
+    with pytest.raises(ConfigError, match="num_speculative_tokens=2: the torch executor needs "
+                                          "a draft model.*set executor.draft"):
+        resolve(no_draft)
+    no_k = {**base, "executor": {**base["executor"], "draft": "layers:1"}}
+    with pytest.raises(ConfigError, match="executor.draft: read only with "
+                                          "scheduler.num_speculative_tokens > 0"):
+        resolve(no_k, ["executor.draft=layers:1"])

@@ -28,7 +28,11 @@ def spec_lens(out) -> list[int] | None:
 
 def check_entries(ex, out, lens) -> None:
     """A speculative entry must be a decode (its first token its last emitted one) of a request
-    decoded greedily: the verification is greedy."""
+    decoded greedily: the verification is greedy. And there must be a draft (a run checks it
+    at start-up; an engine built by hand may not have)."""
+    if ex.draft is None:
+        raise ValueError("a batch with speculative entries (SchedulerOutput.spec_lens) on a torch "
+                         "executor without executor.draft: nothing proposes their tokens")
     for r, n, k in zip(out.reqs, out.num_new_tokens, lens):
         if not k:
             continue

@@ -101,6 +101,14 @@ class TorchExecutor(Executor):
     config_class = TorchConfig
     supports_swap = True
     supports_speculation = True   # with executor.draft: executors/spec_step.py
+    speculation_settings = ("draft",)
+
+    @classmethod
+    def check_speculation_settings(cls, cfg: TorchConfig, k: int) -> None:
+        if cfg.draft is None:
+            raise ConfigError(f"scheduler.num_speculative_tokens={k}: the torch executor needs "
+                              "a draft model to propose the tokens: set executor.draft (layers:N, "
+                              "the target's first N layers)")
 
     @classmethod
     def parse_config(cls, values: dict, where: str = "executor") -> TorchConfig:
@@ -372,9 +380,6 @@ class TorchExecutor(Executor):
         lens = spec_step.spec_lens(out)
         drafts = None
         if lens:
-            if self.draft is None:
-                raise ConfigError("scheduler.num_speculative_tokens > 0 needs a draft model: "
-                                  "set executor.draft (e.g. layers:N)")
             spec_step.check_entries(self, out, lens)
             drafts = spec_step.propose(self, out, lens)
             sync()

@@ -203,3 +203,34 @@ def test_speculation_settings_are_checked_at_start_up(oracle):
     with pytest.raises(ConfigError, match="executor.draft: read only with "
                                           "scheduler.num_speculative_tokens > 0"):
         resolve(no_k, ["executor.draft=layers:1"])
+
+
+@pytest.mark.slow   # CLI subprocesses
+def test_cli_speculation_equals_plain_greedy(tmp_path):
+    """From the command line, on tiny-llama's random weights: the same output ids with and
+    without speculation, and the summary's acceptance is the requests' own."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import pandas as pd
+    script = os.path.join(os.path.dirname(sys.executable), "sarathi-lab")
+    base = [script, "executor=torch", "model=tiny-llama", "trace=synthetic",
+            "trace.num_requests=6", "executor.kv_cache_gib=0.01", "progress=false",
+            "num_threads=1"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    runs = {"plain": [], "spec": ["scheduler.num_speculative_tokens=3",
+                                  "executor.draft=layers:1"]}
+    for d, args in runs.items():
+        p = subprocess.run([*base, *args, f"hydra.run.dir={tmp_path / d}"], capture_output=True,
+                           text=True, timeout=300, cwd=tmp_path, env=env)
+        assert p.returncode == 0, p.stderr[-3000:]
+    plain, spec = (pd.read_parquet(tmp_path / d / "requests.parquet").sort_values("request_id")
+                   for d in runs)
+    assert [list(x) for x in spec["output_token_ids"]] == \
+        [list(x) for x in plain["output_token_ids"]]
+    s = json.loads((tmp_path / "spec" / "summary.json").read_text())["speculation"]
+    assert s["proposed"] == spec["spec_proposed"].sum() > 0
+    assert s["accepted"] == spec["spec_accepted"].sum() > 0
+    assert s["acceptance_rate"] == pytest.approx(s["accepted"] / s["proposed"])

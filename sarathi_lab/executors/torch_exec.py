@@ -378,12 +378,12 @@ class TorchExecutor(Executor):
             sync()
             tp = now()
         lens = spec_step.spec_lens(out)
-        drafts = None
+        drafts, td = None, tp
         if lens:
             spec_step.check_entries(self, out, lens)
             drafts = spec_step.propose(self, out, lens)
             sync()
-        td = now()
+            td = now()
         input_ids, positions, meta, sample, rows = self.prepare(out, drafts)
         t1 = now()
         logits = self.model(input_ids, positions, meta, rows)

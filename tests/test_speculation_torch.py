@@ -234,3 +234,36 @@ def test_cli_speculation_equals_plain_greedy(tmp_path):
     assert s["proposed"] == spec["spec_proposed"].sum() > 0
     assert s["accepted"] == spec["spec_accepted"].sum() > 0
     assert s["acceptance_rate"] == pytest.approx(s["accepted"] / s["proposed"])
+
+
+def test_a_speculating_server_refuses_sampling():
+    """A request's temperature > 0 is refused (400, naming it) before it reaches the engine,
+    where the greedy verification could not honour it; temperature 0 is taken."""
+    import asyncio
+    pytest.importorskip("aiohttp")
+    from sarathi_lab.engine import Engine
+    from sarathi_lab.serve.app import Server
+    from sarathi_lab.serve.protocol import ApiError
+    from sarathi_lab.serve.worker import Worker
+    policy, ex = runner.build({
+        "executor": {"name": "torch", "device": "cpu", "kv_cache_gib": 0.01,
+                     "draft": "layers:1"},
+        "model": {"name": "tiny-llama", "num_layers": 2, "hidden_size": 32,
+                  "intermediate_size": 64, "num_heads": 4, "num_kv_heads": 2, "head_dim": 8,
+                  "vocab_size": 100, "max_model_len": 64},
+        "scheduler": {"name": "sarathi", "num_speculative_tokens": 2}})
+    server = Server(Worker(Engine(policy, ex)), "tiny-llama", 8)
+
+    class Body:
+        def __init__(self, temperature):
+            self.body = {"model": "tiny-llama", "prompt": [1, 2, 3], "max_tokens": 4,
+                         "temperature": temperature}
+
+        async def json(self):
+            return self.body
+
+    with pytest.raises(ApiError, match="temperature=0.7: this server decodes speculatively") \
+            as e:
+        asyncio.run(server._read(Body(0.7), chat=False))
+    assert e.value.status == 400
+    assert asyncio.run(server._read(Body(0), chat=False)).temperature == 0

@@ -192,6 +192,12 @@ class TorchExecutor(Executor):
         self.timers = {"swap": 0.0, "draft": 0.0, "prepare": 0.0, "forward": 0.0, "sample": 0.0,
                        "steps": 0}
 
+    @property
+    def greedy_only(self) -> bool:
+        """Whether every request must decode greedily (a draft's proposals are verified
+        greedily): the server refuses a request's temperature > 0."""
+        return self.draft is not None
+
     # -- sizing ---------------------------------------------------------------------------------
     def block_bytes(self, block_size: int) -> int:
         a = self.args

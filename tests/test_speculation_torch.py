@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sarathi_lab import runner
-from sarathi_lab.request import Request
+from sarathi_lab.request import Request, Status
 from sarathi_lab.settings import ConfigError
 
 # one_thread and oracle are fixtures: imported, they apply here (one_thread is autouse)
@@ -40,7 +40,7 @@ def drive(ex, kv, specs, k, chunk):
     stop = ex.stop_lengths()
     live, spec_log = list(reqs), []
     while live:
-        out = SimpleNamespace(reqs=[], num_new_tokens=[], spec_lens=[], preempted=[],
+        out = SimpleNamespace(reqs=[], num_new_tokens=[], spec_lens=[], preempted=[], rejected=[],
                               swapped_out=[], swapped_in=[])
         for r in live:
             if r.num_output_tokens:   # a decode: its last token + k drafts
@@ -107,11 +107,14 @@ def test_triton_kernels_speculate_the_same(oracle):
 
 @pytest.mark.parametrize("draft,words", [
     ("layers:0", "expected layers:N with N >= 1"),
-    ("tiny", "expected layers:N"),
+    ("layers:x", "expected layers:N with N >= 1"),
     ("layers:3", "the model has 2 layers"),
+    ("tiny llama", "expected layers:N or a model preset's name"),
+    ("no-such-model", "no such model preset"),
+    ("tiny-llama", "its vocabulary of 512 tokens is not the target's 256"),
 ])
 def test_a_bad_draft_names_the_setting(oracle, draft, words):
-    with pytest.raises(ConfigError, match=f"executor.draft='{draft}'.*{words}"):
+    with pytest.raises(ConfigError, match=f"executor.draft='?{draft}'?: .*{words}"):
         build(oracle[0], draft)
 
 
@@ -126,7 +129,7 @@ def test_a_speculative_entry_must_be_a_decode(oracle):
     r = Request(0, 0.0, len(specs[2][0]), 4, prompt_token_ids=list(specs[2][0]))
     ex.add_request(r, r.take_output_len())
     kv.allocate_slots(r, 3)
-    out = SimpleNamespace(reqs=[r], num_new_tokens=[3], spec_lens=[2], preempted=[],
+    out = SimpleNamespace(reqs=[r], num_new_tokens=[3], spec_lens=[2], preempted=[], rejected=[],
                           swapped_out=[], swapped_in=[])
     with pytest.raises(ValueError, match="request 0: a speculative entry of k=2 must be a "
                                          "decode of 1 \\+ k tokens after all of its KV"):
@@ -267,3 +270,70 @@ def test_a_speculating_server_refuses_sampling():
         asyncio.run(server._read(Body(0.7), chat=False))
     assert e.value.status == 400
     assert asyncio.run(server._read(Body(0), chat=False)).temperature == 0
+
+
+# --- a separate draft model with a KV cache of its own -----------------------------------------
+
+def run_tiny(specs, noise, draft=None, k=0, backend="torch", **sched):
+    """tiny-llama (seeded random weights) as the target, its last MLP perturbed by `noise`
+    (a seeded Gaussian of that std), through the engine."""
+    from sarathi_lab.engine import Engine
+    from sarathi_lab.executors.sim import model_preset
+    cfg = {"executor": {"name": "torch", "device": "cpu", "dtype": "float32",
+                        "kv_cache_gib": 0.01, "draft": draft, "attention_backend": backend},
+           "model": model_preset("tiny-llama"),
+           "scheduler": {"name": "sarathi", "num_speculative_tokens": k, **sched}}
+    policy, ex = runner.build(cfg)
+    w = ex.model.model.layers[-1].mlp.down_proj.weight
+    with torch.no_grad():
+        w += noise * torch.randn(w.shape, generator=torch.Generator().manual_seed(7))
+    reqs = [Request(i, 0.0, len(ids), n, prompt_token_ids=list(ids))
+            for i, (ids, n) in enumerate(specs)]
+    engine = Engine(policy, ex)
+    engine.run(reqs)
+    assert all(r.status is Status.FINISHED for r in reqs)
+    return reqs, ex
+
+
+NOISE = 0.05   # the perturbed target accepts about half of the unperturbed draft's tokens
+
+
+@pytest.fixture(scope="module")
+def tiny_specs():
+    g = torch.Generator().manual_seed(1)
+    lens, outs = [3, 40, 17, 9, 28, 5], [20, 12, 30, 8, 16, 25]
+    return [(torch.randint(0, 512, (p,), generator=g).tolist(), o) for p, o in zip(lens, outs)]
+
+
+@pytest.mark.parametrize("noise,k,sched", [
+    (0.0, 3, dict(token_budget=16, block_size=4)),                    # the draft is the target
+    (NOISE, 2, dict(token_budget=16, block_size=4)),                  # a perturbed target
+    (NOISE, 3, dict(token_budget=16, block_size=4, num_kv_blocks=14)),  # preempted, recomputed
+    (NOISE, 3, dict(token_budget=16, block_size=4, num_kv_blocks=14, preemption_mode="swap",
+                    num_swap_blocks=40)),
+])
+def test_a_draft_model_with_its_own_kv_equals_greedy(tiny_specs, noise, k, sched):
+    """draft=tiny-llama proposes for tiny-llama: unperturbed it is the same model, so every
+    draft is accepted (its lazily computed KV is right); perturbed, some; either way the output
+    is the plain run's, also when preemption takes the blocks away."""
+    plain, _ = run_tiny(tiny_specs, noise, **sched)
+    reqs, ex = run_tiny(tiny_specs, noise, "tiny-llama", k, **sched)
+    assert [r.output_token_ids for r in reqs] == [r.output_token_ids for r in plain]
+    proposed = sum(r.spec_proposed for r in reqs)
+    accepted = sum(r.spec_accepted for r in reqs)
+    assert proposed > 40
+    assert accepted == proposed if noise == 0 else 0 < accepted < proposed
+    if "num_kv_blocks" in sched:
+        assert sum(r.num_preemptions for r in reqs) > 0
+    assert not ex.draft.valid   # forgotten as the requests ended
+
+
+@pytest.mark.slow   # the Triton interpreter
+def test_triton_kernels_run_a_draft_model_the_same(tiny_specs):
+    pytest.importorskip("triton")
+    specs = [(ids, 6) for ids, _ in tiny_specs[:3]]
+    plain, _ = run_tiny(specs, NOISE, backend="triton", token_budget=8, block_size=4)
+    reqs, _ = run_tiny(specs, NOISE, "tiny-llama", 2, backend="triton", token_budget=8,
+                       block_size=4)
+    assert [r.output_token_ids for r in reqs] == [r.output_token_ids for r in plain]
+    assert sum(r.spec_accepted for r in reqs) > 0

@@ -50,17 +50,26 @@ def check_entries(ex, out, lens) -> None:
 
 
 def propose(ex, out, lens) -> dict[int, list[int]]:
-    """Entry index -> its k draft tokens, from k greedy forwards of the draft."""
-    reqs = out.reqs
+    """Entry index -> its k draft tokens, from k greedy forwards of the draft. The first feeds
+    each entry's tokens from `draft.start` (its last token; a draft model with KV of its own
+    to catch up: from where that is still right) to its last token, as one chunk."""
+    reqs, draft = out.reqs, ex.draft
     entries = [i for i, k in enumerate(lens) if k]
     drafts = {i: [] for i in entries}
     for j in range(max(lens)):
         live = [i for i in entries if lens[i] > j]
-        ids = [drafts[i][-1] if j else reqs[i].output_token_ids[-1] for i in live]
-        positions, meta, _ = ex.batch_metadata([reqs[i] for i in live],
-                                               [reqs[i].num_computed_tokens + j for i in live],
-                                               [1] * len(live))
-        logits = ex.draft(torch.tensor(ids, device=ex.device), positions, meta)
+        rs = [reqs[i] for i in live]
+        if j == 0:
+            starts = [draft.start(r) for r in rs]
+            ns = [r.num_computed_tokens + 1 - s for r, s in zip(rs, starts)]
+            ids = [t for r, s in zip(rs, starts) for t in r.all_token_ids()[s:]]
+        else:
+            starts = [r.num_computed_tokens + j for r in rs]
+            ns = [1] * len(rs)
+            ids = [drafts[i][-1] for i in live]
+        positions, meta, cu = ex.batch_metadata(rs, starts, ns, not draft.own_cache)
+        rows = (cu[1:] - 1).to(ex.device)
+        logits = draft(torch.tensor(ids, device=ex.device), positions, meta, rows)
         for i, tok in zip(live, logits.argmax(dim=-1).tolist()):
             drafts[i].append(tok)
     return drafts
@@ -89,6 +98,7 @@ def finish_step(ex, out, lens, logits, sample, drafts) -> tuple[StepResult, dict
             target = logits[row:row + 1 + k].argmax(dim=-1).tolist()
             accepted[i], sampled[i] = verify(target, drafts[i])
             accepted_ids[i] = drafts[i][:accepted[i]]
+            ex.draft.verified(reqs[i], reqs[i].num_computed_tokens, k, accepted[i])
             kept[i] = 1 + accepted[i]
             row += 1 + k
         else:

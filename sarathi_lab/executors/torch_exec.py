@@ -33,7 +33,7 @@ import torch
 
 from sarathi_lab.executors import spec_step
 from sarathi_lab.executors.base import Executor, ExecutorConfig, StepResult
-from sarathi_lab.executors.draft import LayerDraft, draft_layers
+from sarathi_lab.executors.draft import draft_layers, make_draft
 from sarathi_lab.executors.sampling import draw, eos_token_ids, stream_seed
 from sarathi_lab.kernels.sequence_kv import SequenceKV
 from sarathi_lab.models.llama import AttnMetadata
@@ -84,7 +84,8 @@ class TorchConfig(ExecutorConfig):
     draft: str | None = setting(
         None, help="speculative decoding's draft model (with scheduler.num_speculative_tokens "
                    "> 0; null: none): layers:N, the target's first N layers with its final norm "
-                   "and LM head, sharing the target's KV (executors/draft.py)")
+                   "and LM head, sharing the target's KV; or a model preset of the target's "
+                   "vocabulary (e.g. tiny-llama), with a KV cache of its own (executors/draft.py)")
 
     def validate(self) -> None:
         if self.top_p < 1 and self.temperature == 0:
@@ -184,7 +185,8 @@ class TorchExecutor(Executor):
             raise ValueError(f"model.path: eos_token_id {sorted(self.eos_ids)} outside the "
                              f"vocabulary of {self.args.vocab_size}")
         self.model.setup(kernels, self.device)
-        self.draft = LayerDraft(self.model, cfg.draft) if cfg.draft else None
+        self.draft = make_draft(cfg.draft, self.model, self.device, self.dtype, kernels) \
+            if cfg.draft else None
         self.kv = None
         # request id -> (temperature, top_p, seed or None, ignore_eos): `set_sampling`
         self.request_sampling: dict = {}
@@ -203,8 +205,14 @@ class TorchExecutor(Executor):
         a = self.args
         return 2 * a.num_layers * block_size * a.num_kv_heads * a.head_dim * self.dtype.itemsize
 
+    def cache_bytes(self, block_size: int) -> int:
+        """Bytes of one block of every KV cache: the target's, and a draft model's own."""
+        d = self.draft
+        own = d.block_bytes(block_size, self.dtype.itemsize) if d and d.own_cache else 0
+        return self.block_bytes(block_size) + own
+
     def num_kv_blocks(self, block_size: int) -> int:
-        per_block = self.block_bytes(block_size)
+        per_block = self.cache_bytes(block_size)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
             free, _ = torch.cuda.mem_get_info(self.device)
@@ -243,7 +251,7 @@ class TorchExecutor(Executor):
     def check_kv_memory(self, num_blocks: int, block_size: int) -> None:
         """The KV cache must fit the memory free now: allocating more is an out-of-memory kill
         (CPU) or error (GPU) with no word of which setting asked for it."""
-        need = num_blocks * self.block_bytes(block_size)
+        need = num_blocks * self.cache_bytes(block_size)
         copies = ""
         if self.backend == "torch":
             # the running requests' contiguous copies (kernels/sequence_kv.py) hold at most
@@ -278,6 +286,8 @@ class TorchExecutor(Executor):
                                           a.num_kv_heads, a.head_dim, dtype=self.dtype,
                                           pin_memory=self.device.type == "cuda")
         self.sequence_kv = SequenceKV() if self.backend == "torch" else None
+        if self.draft is not None and self.draft.own_cache:
+            self.draft.bind(kv.num_blocks, kv.block_size, self.dtype, self.device)
         self._eos_ended: set = set()
 
     def prepare_trace(self, df, trace_cfg=None):
@@ -333,9 +343,10 @@ class TorchExecutor(Executor):
         logits_rows = torch.tensor(rows, dtype=torch.int64, device=self.device)
         return torch.tensor(ids, device=self.device), positions, meta, sample, logits_rows
 
-    def batch_metadata(self, reqs, starts, ns):
+    def batch_metadata(self, reqs, starts, ns, sequence_kv: bool = True):
         """(positions, attention metadata, query_start_loc on the host) of a flattened batch:
-        entry i computes the ns[i] tokens of reqs[i] after its first starts[i]."""
+        entry i computes the ns[i] tokens of reqs[i] after its first starts[i]. `sequence_kv`:
+        attend through the target's contiguous copies (False: a draft model's own cache)."""
         bs = self.kv.block_size
         tables = [self.kv.block_table(r) for r in reqs]
         B, T = len(reqs), sum(ns)
@@ -357,7 +368,7 @@ class TorchExecutor(Executor):
                             seq_lens=(s_t + n_t).to(dev, torch.int32))
         if self.backend == "triton":   # spares the kernel a device-to-host sync per layer
             meta.attn_kwargs = {"max_query_len": max(ns)}
-        elif self.sequence_kv is not None:
+        elif self.sequence_kv is not None and sequence_kv:
             meta.attn_kwargs = {"sequence_kv": self.sequence_kv.plan(
                 [r.request_id for r in reqs], starts, ns, tables, bs)}
         return positions.to(dev), meta, cu
@@ -413,6 +424,11 @@ class TorchExecutor(Executor):
             seq_kv.commit(meta.attn_kwargs["sequence_kv"], kept)
             seq_kv.drop([reqs[i].request_id for i in finished])
             seq_kv.drop([r.request_id for r in out.preempted])
+            seq_kv.drop([r.request_id for r in out.rejected])   # outgrew the cache mid-run
+        if self.draft is not None:
+            self.draft.drop([reqs[i].request_id for i in finished])
+            self.draft.drop([r.request_id for r in out.preempted])
+            self.draft.drop([r.request_id for r in out.rejected])
         t3 = now()
         tm = self.timers
         tm["swap"] += tp - t0
@@ -461,6 +477,8 @@ class TorchExecutor(Executor):
         self.request_sampling.pop(req.request_id, None)
         if self.sequence_kv is not None:   # its contiguous KV copy
             self.sequence_kv.drop([req.request_id])
+        if self.draft is not None:
+            self.draft.drop([req.request_id])
 
     def finish_reason(self, req) -> str:
         if req.request_id in self._eos_ended:

@@ -251,13 +251,14 @@ class TorchExecutor(Executor):
     def check_kv_memory(self, num_blocks: int, block_size: int) -> None:
         """The KV cache must fit the memory free now: allocating more is an out-of-memory kill
         (CPU) or error (GPU) with no word of which setting asked for it."""
-        need = num_blocks * self.cache_bytes(block_size)
+        need = num_blocks * self.block_bytes(block_size)
         copies = ""
         if self.backend == "torch":
             # the running requests' contiguous copies (kernels/sequence_kv.py) hold at most
             # the slots their block tables hold: at most the cache again
             need *= 2
             copies = " (with the torch backend's contiguous copies of it)"
+        need += num_blocks * (self.cache_bytes(block_size) - self.block_bytes(block_size))
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
         else:

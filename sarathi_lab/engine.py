@@ -349,6 +349,15 @@ class Engine(SkipRuns):
                 step.emitted = emitted
             if step.finished is None:
                 step.finished = ended
+        else:   # an executor's own: at most what the step computed, a token at least if it ends
+            em, fin = step.emitted, set(step.finished)
+            if len(em) != len(acc) or any(
+                    not (1 if i in fin else 0) <= m <= (1 + a if s else 1)
+                    for i, (m, a, s) in enumerate(zip(em, acc, spec))):
+                raise ValueError(f"StepResult.emitted={em[:10]!r}: one count per entry, at "
+                                 "most 1 + its accepted drafts (1 for an ordinary entry), at "
+                                 f"least 1 for an entry that ends (accepted={acc[:10]!r}, "
+                                 f"finished={step.finished[:10]!r})")
         self._emitted = sum(1 for m in step.emitted if m)
 
     # -- the stepping API a topology drives (sarathi_lab/topology/) -------------------------------

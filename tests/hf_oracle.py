@@ -24,6 +24,8 @@ def make_hf_model(path, kind="llama", seed=0, std=0.1, max_shard_size=None, **ov
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM),
+        "qwen2_moe": (transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM),
     }[kind]
     torch.manual_seed(seed)
     model = model_cls(cfg_cls(**{**TINY, "initializer_range": std, **overrides})).eval()

@@ -65,14 +65,12 @@ class SimConfig(ExecutorConfig):
     acceptance: str = setting("fixed", choices=("fixed", "geometric", "trace"),
                               help="speculation: fixed (acceptance_rate for every draft) | "
                                    "geometric (acceptance_rates, one per draft position) | trace "
-                                   "(each request's rate, the trace's acceptance_column)")
+                                   "(each request's rate, a CSV trace's acceptance_rate column)")
     acceptance_rate: float | None = setting(None, ge=0, le=1, help="acceptance=fixed: the chance "
                                             "each draft token is accepted")
     acceptance_rates: list[float] | None = setting(
         None, help="acceptance=geometric: p_i, the chance the i-th draft is accepted once the "
                    "ones before it were, one per position")
-    acceptance_column: str = setting("acceptance_rate", help="acceptance=trace: the trace "
-                                     "column of each request's rate")
     acceptance_seed: int = setting(0, ge=0, help="speculation: the acceptance draws' stream")
     # the chosen cost model's typed settings, filled by SimExecutor.parse_config
     cost_model_settings: object = field(default=None, metadata={"internal": True})
@@ -91,12 +89,14 @@ class SimExecutor(Executor):
     supports_pipeline = True
     supports_speculation = True    # with pipeline_parallel 1 (executors/speculation.py)
     speculation_settings = speculation.SETTINGS
+    offers_predictor = True
 
     @classmethod
     def reads_model_key(cls, key: str) -> bool:
         from sarathi_lab.models.shape import ModelShape
-        # the shape, and hf_name (where the shape came from, for the reader)
-        return key in ModelShape.__dataclass_fields__ or key in ("hf_name", "dtype")
+        # the shape, where it came from (hf_name, for the reader; hf_config, the config.json
+        # the shape is read from)
+        return key in ModelShape.__dataclass_fields__ or key in ("hf_name", "hf_config", "dtype")
 
     @classmethod
     def parse_config(cls, values: dict, where: str = "executor") -> SimConfig:
@@ -195,6 +195,10 @@ class SimExecutor(Executor):
             self._spec.read_trace(df)
         return df
 
+    def predictor(self):
+        # the cost model's own price (without step_jitter: the controller plans on the median)
+        return self.cost_model.iteration_time
+
     def cost_model_record(self) -> dict:
         """Which cost model priced the run, and from what (the summary's ``cost_model``)."""
         from sarathi_lab.costmodels.profiled import ProfiledCostModel
@@ -262,13 +266,15 @@ class SimExecutor(Executor):
         except ValueError as e:
             raise ConfigError(f"executor.{e}") from None
         gpn = layout.hw.gpus_per_node
-        if gpn % tp:
+        g = tp * layout.ep          # a stage's GPUs: its expert-parallel groups of tp
+        if gpn % g:
             raise ConfigError(
-                f"executor.tensor_parallel={tp} with pipeline_parallel={P}: a stage's GPUs must "
-                f"share a node of hardware.gpus_per_node={gpn} (tensor_parallel must divide it)")
-        # stage s holds GPUs [s tp, (s+1) tp): the boundary after it leaves the node when
-        # (s+1) tp is a multiple of the node's GPUs
-        links = [layout.send_recv_terms(across_nodes=(s + 1) * tp % gpn == 0)
+                f"executor.tensor_parallel={tp} (x expert_parallel={layout.ep}) with "
+                f"pipeline_parallel={P}: a stage's GPUs must share a node of "
+                f"hardware.gpus_per_node={gpn} (their product must divide it)")
+        # stage s holds GPUs [s g, (s+1) g): the boundary after it leaves the node when
+        # (s+1) g is a multiple of the node's GPUs
+        links = [layout.send_recv_terms(across_nodes=(s + 1) * g % gpn == 0)
                  for s in range(P - 1)]
         return {"share": [n / L for n in layers], "links": links,
                 "gather": layout.gather_terms(), "parts": split_step(cm)}

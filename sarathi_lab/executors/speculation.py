@@ -19,7 +19,7 @@ Acceptance (`executor.acceptance`): the draft token for output position o of req
 accepted when u(r, o) < p_i, with u a uniform draw fixed by (acceptance_seed, r, o) and p_i the
 rate of its place i in the window: `fixed` (one rate for every place), `geometric` (a rate per
 place: the chance the i-th draft is accepted once the ones before it were), `trace` (each
-request's own rate, a trace column). A step accepts the drafts up to the first rejected one. As
+request's own rate, a CSV trace's `acceptance_rate` column). A step accepts the drafts up to the first rejected one. As
 u depends on the request and the position only, a request's acceptance does not change with
 the schedule (the batch it runs in, the order of arrivals), so runs that differ in policy or
 load see the same draft quality.
@@ -37,10 +37,12 @@ _M64 = (1 << 64) - 1
 
 #: the settings read only with scheduler.num_speculative_tokens > 0
 SETTINGS = ("draft_model", "draft_cost_ratio", "acceptance", "acceptance_rate",
-            "acceptance_rates", "acceptance_column", "acceptance_seed")
+            "acceptance_rates", "acceptance_seed")
 #: the acceptance models and the setting each reads
-RATE_KEYS = {"fixed": "acceptance_rate", "geometric": "acceptance_rates",
-             "trace": "acceptance_column"}
+RATE_KEYS = {"fixed": "acceptance_rate", "geometric": "acceptance_rates"}
+#: acceptance=trace: the trace column of each request's rate (a CSV trace's optional column,
+#: traces/csv_formats.py)
+COLUMN = "acceptance_rate"
 
 
 def _mix(z: int) -> int:
@@ -72,8 +74,8 @@ def check_settings(cfg, k: int) -> None:
     if cfg.pipeline_parallel > 1:
         raise ConfigError(f"scheduler.num_speculative_tokens={k} with executor.pipeline_parallel="
                           f"{cfg.pipeline_parallel}: speculation is simulated for one stage only")
-    key = RATE_KEYS[cfg.acceptance]
-    if getattr(cfg, key) is None:
+    key = RATE_KEYS.get(cfg.acceptance)
+    if key is not None and getattr(cfg, key) is None:
         raise ConfigError(f"executor.acceptance={cfg.acceptance}: set executor.{key}")
     rates = cfg.acceptance_rates
     if cfg.acceptance == "geometric" and len(rates) < k:
@@ -86,13 +88,9 @@ def check_settings(cfg, k: int) -> None:
 def check_unread(cfg) -> None:
     """Parse time: the acceptance setting of a model other than the chosen one is unread."""
     for model, key in RATE_KEYS.items():
-        if model != cfg.acceptance and getattr(cfg, key) is not None \
-                and not (key == "acceptance_column" and getattr(cfg, key) == DEFAULT_COLUMN):
+        if model != cfg.acceptance and getattr(cfg, key) is not None:
             raise ConfigError(f"executor.{key}={getattr(cfg, key)}: read only with "
                               f"executor.acceptance={model} (acceptance={cfg.acceptance})")
-
-
-DEFAULT_COLUMN = "acceptance_rate"
 
 
 class Speculation:
@@ -106,23 +104,22 @@ class Speculation:
         self.model = cfg.acceptance
         self.rate = cfg.acceptance_rate
         self.rates = cfg.acceptance_rates
-        self.column = cfg.acceptance_column
         self.trace_rates: np.ndarray | None = None   # acceptance=trace: per request (row) id
 
     # -- acceptance ------------------------------------------------------------------------------
     def read_trace(self, df) -> None:
         """acceptance=trace: each request's rate from the trace's column (request ids are row
         positions, `traces.frame.to_requests`)."""
-        if self.column not in df:
-            raise ConfigError(f"executor.acceptance=trace: the trace has no column "
-                              f"{self.column!r} (executor.acceptance_column); its columns: "
-                              f"{', '.join(map(str, df.columns))}")
-        rates = df[self.column].to_numpy(dtype=np.float64)
+        if COLUMN not in df:
+            raise ConfigError(f"executor.acceptance=trace: the trace has no column {COLUMN!r} "
+                              "(a CSV trace's optional column of each request's rate); its "
+                              f"columns: {', '.join(map(str, df.columns))}")
+        rates = df[COLUMN].to_numpy(dtype=np.float64)
         bad = ~((rates >= 0) & (rates <= 1))   # NaN too
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise ConfigError(f"executor.acceptance=trace: row {i} of the trace's column "
-                              f"{self.column!r} is {rates[i]}; each must be in [0, 1]")
+                              f"{COLUMN!r} is {rates[i]}; each must be in [0, 1]")
         self.trace_rates = rates
 
     def window_rates(self, req, s: int) -> list[float]:
@@ -135,7 +132,7 @@ class Speculation:
         rates = self.trace_rates
         if rates is None or not isinstance(rid, (int, np.integer)) or not 0 <= rid < len(rates):
             raise ConfigError(f"executor.acceptance=trace: request {rid!r} has no rate: the "
-                              f"column {self.column!r} is read from the trace this executor "
+                              f"column {COLUMN!r} is read from the trace this executor "
                               "prepared (request ids are its rows; one engine only: a fleet's "
                               "other replicas never see it)")
         return [float(rates[rid])] * s

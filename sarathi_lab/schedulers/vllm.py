@@ -17,6 +17,6 @@ class VLLM(WholePromptPolicy):
         if not self.swapped:
             self.admit_waiting(out, self.token_cap, whole=True)
         if not out:
-            self.schedule_decodes(out, list(self.running), self.token_cap)
+            self.schedule_decodes(out, list(self.running))
             self.swap_in_waiting(out, self.token_cap - out.total_tokens, whole=True)
         return out

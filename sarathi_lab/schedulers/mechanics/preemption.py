@@ -156,15 +156,15 @@ class Preemption:
                 return False
         return True
 
-    def schedule_decodes(self, out: SchedulerOutput, decodes: list[Request],
-                         budget: int | None = None) -> None:
+    def schedule_decodes(self, out: SchedulerOutput, decodes: list[Request]) -> None:
         """One decode for each of `decodes` (running requests), as the batch's first entries;
         when KV runs short, one by one, preempting as `allocate_or_preempt` does. With
         scheduler.num_speculative_tokens = k > 0, each gets 1 + k tokens (its drafts,
-        `speculative_lens`) where the free KV blocks hold them all, else one token each."""
+        `speculative_lens`, within the policy's `token_limit()`: the decodes come first) where
+        the free KV blocks hold them all, else one token each."""
         k = self.cfg.num_speculative_tokens
         if k:
-            spec = speculative_lens(decodes, k, budget, self.max_model_len)
+            spec = speculative_lens(decodes, k, self.token_limit(), self.max_model_len)
             if any(spec) and self.kv.allocate_decodes(decodes, [1 + s for s in spec]):
                 out.add_decodes(decodes, spec)
                 return

@@ -49,6 +49,22 @@ def draft_layers(spec: str) -> int | None:
     return int(m.group(1))
 
 
+def check_draft(spec: str, temperature: float) -> None:
+    """`executor.draft`'s form, and greedy decoding (the drafts are verified greedily)."""
+    draft_layers(spec)
+    if temperature > 0:
+        raise ValueError(f"draft={spec!r} with temperature={temperature}: the drafts are "
+                         "verified greedily (temperature 0 only)")
+
+
+def require_draft(spec: str | None, k: int) -> None:
+    """Start-up, with scheduler.num_speculative_tokens = k > 0: something must propose."""
+    if spec is None:
+        raise ConfigError(f"scheduler.num_speculative_tokens={k}: the torch executor needs a "
+                          "draft model to propose the tokens: set executor.draft (layers:N, the "
+                          "target's first N layers, or a model preset)")
+
+
 class LayerDraft:
     """The target's first `num_layers` layers + its final norm and LM head, over the target's
     paged KV (see the module's docstring for why sharing it is correct)."""

@@ -33,7 +33,7 @@ import torch
 
 from sarathi_lab.executors import spec_step
 from sarathi_lab.executors.base import Executor, ExecutorConfig, StepResult
-from sarathi_lab.executors.draft import draft_layers, make_draft
+from sarathi_lab.executors.draft import check_draft, make_draft, require_draft
 from sarathi_lab.executors.sampling import draw, eos_token_ids, stream_seed
 from sarathi_lab.kernels.sequence_kv import SequenceKV
 from sarathi_lab.models.llama import AttnMetadata
@@ -92,10 +92,7 @@ class TorchConfig(ExecutorConfig):
             raise ValueError(f"top_p={self.top_p}: read only with executor.temperature > 0 "
                              "(temperature 0 decodes greedily, from no sampled nucleus)")
         if self.draft is not None:
-            draft_layers(self.draft)
-            if self.temperature > 0:
-                raise ValueError(f"draft={self.draft!r} with temperature={self.temperature}: "
-                                 "the drafts are verified greedily (temperature 0 only)")
+            check_draft(self.draft, self.temperature)
 
 
 class TorchExecutor(Executor):
@@ -106,10 +103,7 @@ class TorchExecutor(Executor):
 
     @classmethod
     def check_speculation_settings(cls, cfg: TorchConfig, k: int) -> None:
-        if cfg.draft is None:
-            raise ConfigError(f"scheduler.num_speculative_tokens={k}: the torch executor needs "
-                              "a draft model to propose the tokens: set executor.draft (layers:N, "
-                              "the target's first N layers)")
+        require_draft(cfg.draft, k)
 
     @classmethod
     def parse_config(cls, values: dict, where: str = "executor") -> TorchConfig:
@@ -196,9 +190,7 @@ class TorchExecutor(Executor):
                        "steps": 0}
 
     @property
-    def greedy_only(self) -> bool:
-        """Whether every request must decode greedily (a draft's proposals are verified
-        greedily): the server refuses a request's temperature > 0."""
+    def greedy_only(self) -> bool:   # drafts are verified greedily: the server reads it
         return self.draft is not None
 
     # -- sizing ---------------------------------------------------------------------------------
@@ -430,9 +422,8 @@ class TorchExecutor(Executor):
             seq_kv.drop([r.request_id for r in out.preempted])
             seq_kv.drop([r.request_id for r in out.rejected])   # outgrew the cache mid-run
         if self.draft is not None:
-            self.draft.drop([reqs[i].request_id for i in finished])
-            self.draft.drop([r.request_id for r in out.preempted])
-            self.draft.drop([r.request_id for r in out.rejected])
+            self.draft.drop([reqs[i].request_id for i in finished] +
+                            [r.request_id for r in out.preempted + out.rejected])
         t3 = now()
         tm = self.timers
         tm["swap"] += tp - t0

@@ -160,3 +160,10 @@ class ReturnsInt(BudgetController):
 
     def decide(self, view, predict):
         return view.max_budget
+
+
+class OneDraft(BudgetController):
+    """The cap every iteration and one draft per decode, whatever the run's k."""
+
+    def decide(self, view, predict):
+        return Decision(view.max_budget, spec_len=min(1, view.max_spec_len))

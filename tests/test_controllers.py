@@ -320,3 +320,22 @@ def test_adaptive_chunking_study_at_toy_scale(tmp_path):
     assert rows.loc["static 2048", "p99_tbt_s"] > 0.1
     assert (df["relegated_finished"] == df["relegated"]).all()
     assert "| 3 | best static (" in (tmp_path / "adaptive_chunking.md").read_text()
+
+
+def test_a_controller_s_speculation_length_is_what_the_decodes_draft(tmp_path):
+    """scheduler.num_speculative_tokens=3 caps k; a controller returning spec_len=1 makes every
+    speculative decode propose exactly 1 draft, and one returning none keeps the run's 3."""
+    from sarathi_lab.runner import run
+    base = ["scheduler.num_speculative_tokens=3", "executor.draft_cost_ratio=0.05",
+            "executor.acceptance_rate=0.6", *SMALL]
+    drafts = {}
+    for ctl in ("plugins:OneDraft", "plugins:FullBudget"):
+        d = tmp_path / ctl.split(":")[1]
+        run(composed(f"scheduler.controller={ctl}", *base), d)
+        it = pd.read_parquet(d / "iterations.parquet")
+        spec = it[it["spec_steps"] > 0]
+        assert len(spec) > 0
+        drafts[ctl] = (spec["spec_proposed"] / spec["spec_steps"])
+    assert (drafts["plugins:OneDraft"] == 1).all()
+    # the budget (512) leaves room for 3 drafts per decode in every batch of this small run
+    assert (drafts["plugins:FullBudget"] == 3).all()

@@ -114,6 +114,7 @@ class Consulting:
     targets = staticmethod(slo_targets(None))
     prefill_order: dict = {}
     spec_len: int = 0
+    budget: int = 0      # the controller's budget of this iteration
     follows_prefill_order = True   # False: the policy orders prompts itself (refuses one)
 
     def init_controller(self) -> None:
@@ -166,7 +167,7 @@ class Consulting:
             prefills=tuple(prompt(r) for r in prefills),
             waiting=tuple(prompt(r) for r in self.waiting),
             max_budget=self.cfg.token_budget,
-            max_spec_len=getattr(self.cfg, "num_speculative_tokens", 0))
+            max_spec_len=self.cfg.num_speculative_tokens)
 
     def iteration_budget(self, now: float) -> int:
         """This iteration's token budget: ``token_budget`` (static), else the controller's."""
@@ -183,14 +184,22 @@ class Consulting:
             self.relegate(set(d.relegate), now)
         self.prefill_order = {rid: i for i, rid in enumerate(d.prefill_order)}
         self.spec_len = view.max_spec_len if d.spec_len is None else d.spec_len
+        self.budget = d.token_budget
         return d.token_budget
 
     def speculation_length(self) -> int:
         """k for this iteration's decodes (read after `iteration_budget`): the controller's
-        spec_len, else the run's scheduler.num_speculative_tokens (0 where it does not exist)."""
+        spec_len, else the run's scheduler.num_speculative_tokens."""
         if self.controller is not None:
             return self.spec_len
-        return getattr(self.cfg, "num_speculative_tokens", 0)
+        return super().speculation_length()
+
+    def iteration_token_limit(self) -> int | None:
+        """The budget of this iteration (`iteration_budget`'s): a speculative decode's drafts
+        fit in what the controller chose, not in the cap."""
+        if self.controller is not None:
+            return self.budget
+        return super().iteration_token_limit()
 
     def relegate(self, ids: set, now: float) -> None:
         for r in self.running:   # a prompt under way gets its chunks last (`chunk_order`)

@@ -204,6 +204,11 @@ def test_cli_multi_turn(tmp_path):
         np.testing.assert_allclose(mine["arrival_time"].to_numpy()[1:],
                                    mine["arrival_time"].to_numpy()[:-1]
                                    + mine["e2e"].to_numpy()[:-1] + 0.5)
+        # each turn emitted the answer its successor's prompt repeats
+        turns = list(zip(mine["prompt_token_ids"], mine["output_token_ids"]))
+        for (prompt, answer), (nxt, _) in zip(turns, turns[1:]):
+            assert len(answer) > 0
+            assert list(nxt[:len(prompt) + len(answer)]) == list(prompt) + list(answer)
     assert s["prefix_cache"]["hit_tokens"] > 0
 
 

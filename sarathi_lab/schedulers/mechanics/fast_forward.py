@@ -64,7 +64,8 @@ def advance_decodes(policy, times: list[float], ended: list[Request] = ()) -> li
         policy.admission.clock = times[-1]
     kv = policy.kv
     for r in running:   # the tokens the run emits, before its full blocks are hashed
-        r.emit_planned(k)
+        if r._planned_ids is not None:
+            r.emit_planned(k)
     if not kv.allocate_decodes(running, k):
         for r in running:   # prefix caching hashes full blocks one request at a time
             ok = kv.allocate_slots(r, k)

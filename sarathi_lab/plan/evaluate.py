@@ -53,7 +53,7 @@ class _Eval:
 
 def binding(result: dict) -> tuple[float, str, str]:
     """(capacity, criterion, what it missed at the rate where it failed): the criterion with the
-    lowest capacity is the one that binds."""
+    lowest capacity is the one that binds ("" missed: the search never saw it fail)."""
     crit, r = min(result["criteria"].items(), key=lambda kv: kv[1]["capacity_qps"])
     row = next((p for p in result["probes"] if r["fails_at_qps"] is not None
                 and round(p["qps"], 9) == round(r["fails_at_qps"], 9)), {})
@@ -124,6 +124,7 @@ def _evaluate(e: _Eval, job: dict) -> dict:
     cost = cost_at_rate(e.load, job["mean_output_tokens"], job["price"], gpus)
     return {**out, "status": "feasible", "reason": "", "units": k,
             "replicas": k * job["replicas_per_unit"], "gpus": gpus, "capacity_qps": cap,
+            "capacity_bracketed": bool(deploy["criteria"][crit]["bracketed"]),
             "binds": crit, "binds_missed": missed,
             "usd_per_1m_output_tokens": cost["usd_per_1m_output_tokens"],
             "usd_per_hour": job["price"] * gpus,

@@ -14,16 +14,17 @@ SHOWN = ["rank", "candidate", "replicas", "gpus", "usd_per_1m_output_tokens", "u
 
 
 def ranked(rows: list[dict]) -> pd.DataFrame:
-    """Feasible rows first, cheapest per output token first (fewer GPUs, then the label, break
-    ties), ranked 1..n; then the infeasible and the pruned, unranked."""
+    """Feasible rows first, cheapest per output token first (ties: fewer GPUs, then more
+    capacity to spare, then the label), ranked 1..n; then the infeasible and the pruned."""
     df = pd.DataFrame(rows)
     order = {"feasible": 0, "infeasible": 1, "pruned": 2}
     df["_s"] = df["status"].map(order)
-    for col in ("usd_per_1m_output_tokens", "gpus"):
+    for col in ("usd_per_1m_output_tokens", "gpus", "capacity_qps"):
         if col not in df:
             df[col] = None
-    df = df.sort_values(["_s", "usd_per_1m_output_tokens", "gpus", "candidate"],
-                        na_position="last", kind="stable").drop(columns="_s")
+    df["_c"] = -pd.to_numeric(df["capacity_qps"])
+    df = df.sort_values(["_s", "usd_per_1m_output_tokens", "gpus", "_c", "candidate"],
+                        na_position="last", kind="stable").drop(columns=["_s", "_c"])
     feasible = (df["status"] == "feasible").to_numpy()
     df.insert(0, "rank", pd.array([i + 1 if f else None for i, f in enumerate(feasible)],
                                   dtype="Int64"))
@@ -49,6 +50,9 @@ def format_table(df: pd.DataFrame, top: int) -> str:
     if len(f):
         show = f[[c for c in SHOWN if c in f]].copy()
         show["binds"] = f["binds"].map({"tbt": "TBT", "attainment": "attainment"})
+        # an unbracketed capacity is a lower bound: the search never saw it fail
+        show["capacity_qps"] = [f"{v:.4g}" if b else f">={v:.4g}"
+                                for v, b in zip(f["capacity_qps"], f["capacity_bracketed"])]
         lines.append(show.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
         lines.append("")
         lines += [f"#{int(r['rank'])}: {r['command']}" for _, r in f.iterrows()]

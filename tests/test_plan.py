@@ -1,6 +1,8 @@
 """sarathi-lab-plan (sarathi_lab/plan): the space and its errors, pruning before running, the
 cheapest configuration against a brute-force search, the printed commands re-run, resume after
 an interruption, and the joblib and Ray backends giving the serial rows."""
+import contextlib
+import io
 import json
 import shlex
 from pathlib import Path
@@ -213,11 +215,19 @@ def test_cheapest_equals_brute_force_and_methods_agree(tmp_path):
     pd.testing.assert_frame_equal(a[cols], b[cols])
 
 
+@pytest.fixture(scope="module")
+def toy_cli(tmp_path_factory):
+    """The toy plan from the command's entry point: (its directory, what it printed)."""
+    out = tmp_path_factory.mktemp("toy") / "plan"
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert plan_cli.main(BASE + _space_args() + [f"plan.dir={out}"]) == 0
+    return out, buf.getvalue()
+
+
 @pytest.mark.slow   # the toy plan, then its commands in-process
-def test_printed_commands_meet_the_slo_at_the_load(tmp_path, capsys):
-    out = tmp_path / "plan"
-    assert plan_cli.main(BASE + _space_args() + [f"plan.dir={out}"]) == 0
-    printed = capsys.readouterr().out
+def test_printed_commands_meet_the_slo_at_the_load(toy_cli, tmp_path):
+    out, printed = toy_cli
     df = pd.read_parquet(out / table.TABLE)
     assert (out / table.PLOT).stat().st_size > 0
     feasible = df[df["status"] == "feasible"]
@@ -242,9 +252,8 @@ def _space_args():
 
 
 @pytest.mark.slow   # a CLI subprocess
-def test_the_top_rows_command_reruns_from_the_shell(tmp_path):
-    out = tmp_path / "plan"
-    assert plan_cli.main(BASE + _space_args() + [f"plan.dir={out}"]) == 0
+def test_the_top_rows_command_reruns_from_the_shell(toy_cli, tmp_path):
+    out, _ = toy_cli
     top = pd.read_parquet(out / table.TABLE).iloc[0]
     r = cli(*shlex.split(top["command"])[1:], f"results_root={tmp_path}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr

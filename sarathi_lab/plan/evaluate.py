@@ -47,6 +47,7 @@ class _Eval:
             self.load, "plan")
         self.sims += 1
         ok = all(row[capacity.CRITERIA[k][0]] for k in self.job["criteria"])
+        self.dir.mkdir(parents=True, exist_ok=True)
         rundir.write_json(path, {"passes": ok, "probe": row})
         return ok
 
@@ -60,18 +61,28 @@ def binding(result: dict) -> tuple[float, str, str]:
     return r["capacity_qps"], crit, row.get(f"{crit}_missed", "")
 
 
-def _units(e: _Eval, unit_cap: float, method: str, most: int) -> int | None:
-    """The fewest units whose probe at the load passes; None when `most` do not. bisect: more
-    units never lower the capacity, and one unit's capacity bounds how many are needed, so the
-    search starts at ceil(load / capacity), doubles until it passes and bisects below it."""
+UNIT_PRECISION = 0.1   # one unit's capacity only sets where the replica search starts
+
+
+def _units(e: _Eval, method: str, most: int) -> tuple[int | None, dict | None]:
+    """(the fewest units whose probe at the load passes, or None when `most` do not; one unit's
+    capacity search, when it ran). bisect: more units never lower the capacity, and one unit's
+    capacity bounds how many are needed, so the search starts at ceil(load / capacity), doubles
+    until a count passes and bisects below it."""
     if method == "exhaustive":
-        return next((k for k in range(1, most + 1) if e.passes(k)), None)
+        return next((k for k in range(1, most + 1) if e.passes(k)), None), None
     if e.passes(1):
-        return 1
-    lo, hi = 1, min(most, max(2, math.ceil(e.load / unit_cap))) if unit_cap else min(most, 2)
+        return 1, None
+    # it fails at the load: its capacity lies below (a bracket widened by the search if not)
+    unit = e.search("unit", 1, [("capacity.qps_low", e.load / 8), ("capacity.qps_high", e.load / 2),
+                               ("capacity.precision", UNIT_PRECISION)])
+    cap = binding(unit)[0]
+    if not cap:   # it fails even at a small share of the load: a latency no replica count meets
+        return None, unit
+    lo, hi = 1, min(most, max(2, math.ceil(e.load / cap)))
     while not e.passes(hi):
         if hi >= most:
-            return None
+            return None, unit
         lo, hi = hi, min(most, hi * 2)
     while hi - lo > 1:
         mid = (lo + hi) // 2
@@ -79,7 +90,7 @@ def _units(e: _Eval, unit_cap: float, method: str, most: int) -> int | None:
             hi = mid
         else:
             lo = mid
-    return hi
+    return hi, unit
 
 
 def evaluate(job: dict) -> dict:
@@ -88,33 +99,36 @@ def evaluate(job: dict) -> dict:
     done = e.dir / RESULT
     if done.exists():
         return {**json.loads(done.read_text()), "resumed": True}
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     row = {**job["row"], "load_qps": e.load, "dir": str(e.dir), "resumed": False}
     try:
         row.update(_evaluate(e, job))
     except ConfigError as err:   # e.g. a layout that cannot run as a fleet of several replicas
         row.update(status="infeasible", reason=str(err))
-    row.update(simulations=e.sims, wall_s=time.perf_counter() - t0)
+    row.update(simulations=e.sims, wall_s=time.perf_counter() - t0,
+               cpu_s=time.process_time() - cpu0)
     rundir.write_json(done, row)
     return row
 
 
 def _evaluate(e: _Eval, job: dict) -> dict:
-    unit = e.search("unit", 1)
-    unit_cap, crit, missed = binding(unit)
-    out = {"unit_capacity_qps": unit_cap}
-    k = _units(e, unit_cap, job["method"], job["max_units"])
+    k, unit = _units(e, job["method"], job["max_units"])
+    out = {} if unit is None else {"unit_capacity_qps": binding(unit)[0]}
     if k is None:
-        why = f"; one unit's capacity {unit_cap:.4g} req/s ({crit}" + \
-            (f": {missed})" if missed else ")")
+        why = ""
+        if unit is not None:
+            cap, crit, missed = binding(unit)
+            why = f"; one unit's capacity {cap:.4g} req/s ({crit}" + \
+                (f": {missed})" if missed else ")")
         return {**out, "status": "infeasible",
                 "reason": f"{job['max_units']} units (plan.space.max_replicas) do not serve "
                           f"{e.load:.4g} req/s within the SLO" + why}
-    hi = max(unit["criteria"][crit]["fails_at_qps"] or 2 * e.load, 1.05 * e.load) if k == 1 \
-        else e.load * k / (k - 1)
+    hi = 2 * e.load if k == 1 else e.load * k / (k - 1)
     extra = [("capacity.qps_low", e.load), ("capacity.qps_high", float(hi))]
     deploy = e.search(f"deploy_units={k}", k, extra)
     cap, crit, missed = binding(deploy)
+    if k == 1:
+        out["unit_capacity_qps"] = cap
     at_load = next(p for p in deploy["probes"] if round(p["qps"], 9) == round(e.load, 9))
     if cap < e.load:   # cannot happen: the deployment's first probe is the one that passed
         return {**out, "status": "infeasible",

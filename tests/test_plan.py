@@ -128,6 +128,12 @@ def test_shipped_prices_name_their_sources_and_overrides_win():
     (["plan.load_qps=-1"], "plan.load_qps=-1: must be a rate > 0"),
     (["plan.backend=dask"], "plan.backend='dask': must be one of joblib, ray, serial"),
     (["plan.space.policy=[nosuch]"], "scheduler=nosuch"),
+    (["hardware.price_per_gpu_hour=1"], "from its price table"),
+    (["plan.ray_address=auto"], "plan.ray_address: read only with plan.backend=ray"),
+    (["plan.backend=serial", "plan.n_jobs=2"], "plan.n_jobs: read only with plan.backend=joblib"),
+    (["plan.space.policy=[vllm]", "plan.space.token_budget=[64]"],
+     "none of the policies ['vllm'] reads scheduler.token_budget"),
+    (["plan.top=0"], "plan.top=0"),
 ])
 def test_cli_input_errors(args, words, capsys, tmp_path):
     assert plan_cli.main(BASE + args + [f"results_root={tmp_path}"]) == 2

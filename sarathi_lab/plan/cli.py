@@ -37,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         c = compose_config(argv, "plan")
         base = [a for a in argv if not a.startswith(PLAN_KEYS)]
         out = plan_dir(c)
-        rows = run_plan(c["plan"], base, out)
+        user = [a.split("=", 1)[0].lstrip("+~") for a in argv if a.startswith(PLAN_KEYS[:2])]
+        rows = run_plan(c["plan"], base, out, user=user)
     except ConfigError as e:
         sys.stderr.write(f"sarathi-lab-plan: error: {e}\n")
         return 2

@@ -18,10 +18,19 @@ BACKENDS = ("joblib", "ray", "serial")
 METHODS = ("bisect", "exhaustive")
 
 
-def check_plan(p: dict) -> None:
+def check_plan(p: dict, user: list[str] = ()) -> None:
+    """The plan's own settings; `user`: the dotted keys set on the command line, for the
+    settings that the chosen backend does not read."""
     for key, allowed in (("method", METHODS), ("backend", BACKENDS)):
         if p.get(key) not in allowed:
             raise ConfigError(f"plan.{key}={p.get(key)!r}: must be one of {', '.join(allowed)}")
+    for key, backend in (("plan.n_jobs", "joblib"), ("plan.ray_address", "ray")):
+        if key in user and p["backend"] != backend:
+            raise ConfigError(f"{key}: read only with plan.backend={backend} (it is "
+                              f"{p['backend']})")
+    top = p.get("top")
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise ConfigError(f"plan.top={top!r}: must be an integer >= 1 (rows printed)")
     load = p.get("load_qps")
     if load is not None and (isinstance(load, bool) or not isinstance(load, (int, float))
                              or load <= 0):
@@ -70,17 +79,23 @@ def _prune(c: dict, overrides: list[str], trace) -> str:
     return ""
 
 
-def prepare(p: dict, base: list[str], out_dir: Path, log=print) -> tuple[list[dict], list[dict]]:
-    """(jobs to evaluate, rows of the candidates pruned before running)."""
+def prepare(p: dict, base: list[str], out_dir: Path, log=print, user: list[str] = ()
+            ) -> tuple[list[dict], list[dict]]:
+    """(jobs to evaluate, rows of the candidates pruned before running). `user`: the plan's
+    keys set on the command line (plan.n_jobs, ...)."""
     from sarathi_lab.traces import build_trace
-    check_plan(p)
+    check_plan(p, user)
     prices_where = p.get("prices") or "the shipped price table"
     prices = load_prices(p.get("prices"), p.get("price_overrides") or {})
     space = p.get("space") or {}
     composer = sp.Composer(base)
     hw0 = sp._list(space, "hardware")[0]
     c0 = composer.composed([f"hardware={hw0}", f"scheduler={sp._list(space, 'policy')[0]}"])
-    cands = sp.candidates(space, _reads_budget(composer, hw0), set(c0["executor"]))
+    reads_budget = _reads_budget(composer, hw0)
+    cands = sp.candidates(space, reads_budget, set(c0["executor"]))
+    if "plan.space.token_budget" in user and not any(map(reads_budget, space["policy"])):
+        raise ConfigError(f"plan.space.token_budget: none of the policies {space['policy']} "
+                          "reads scheduler.token_budget")
     for hw in dict.fromkeys(c.hardware for c in cands):
         price_of(prices, hw, prices_where)
     slo = c0.get("slo") or {}
@@ -91,10 +106,14 @@ def prepare(p: dict, base: list[str], out_dir: Path, log=print) -> tuple[list[di
     trace = build_trace(c0["trace"])
     load = plan_load(p, c0, trace)
     mean_out = float(np.maximum(trace["num_output_tokens"].to_numpy(), 1).mean())
-    settings_keys = {k for k, _ in cands[0].settings(1, 1.0)} | {
+    settings_keys = {k for c in cands for k, _ in c.settings(1, 1.0)} | {
         "cluster.prefill.num_replicas", "cluster.decode.num_replicas", "cluster.num_replicas"}
     for o in base:
-        if o.split("=", 1)[0].lstrip("+~") in settings_keys:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if key == "hardware.price_per_gpu_hour":
+            raise ConfigError(f"{o}: the plan prices hardware from its price table "
+                              "(+plan.price_overrides.HARDWARE=USD, or plan.prices=PATH)")
+        if key in settings_keys:
             raise ConfigError(f"{o}: set by the plan's space (plan.space), not on the command "
                               "line")
     jobs, pruned = [], []
@@ -160,10 +179,11 @@ def _on_ray(jobs: list[dict], address) -> Iterator[dict]:
         yield ray.get(done[0])
 
 
-def run_plan(p: dict, base: list[str], out_dir: Path, log=print) -> list[dict]:
+def run_plan(p: dict, base: list[str], out_dir: Path, log=print, user: list[str] = ()
+             ) -> list[dict]:
     """Every candidate's row (pruned, infeasible or feasible), in no particular order."""
     out_dir = Path(out_dir)
-    jobs, rows = prepare(p, base, out_dir, log)
+    jobs, rows = prepare(p, base, out_dir, log, user)
     for i, row in enumerate(dispatch(jobs, p), 1):
         rows.append(row)
         log(f"  [{i}/{len(jobs)}] {_line(row)}")

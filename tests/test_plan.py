@@ -93,6 +93,21 @@ def test_a_layout_key_the_executor_lacks_is_an_error(tmp_path):
         search.prepare(p, BASE, tmp_path)
 
 
+def test_pareto_front_and_ranking():
+    rows = [{"candidate": n, "status": st, "usd_per_1m_output_tokens": c, "gpus": g,
+             "capacity_qps": q, "ttft_p99": t}
+            for n, st, c, g, q, t in [("a", "feasible", 1.0, 1, 5.0, 3.0),
+                                      ("b", "feasible", 2.0, 2, 9.0, 1.0),
+                                      ("c", "feasible", 2.0, 2, 8.0, 2.0),   # b beats it
+                                      ("d", "feasible", 1.0, 1, 6.0, 3.0),   # ties a, more spare
+                                      ("e", "infeasible", None, None, None, None)]]
+    df = table.ranked(rows)
+    assert list(df["candidate"]) == ["d", "a", "b", "c", "e"]
+    assert list(df["rank"].astype("float").fillna(0)) == [1, 2, 3, 4, 0]
+    front = table.pareto(df, "ttft_p99")
+    assert set(df.loc[front, "candidate"]) == {"a", "b", "d"}
+
+
 def test_price_table_errors(tmp_path):
     bad = tmp_path / "prices.yaml"
     bad.write_text("b200:\n  usd_per_gpu_hour: 5\n  source: x\n  date: 2026\n")

@@ -32,15 +32,17 @@ def ranked(rows: list[dict]) -> pd.DataFrame:
 
 
 def pareto(df: pd.DataFrame, latency: str) -> pd.Series:
-    """Which feasible rows no other beats on both cost and `latency` (a P99 column)."""
-    f = df[df["status"] == "feasible"]
+    """Which feasible rows no other feasible row beats on both cost and `latency` (a P99
+    column): as cheap and as fast, and strictly better in one."""
+    import numpy as np
+    f = df["status"] == "feasible"
+    cost = df.loc[f, "usd_per_1m_output_tokens"].to_numpy(float)
+    lat = df.loc[f, latency].to_numpy(float)
+    le = (cost[:, None] <= cost[None, :]) & (lat[:, None] <= lat[None, :])
+    lt = (cost[:, None] < cost[None, :]) | (lat[:, None] < lat[None, :])
+    beaten = (le & lt).any(axis=0)   # column j: some row i beats row j
     keep = pd.Series(False, index=df.index)
-    for i, r in f.iterrows():
-        keep[i] = not any((o["usd_per_1m_output_tokens"] <= r["usd_per_1m_output_tokens"]
-                           and o[latency] <= r[latency]
-                           and (o["usd_per_1m_output_tokens"] < r["usd_per_1m_output_tokens"]
-                                or o[latency] < r[latency]))
-                          for j, o in f.iterrows() if j != i)
+    keep[f] = ~beaten
     return keep
 
 

@@ -349,6 +349,10 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
     trace = _node(c, "trace")
     if trace:   # a caller that passes its own requests may give no trace
         tc = parse_trace_config(trace)
+        if "turns" in trace and run.mode == "capacity":
+            raise ConfigError("trace.turns: multi-turn sessions send each turn after the "
+                              "previous answer, so there is no arrival rate for mode=capacity "
+                              "to search (sweep trace.session_rate instead)")
         if tc.clients is not None:
             if run.mode == "capacity":
                 raise ConfigError(f"trace.clients={tc.clients}: closed-loop users set their own "

@@ -157,13 +157,24 @@ def build_pools(r: Resolved, first: Engine | None = None, progress=None):
                          spec.decode.router(run.seed), spec.transfer, progress=progress)
 
 
-def build_load(requests, trace: dict | None):
-    """The run's load: the trace's arrivals (open loop), or with `trace.clients` set, that many
-    closed-loop users (topology/clients.py)."""
-    clients = (trace or {}).get("clients")
+def build_load(requests, trace: dict | None, frame=None):
+    """The run's load: the trace's arrivals (open loop), with `trace.clients` set that many
+    closed-loop users, or multi-turn sessions (a trace node with ``turns``; `frame`, the trace
+    the requests were made from, says each one's session and turn) (topology/clients.py)."""
+    trace = trace or {}
+    clients = trace.get("clients")
+    from sarathi_lab.closed_loop import ThinkTime
+    if "turns" in trace:
+        if frame is None or "session" not in frame:
+            raise ValueError("trace: multi-turn sessions (trace.turns) need the trace they were "
+                             "built as, with each request's session and turn; requests given "
+                             "without it would be sent open-loop, every turn at its session's "
+                             "start")
+        from sarathi_lab.topology.clients import Sessions
+        return Sessions(requests, frame["session"].tolist(), frame["turn"].tolist(),
+                        ThinkTime.from_spec(trace.get("think_time")), seed=trace.get("seed", 0))
     if clients is None:
         return OpenLoop(requests)
-    from sarathi_lab.closed_loop import ThinkTime
     from sarathi_lab.topology.clients import ClosedLoop
     return ClosedLoop(requests, clients, ThinkTime.from_spec(trace.get("think_time")),
                       seed=trace.get("seed", 0))
@@ -201,10 +212,11 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
     policy, executor = build(c, r)
     output_tokens = 0
     served = None   # what was done to the trace file (summary.json's trace)
+    frame = None    # the trace the requests were made from, when made here
     if requests is None:
         built = build_trace(c["trace"])
         served = describe_trace(built)
-        trace = executor.prepare_trace(built, c["trace"])
+        trace = frame = executor.prepare_trace(built, c["trace"])
         requests = to_requests(trace)
         output_tokens = int(trace["num_output_tokens"].sum())
     check_run(r, len(requests), output_tokens)
@@ -214,7 +226,7 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
     engine = Engine(policy, executor, fast_forward=r.run.fast_forward and pp == 1,
                     progress=progress, overlong=r.run.overlong)
     topology = build_topology(c, r, engine, progress)
-    load = build_load(requests, r.trace)
+    load = build_load(requests, r.trace, frame)
     drive(topology, load)
     if bar is not None:
         bar.close()

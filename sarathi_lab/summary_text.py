@@ -185,7 +185,7 @@ def _pipeline_line(p: dict) -> str:
 
 def _load_line(s: dict) -> str | None:
     load = s.get("load") or {}
-    if load.get("mode") != "closed":
+    if load.get("mode") not in ("closed", "sessions"):
         return None
     t = load["think_time"]
     if t["dist"] == "constant":
@@ -195,6 +195,8 @@ def _load_line(s: dict) -> str | None:
     else:
         think = f"{t['dist']}, mean {t['mean']:g} s" + \
             (f", sigma {t['sigma']:g}" if t["dist"] == "lognormal" else "")
+    if load["mode"] == "sessions":
+        return f"multi-turn sessions: {load['sessions']}, think time {think} between turns"
     return f"closed loop: {load['clients']} users, think time {think}"
 
 
@@ -232,6 +234,9 @@ def _trace_text(s: dict) -> str:
         return str((s.get("config", {}).get("trace") or {}).get("name", "?"))
     if t["arrivals"] == "mix":
         return str(t["name"])
+    if t["arrivals"] == "sessions":
+        return (f"{t['name']} ({t['sessions']} sessions started at {t['session_rate']:g}/s, "
+                f"{t['num_requests']} turns)")
     rate = "" if t.get("qps") is None else f" {t['qps']:g} req/s"
     how = {"own": "its own arrival times", "retimed": f"re-timed to{rate}",
            "drawn": f"arrivals drawn at{rate}"}.get(t["arrivals"], t["arrivals"])

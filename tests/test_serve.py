@@ -18,6 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from hydra import compose, initialize_config_module
@@ -480,3 +481,25 @@ def test_the_replay_client_against_the_server(tmp_path):
         assert (reqs["num_output_tokens"] == reqs["target_output_tokens"]).all()
         sent += list(reqs["num_output_tokens"])
     assert sorted(served["num_output_tokens"]) == sorted(sent)
+
+
+def test_stop_watch_finds_a_stop_at_the_step_whole_decoding_would(tmp_path):
+    # the worker's StopWatch decodes only each step's new tokens; the step at which it sees a
+    # stop string must be the one at which decoding the whole output first holds it, also when
+    # the stop spans two tokens or the output arrives several tokens a step
+    from sarathi_lab.serve.text import StopWatch
+    tok = _word_tokenizer(tmp_path / "tok")
+    rng = np.random.default_rng(0)
+    for trial in range(40):
+        ids = rng.integers(3, 20, size=30).tolist()
+        stops = ["9 w1", "w17"] if trial % 2 else ["w5 w6 w"]
+        step = 1 + trial % 3   # tokens per step: 1, 2 or 3
+        watch, got = StopWatch(tok, stops), None
+        for i in range(0, len(ids), step):
+            if watch.add(ids[i:i + step]):
+                got = min(i + step, len(ids))
+                break
+        want = next((k for k in range(step, len(ids) + step, step)
+                     if any(s in tok.decode(ids[:k], skip_special_tokens=True) for s in stops)),
+                    None)
+        assert got == (None if want is None else min(want, len(ids))), (trial, ids, stops)

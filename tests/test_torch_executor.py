@@ -94,7 +94,7 @@ def test_sampling_is_seeded_per_request(oracle):
     assert all(0 <= t < 256 for o in outs[0] for t in o)
 
 
-def test_kv_budget_errors_name_the_setting(oracle):
+def test_kv_budget_errors_name_the_setting(oracle, monkeypatch):
     path, _, _ = oracle
     cfg = {"executor": {"name": "torch", "device": "cpu", "kv_cache_gib": 1e-7},
            "model": {"path": str(path)}, "scheduler": {"name": "sarathi", "block_size": 16}}
@@ -113,7 +113,14 @@ def test_kv_budget_errors_name_the_setting(oracle):
     cfg["executor"]["kv_cache_gib"] = 0.01
     cfg["scheduler"]["num_kv_blocks"] = 10**9   # set by hand: checked before anything is made
     with pytest.raises(ValueError, match=r"needs .* GiB \(with the torch backend.s contiguous "
-                                         r"copies of it\) but .* GiB is free"):
+                                         r"copies of it\) but .* GiB is the limit on cpu \(the "
+                                         r"memory available now"):
+        runner.build(cfg)
+    # the limit a user sets for sarathi-lab (resources.LIMIT_ENV) holds for the real executor too
+    del cfg["scheduler"]["num_kv_blocks"]
+    monkeypatch.setenv("SARATHI_LAB_MEMORY_GIB", "0.005")
+    with pytest.raises(ValueError, match=r"executor.kv_cache_gib=0.01: more than the 0.00 GiB "
+                                         r"host memory limit \(SARATHI_LAB_MEMORY_GIB=0.005\)"):
         runner.build(cfg)
 
 

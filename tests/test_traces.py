@@ -40,14 +40,17 @@ SHIPPED_FACTS = {
     "splitwise_conv": (19366, 1155, 211, 3502),
     "arxiv": (28257, 2588, 291, None),
     "sharegpt": (30731, 2340, 439, None),
+    "mooncake": (300, 14233, 377, 102),
 }
+# shipped traces that carry prompt token ids (Mooncake's, made from its block hash ids)
+WITH_IDS = {"mooncake"}
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))
 def test_shipped_trace_rows_and_stats(name):
     rows, prompt_mean, output_mean, duration = SHIPPED_FACTS[name]
     df = load_trace(name, qps=None if duration else 2.0)
-    assert list(df.columns) == COLUMNS
+    assert list(df.columns) == COLUMNS + (["prompt_token_ids"] if name in WITH_IDS else [])
     assert len(df) == rows
     assert df["num_prompt_tokens"].dtype == np.int64
     assert df["num_output_tokens"].dtype == np.int64
@@ -637,17 +640,22 @@ SCHEMA = {"name", "path", "num_requests", "qps", "arrival", "cv", "on_s", "off_s
 
 # the options that are workload mixes (traces/mixes.py; tests/test_workloads.py), not one trace
 MIXES = {p.stem for p in CONFIG_DIR.glob("*.yaml") if "components" in OmegaConf.load(p)}
+# multi-turn sessions (traces/sessions.py; tests/test_sessions.py), and presets whose data the
+# user brings (path: ???, BurstGPT's; tests/test_mooncake_burstgpt.py)
+SESSIONS = {p.stem for p in CONFIG_DIR.glob("*.yaml") if "turns" in OmegaConf.load(p)}
+UNSHIPPED = {p.stem for p in CONFIG_DIR.glob("*.yaml")
+             if OmegaConf.is_missing(OmegaConf.load(p), "path")}
 
 
 @pytest.mark.parametrize("option", sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")
-                                          if p.stem not in MIXES))
+                                          if p.stem not in MIXES | SESSIONS | UNSHIPPED))
 def test_config_group_builds(option):
     raw = OmegaConf.load(CONFIG_DIR / f"{option}.yaml")
     extra = {"prompt_len", "output_len"} if option == "synthetic" else set()
     assert set(raw.keys()) == SCHEMA | extra
     root = OmegaConf.create({"seed": 11, "trace": raw})
     df = build_trace(root.trace)
-    assert list(df.columns) == COLUMNS
+    assert list(df.columns) == COLUMNS + (["prompt_token_ids"] if option in WITH_IDS else [])
     assert len(df) == root.trace.num_requests
     assert df.attrs["name"] == option
     pd.testing.assert_frame_equal(df, build_trace(OmegaConf.to_container(root.trace, resolve=True)))
@@ -655,7 +663,9 @@ def test_config_group_builds(option):
 
 def test_config_group_covers_every_shipped_trace():
     assert "mix" in MIXES
-    assert {p.stem for p in CONFIG_DIR.glob("*.yaml")} == set(SHIPPED) | {"synthetic"} | MIXES
+    assert {p.stem for p in CONFIG_DIR.glob("*.yaml")} == \
+        set(SHIPPED) | {"synthetic"} | MIXES | SESSIONS | UNSHIPPED
+    assert UNSHIPPED == {"burstgpt"} and SESSIONS == {"multi_turn"}
 
 
 def test_build_trace_overrides():

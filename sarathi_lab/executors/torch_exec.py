@@ -37,7 +37,7 @@ from sarathi_lab.kernels.sequence_kv import SequenceKV
 from sarathi_lab.models.llama import AttnMetadata
 from sarathi_lab.models.dtypes import torch_dtype
 from sarathi_lab.models.loader import check_memory, load_model
-from sarathi_lab.resources import available_memory
+from sarathi_lab.resources import memory_limit
 from sarathi_lab.settings import ConfigError, setting
 
 log = logging.getLogger(__name__)
@@ -182,9 +182,10 @@ class TorchExecutor(Executor):
         # weights, KV (on a CPU a budget; on a GPU a share of what the weights leave) and
         # activations against the memory free now, before any of it is allocated
         kv = 0 if on_gpu else int(cfg.kv_cache_gib * 2**30) * (2 if self.backend == "torch" else 1)
-        check_memory(self.model_cfg, self.dtype, kv, "executor.kv_cache_gib",
-                     torch.cuda.mem_get_info(self.device)[0] if on_gpu else available_memory(),
-                     str(self.device))
+        free, source = (torch.cuda.mem_get_info(self.device)[0], "") if on_gpu \
+            else memory_limit()
+        check_memory(self.model_cfg, self.dtype, kv, "executor.kv_cache_gib", free,
+                     f"{self.device} ({source})" if source else str(self.device))
         self.model = load_model(self.model_cfg, self.device, self.dtype)
         self.args = self.model.args
         if any(i >= self.args.vocab_size for i in self.eos_ids):
@@ -210,10 +211,11 @@ class TorchExecutor(Executor):
             budget, knob = free * self.gpu_memory_utilization, "executor.gpu_memory_utilization"
         else:
             budget, knob = self.kv_cache_gib * 2**30, "executor.kv_cache_gib"
-            free = available_memory()
+            free, source = memory_limit()
             if free is not None and budget > free:
                 raise ValueError(f"executor.kv_cache_gib={self.kv_cache_gib}: more than the "
-                                 f"{free / 2**30:.2f} GiB of memory available now; lower it")
+                                 f"{free / 2**30:.2f} GiB host memory limit ({source}); "
+                                 "lower it")
         n = int(budget // per_block)
         if n < 1:
             raise ValueError(
@@ -227,11 +229,11 @@ class TorchExecutor(Executor):
     def check_swap_memory(self, num_host_blocks: int, block_size: int) -> None:
         """The host swap space lives in host memory, beside (on a CPU) the KV cache."""
         need = num_host_blocks * self.block_bytes(block_size)
-        free = available_memory()
+        free, source = memory_limit()
         if free is not None and need > free:
             raise ValueError(
                 f"the swap space of {num_host_blocks} KV blocks needs {need / 2**30:.2f} GiB of "
-                f"host memory but {free / 2**30:.2f} GiB is available; lower "
+                f"host memory but {free / 2**30:.2f} GiB is the limit ({source}); lower "
                 "scheduler.swap_space_gib (or scheduler.num_swap_blocks)")
 
     def max_model_len(self) -> int:
@@ -251,8 +253,9 @@ class TorchExecutor(Executor):
             copies = " (with the torch backend's contiguous copies of it)"
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
+            source = "free on the GPU"
         else:
-            free = available_memory()
+            free, source = memory_limit()
             if free is None:
                 return
         if need > free:
@@ -260,8 +263,8 @@ class TorchExecutor(Executor):
                     else "executor.kv_cache_gib")
             raise ValueError(
                 f"the KV cache of {num_blocks} blocks needs {need / 2**30:.2f} GiB{copies} but "
-                f"{free / 2**30:.2f} GiB is free on {self.device}; lower {knob} (or "
-                "scheduler.num_kv_blocks, if set)")
+                f"{free / 2**30:.2f} GiB is the limit on {self.device} ({source}); lower "
+                f"{knob} (or scheduler.num_kv_blocks, if set)")
 
     def bind(self, kv) -> None:
         super().bind(kv)

@@ -56,6 +56,10 @@ def run_replay(overrides: list[str], ep: Endpoint, out: Path, *, api_key_env: st
                           "directory")
     c = compose(overrides)
     trace_cfg, seed = c["trace"], c["seed"]
+    if "turns" in trace_cfg:
+        raise ConfigError("trace.turns: multi-turn sessions are not replayed against a server "
+                          "(each turn waits for the previous answer, which this client does not "
+                          "feed back); simulate them with sarathi-lab")
     trace, source = with_prompt_ids(build_trace(trace_cfg), vocab_size, trace_cfg.get("seed", 0))
     requests = to_requests(trace)
     for r in requests:   # the trace's output length, asked of the server

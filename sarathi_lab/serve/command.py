@@ -92,7 +92,7 @@ def serve(c: dict, resolved, run_dir: Path, sc) -> dict:
     from sarathi_lab.engine import Engine
     from sarathi_lab.runner import build, results, write_run
     from sarathi_lab.serve.app import Server
-    from sarathi_lab.serve.text import holds_stop, load_tokenizer
+    from sarathi_lab.serve.text import StopWatch, load_tokenizer
     from sarathi_lab.serve.worker import Worker
     from sarathi_lab.topology import OpenLoop, Single
     t0 = time.perf_counter()
@@ -100,9 +100,8 @@ def serve(c: dict, resolved, run_dir: Path, sc) -> dict:
     policy, executor = build(c, resolved)
     # a served request brings its own prompt: it ends at the model's EOS unless it asks not to
     engine = Engine(policy, executor, fast_forward=False, overlong=resolved.run.overlong)
-    stop_text = None if tokenizer is None else (lambda ids, stops: holds_stop(tokenizer, ids,
-                                                                             stops))
-    worker = Worker(engine, stop_text)
+    stop_watch = None if tokenizer is None else (lambda stops: StopWatch(tokenizer, stops))
+    worker = Worker(engine, stop_watch)
     name = sc.model_name or str(c["model"].get("name"))
     server = Server(worker, name, sc.max_queue, tokenizer)
     worker.start()

@@ -27,10 +27,24 @@ def load_tokenizer(path: str | None, model_path: str | None, where: str = "serve
         raise ValueError(f"{where}={src!r}: no tokenizer could be loaded from it ({e})") from None
 
 
-def holds_stop(tokenizer, ids: list[int], stops: list[str]) -> bool:
-    """Whether the text of `ids` holds one of `stops` (the worker ends the request there)."""
-    text = tokenizer.decode(ids, skip_special_tokens=True)
-    return any(s in text for s in stops)
+class StopWatch:
+    """Whether a request's growing output has reached one of its stop strings. Each step costs
+    its new tokens: decoding the whole output every step (as before) was quadratic in its
+    length. Only the text a new token can complete is searched: a stop string that ends in it
+    starts at most len(stop) - 1 characters before it."""
+
+    def __init__(self, tokenizer, stops: list[str]):
+        self.detok = Detokenizer(tokenizer, stops)
+        self.stops = stops
+        self.span = max(map(len, stops)) - 1
+        self.searched = 0   # characters of the text already searched
+
+    def add(self, ids: list[int]) -> bool:
+        self.detok.add(ids)
+        text = self.detok.text
+        tail = text[max(0, self.searched - self.span):]
+        self.searched = len(text)
+        return any(s in tail for s in self.stops)
 
 
 class Detokenizer:

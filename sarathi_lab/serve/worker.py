@@ -42,21 +42,22 @@ class Channel:
 
 
 class _Live:
-    __slots__ = ("req", "gen", "channel", "sent")
+    __slots__ = ("req", "gen", "channel", "sent", "stop")
 
-    def __init__(self, req: Request, gen: Generation, channel: Channel):
+    def __init__(self, req: Request, gen: Generation, channel: Channel, stop=None):
         self.req, self.gen, self.channel, self.sent = req, gen, channel, 0
+        self.stop = stop   # the request's StopWatch (serve.text) when it gives stop strings
 
 
 class Worker:
     """Owns `engine` (built as a run's: `runner.build`) and steps it in its thread (`start`).
-    `stop_text(ids, stops)`: whether the text of token ids holds one of the stop strings (the
-    tokenizer's; only called for requests that give `stop`)."""
+    `stop_watch(stops)`: a new `serve.text.StopWatch` for a request that gives stop strings
+    (None without a tokenizer)."""
 
-    def __init__(self, engine, stop_text=None):
+    def __init__(self, engine, stop_watch=None):
         self.engine = engine
         self.executor = engine.executor
-        self.stop_text = stop_text
+        self.stop_watch = stop_watch
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.wakeup = threading.Event()
         self.live: dict[int, _Live] = {}
@@ -183,7 +184,8 @@ class Worker:
         e.interrupt()
         self.requests.append(req)
         if e.add_request(req):
-            self.live[rid] = _Live(req, gen, channel)
+            watch = self.stop_watch(gen.stop) if gen.stop and self.stop_watch else None
+            self.live[rid] = _Live(req, gen, channel, watch)
         else:
             channel.post(("error", _refusal(e, req)))
 
@@ -196,8 +198,7 @@ class Worker:
             new = req.output_token_ids[lv.sent:]
             lv.sent += len(new)
             lv.channel.post(("tokens", new))
-            if lv.gen.stop and req.status is Status.RUNNING \
-                    and self.stop_text(req.output_token_ids, lv.gen.stop):
+            if lv.stop is not None and lv.stop.add(new) and req.status is Status.RUNNING:
                 self.engine.abort(req, "stop string", finish_reason="stop_string")
                 del live[req.request_id]
                 lv.channel.post(("end", "stop_string"))

@@ -9,6 +9,9 @@ ends (`Topology.watch`): finished, at its finish time; rejected, when it was rej
 refused on arrival: when the engine took it, the end of the iteration it arrived in). Each user
 draws its think times from a stream of its own (seeded by the trace's seed), so its sequence of
 think times does not depend on the schedule.
+
+`Sessions` is the same loop with one user per multi-turn session (`traces.sessions`): a user
+sends its own turns, the first at the session's start.
 """
 from __future__ import annotations
 
@@ -51,12 +54,19 @@ class ClosedLoop:
     def _ready(self, u: int, t: float) -> None:
         self._driver.push(t, self._send, u, order=u)
 
-    def _send(self, u: int, t: float) -> None:
-        n, sent = len(self.requests), self._sent
-        if sent == n:
-            return   # nothing left to send: the user is done
-        req = self.requests[sent]
+    def _next(self, u: int) -> int | None:
+        """The index of the request user `u` sends now: the trace's next; None when all are."""
+        sent = self._sent
+        if sent == len(self.requests):
+            return None   # nothing left to send: the user is done
         self._sent = sent + 1
+        return sent
+
+    def _send(self, u: int, t: float) -> None:
+        sent = self._next(u)
+        if sent is None:
+            return
+        req = self.requests[sent]
         if t >= MAX_ARRIVAL_S:   # a huge think time: the clock could not resolve the request
             raise ValueError(unresolvable(t, f"request {req.request_id!r}, sent by user {u},"))
         if req.deadline is not None:
@@ -78,3 +88,54 @@ class ClosedLoop:
     def columns(self) -> dict:
         """The user who sent each request (the requests table's `client`)."""
         return {"client": self.users}
+
+
+class Sessions(ClosedLoop):
+    """Multi-turn sessions (`traces.sessions`): each session is a user of `ClosedLoop` whose
+    requests are its own turns, in order. Its first turn is sent at its `arrival_time` (the
+    session's start), each later one a think time after the previous turn's answer (a rejected
+    turn is answered when it is rejected: the conversation goes on, as a user would retry).
+    `session[i]`, `turn[i]`: request i's session (0..S-1) and turn (0.. in order)."""
+
+    def __init__(self, requests: list[Request], session, turn, think: ThinkTime, seed: int = 0):
+        session, turn = [int(s) for s in session], [int(k) for k in turn]
+        if len(session) != len(requests) or len(turn) != len(requests):
+            raise ValueError(f"sessions: {len(requests)} requests but {len(session)} session "
+                             f"and {len(turn)} turn labels")
+        count = max(session, default=-1) + 1
+        self._turns: list[list[int]] = [[] for _ in range(count)]
+        for i, (s, k) in enumerate(zip(session, turn)):
+            if s < 0 or k != len(self._turns[s]):
+                raise ValueError(f"sessions: request {i} is turn {k} of session {s}, but "
+                                 f"that session's turns so far are {len(self._turns[s])}; "
+                                 "a session's turns must come in order 0, 1, ...")
+            self._turns[s].append(i)
+        if any(not t for t in self._turns):
+            raise ValueError(f"sessions: session {[not t for t in self._turns].index(True)} "
+                             "has no turns; sessions must be numbered 0.. without gaps")
+        super().__init__(requests, count, think, seed)
+        self.session, self.turn = session, turn
+        self._at = [0] * count   # each session's next turn
+
+    def start(self, driver) -> None:
+        self._driver = driver
+        driver.topology.watch(self._answered)
+        for u, turns in enumerate(self._turns):   # no think time before a session's first turn
+            self._ready(u, self.requests[turns[0]].arrival_time)
+
+    def _next(self, u: int) -> int | None:
+        k, turns = self._at[u], self._turns[u]
+        if k == len(turns):
+            return None   # the session is over
+        self._at[u] = k + 1
+        return turns[k]
+
+    def describe(self) -> dict:
+        """summary.json's `load`."""
+        import dataclasses
+        return {"mode": "sessions", "sessions": self.clients,
+                "think_time": dataclasses.asdict(self.think)}
+
+    def columns(self) -> dict:
+        """Each request's session and turn (the requests table's `session`, `turn`)."""
+        return {"session": self.session, "turn": self.turn}

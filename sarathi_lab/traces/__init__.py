@@ -15,9 +15,11 @@ CSV formats are recognised by their columns, not by file names (JSONL by its nam
 so a user's own trace in one of the known layouts loads without any configuration:
 
     Azure LLM inference 2023/2024   TIMESTAMP, ContextTokens, GeneratedTokens
+    BurstGPT                         Timestamp, Model, Request tokens, Response tokens, Log Type
     Vidur / Splitwise trace replay   arrived_at, num_prefill_tokens, num_decode_tokens
     length-only (Vidur, Sarathi)     num_prefill_tokens, num_decode_tokens (arrivals generated)
     JSONL                            prompt_token_ids or prompt, output_len, optional arrival_time
+    Mooncake JSONL                   timestamp (ms), input_length, output_length, hash_ids
 
 Any of them may also carry the optional service columns (JSONL: keys) ``priority``, ``tenant``,
 ``slo_class`` and ``deadline``; an empty cell, a missing key or ``null`` means the default, that of
@@ -43,15 +45,18 @@ pyproject.toml, checked by tests/test_layers.py):
     tokens       tokenizer loading; attach_prompt_ids
     csv_formats  CSV formats, recognised by their columns
     jsonl        JSONL traces
+    mooncake     Mooncake traces: block hash ids made token ids
     arrivals     arrival processes; re-timing
     lengths      length specs for generated traces
     synthetic    synthetic_trace
     load         load_trace
+    sessions     multi-turn sessions: SessionConfig, build_sessions
     mixes        workload mixes (classes, tenants): MixConfig, build_mix
     build        TraceConfig, parse_trace_config, build_trace (one trace or a mix)
 
 This package sits just above `request` and `settings` and imports nothing else of the project
-but `closed_loop.ClientSettings` (the closed-loop clients' settings, which every trace may set).
+but `closed_loop` (the closed-loop clients' settings, which every trace may set, and the think
+time that multi-turn sessions share with them).
 """
 from sarathi_lab.traces.arrivals import ARRIVALS, burst_of, check_arrival_settings
 from sarathi_lab.traces.build import (TraceConfig, build_trace, describe_trace,
@@ -60,11 +65,12 @@ from sarathi_lab.traces.files import SHIPPED, resolve_trace
 from sarathi_lab.traces.frame import COLUMNS, SERVICE_DEFAULTS, to_requests
 from sarathi_lab.traces.load import load_trace
 from sarathi_lab.traces.mixes import ComponentConfig, MixConfig, build_mix
+from sarathi_lab.traces.sessions import SessionConfig, build_sessions
 from sarathi_lab.traces.synthetic import synthetic_trace
 from sarathi_lab.traces.tokens import attach_prompt_ids
 
 __all__ = ["ARRIVALS", "COLUMNS", "SERVICE_DEFAULTS", "SHIPPED", "ComponentConfig", "MixConfig",
-           "TraceConfig", "attach_prompt_ids", "build_mix", "build_trace", "burst_of",
-           "describe_trace", "own_trace_defaults",
+           "SessionConfig", "TraceConfig", "attach_prompt_ids", "build_mix", "build_sessions",
+           "build_trace", "burst_of", "describe_trace", "own_trace_defaults",
            "check_arrival_settings", "load_trace", "parse_trace_config", "resolve_trace",
            "synthetic_trace", "to_requests"]

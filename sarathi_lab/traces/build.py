@@ -14,6 +14,7 @@ from sarathi_lab.traces.files import SHIPPED
 from sarathi_lab.traces.precision import check_arrivals
 from sarathi_lab.traces.load import load_trace
 from sarathi_lab.traces.mixes import MixConfig, build_mix
+from sarathi_lab.traces.sessions import SessionConfig, build_sessions
 from sarathi_lab.traces.synthetic import synthetic_trace
 
 
@@ -40,6 +41,10 @@ class TraceConfig(ClientSettings):
     tokenizer: str | None = setting(None, help="a local tokenizer dir for text prompts")
     chat_template: bool | str = setting("auto", help="text prompts in the tokenizer's chat "
                                         "template: auto (when it has one) | true | false")
+    models: str | list[str] | None = setting(None, help="BurstGPT: keep rows whose Model is "
+                                             "one of these (ignoring case); null: all")
+    log_types: str | list[str] | None = setting(None, help="BurstGPT: keep rows whose Log Type "
+                                                "is one of these (ignoring case); null: all")
 
     def validate(self) -> None:
         if self.path is None:
@@ -51,7 +56,14 @@ class TraceConfig(ClientSettings):
             if self.shuffle:
                 raise ValueError("shuffle: read only for a trace file (path); a generated "
                                  "trace is a random draw already")
+            for key in ("models", "log_types"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"{key}={getattr(self, key)!r}: read only for a BurstGPT "
+                                     "trace file (path)")
         else:
+            if self.path == "???":   # OmegaConf's mark of a value the preset leaves to the user
+                raise ValueError("path: this preset ships no trace file (trace=burstgpt: its "
+                                 "data is not bundled); name yours with trace.path=FILE")
             for key in ("prompt_len", "output_len"):
                 if getattr(self, key) is not None:
                     raise ValueError(f"{key}={getattr(self, key)!r}: read only for a generated "
@@ -68,17 +80,24 @@ class TraceConfig(ClientSettings):
 
 def parse_trace_config(cfg):
     """The trace node checked as what it describes: a `mixes.MixConfig` when it has
-    ``components``, else a `TraceConfig`."""
+    ``components``, a `sessions.SessionConfig` when it has ``turns``, else a `TraceConfig`."""
     c = _to_plain_dict(cfg)
     if "components" in c:
         return parse(MixConfig, c, "trace", "a workload mix")
+    if "turns" in c:
+        return parse(SessionConfig, c, "trace", "multi-turn sessions")
     return parse(TraceConfig, c, "trace")
 
 
 def build_trace(cfg) -> pd.DataFrame:
     """Build the trace a ``configs/trace/*.yaml`` entry describes (a TraceConfig, a MixConfig,
-    a DictConfig or a dict, checked by `parse_trace_config`)."""
-    tc = cfg if isinstance(cfg, TraceConfig) else parse_trace_config(cfg)
+    a SessionConfig, a DictConfig or a dict, checked by `parse_trace_config`)."""
+    tc = cfg if isinstance(cfg, (TraceConfig, SessionConfig)) else parse_trace_config(cfg)
+    if isinstance(tc, SessionConfig):
+        df = build_sessions(tc)
+        df.attrs["name"] = tc.name or "multi_turn"
+        check_arrivals(df, df.attrs["name"])
+        return df
     if not isinstance(tc, TraceConfig):
         df = build_mix(tc)
         check_arrivals(df, "mix")
@@ -91,7 +110,8 @@ def build_trace(cfg) -> pd.DataFrame:
                              output_len=tc.output_len, **common)
     else:
         df = load_trace(tc.path, num_requests=tc.num_requests, tokenizer=tc.tokenizer,
-                        shuffle=tc.shuffle, chat_template=tc.chat_template, **common)
+                        shuffle=tc.shuffle, chat_template=tc.chat_template, models=tc.models,
+                        log_types=tc.log_types, **common)
     df.attrs["name"] = tc.name or str(tc.path or "synthetic")
     check_arrivals(df, str(tc.path) if tc.path is not None else df.attrs["name"])
     return df
@@ -121,8 +141,14 @@ def own_trace_defaults(node: dict, user: list[str]) -> dict:
 def describe_trace(df: pd.DataFrame) -> dict:
     """summary.json's ``trace``: what was served and what was done to it. ``arrivals``: own (the
     file's times), retimed (its gaps scaled to ``qps``), drawn (generated at ``qps``) or mix;
-    ``cut_to``: N when only the first N requests were kept (``trace.num_requests``), else null."""
+    ``cut_to``: N when only the first N requests were kept (``trace.num_requests``), else null;
+    multi-turn sessions (arrivals: sessions): how many, started at what rate, and the turns
+    not sent for ``max_total_tokens``."""
     a = df.attrs
+    if a.get("format") == "sessions":
+        return {"name": a.get("name"), "source": a.get("source"), "num_requests": len(df),
+                "arrivals": "sessions", "sessions": a.get("sessions"),
+                "session_rate": a.get("session_rate"), "cut_turns": a.get("cut_turns")}
     return {"name": a.get("name"), "source": a.get("source"), "num_requests": len(df),
             **({"arrivals": "mix"} if a.get("format") == "mix" else   # its components' own
                {"arrivals": a.get("arrivals"), "qps": a.get("qps"), "cut_to": a.get("cut_to")})}

@@ -14,26 +14,44 @@ import pandas as pd
 from sarathi_lab.traces.files import DECODE_ERRORS, is_gz, open_text, unreadable
 from sarathi_lab.traces.filters import length_mask
 from sarathi_lab.traces.frame import MAX_WHOLE, SERVICE_DEFAULTS, SERVICE_WHAT
+from sarathi_lab.traces.precision import MAX_ARRIVAL_S
 
 
 # (format, time column or None, prompt column, output column), tried in this order: a file with
 # all three Vidur columns is a replay trace, not merely a length trace.
 _CSV_FORMATS = (
     ("azure", "TIMESTAMP", "ContextTokens", "GeneratedTokens"),
+    ("burstgpt", "Timestamp", "Request tokens", "Response tokens"),
     ("vidur", "arrived_at", "num_prefill_tokens", "num_decode_tokens"),
     ("lengths", None, "num_prefill_tokens", "num_decode_tokens"),
 )
+
+
+# Columns a format needs besides its time and lengths: BurstGPT's labels, which its filters
+# (`select`) read, as its documented schema has them.
+_LABELS = {"burstgpt": ("Model", "Log Type")}
+_SELECT_KEYS = {"Model": "trace.models", "Log Type": "trace.log_types"}   # their settings
 
 
 # Rows per read when only the head of a (possibly huge, e.g. Azure 2024) trace is needed.
 _CHUNK_ROWS = 1 << 16
 
 
-def read_csv(src: Path, num_requests, max_total, max_prompt) -> pd.DataFrame:
-    """Read, validate and normalise a CSV trace; only as many rows as the request needs."""
+def read_csv(src: Path, num_requests, max_total, max_prompt, select=None) -> pd.DataFrame:
+    """Read, validate and normalise a CSV trace; only as many rows as the request needs.
+    `select` (BurstGPT only): {"Model": values, "Log Type": values}, the rows to keep (values
+    matched ignoring case and surrounding blanks); None: all. A BurstGPT row of 0 request tokens
+    (a failed call in its log) is dropped and counted (``attrs["empty"]``)."""
+    select = {k: v for k, v in (select or {}).items() if v is not None}
     try:
         header = _csv_header(src)
         fmt, cols = _detect(header, src)
+        if select and fmt != "burstgpt":
+            key = " and ".join(_SELECT_KEYS[c] for c in select)
+            raise ValueError(f"{key}: read only for a BurstGPT trace (columns Timestamp, Model, "
+                             f"Request tokens, Response tokens, Log Type); trace {src} is in the "
+                             f"{fmt} format")
+        burst = _BurstRows(src, _names(header, src), select) if fmt == "burstgpt" else None
         service = _service_columns(header, src)
         # Labels as written ("01" stays "01"); no cell is turned into NaN behind our back
         # ("NA" in a count is an error, an empty label the default).
@@ -44,7 +62,8 @@ def read_csv(src: Path, num_requests, max_total, max_prompt) -> pd.DataFrame:
         parts, offset, kept = [], 0, 0
         with reader:
             for chunk in reader:
-                parts.append(_normalise(chunk, fmt, cols, service, src, offset))
+                part = _normalise(chunk, fmt, cols, service, src, offset)
+                parts.append(part if burst is None else burst.keep(chunk, part, offset))
                 offset += len(chunk)
                 if num_requests is not None:
                     last = parts[-1]
@@ -63,12 +82,67 @@ def read_csv(src: Path, num_requests, max_total, max_prompt) -> pd.DataFrame:
     if not parts:  # a header and nothing else
         raise ValueError(f"trace {src} has a header but no requests")
     raw = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+    if burst is not None:
+        burst.check(raw.empty, offset)
     if raw.empty:
         raise ValueError(f"trace {src} has a header but no requests")
-    if fmt != "lengths":
+    if fmt not in ("lengths", "burstgpt"):   # BurstGPT's are checked before its filters
         _check_sorted(raw["arrival_time"].to_numpy(), src)
     raw.attrs["format"] = fmt
+    if burst is not None:
+        raw.attrs.update(empty=burst.empty, filtered=burst.filtered)
     return raw
+
+
+class _BurstRows:
+    """BurstGPT's rows, chunk by chunk: times checked ascending over every row (filtered or
+    not, so an error names the file's row), failed calls (0 request tokens) dropped and counted,
+    and the `select` filters applied, remembering the label values seen for the errors."""
+
+    def __init__(self, src, names: dict, select: dict):
+        absent = [c for c in _LABELS["burstgpt"] if c.lower() not in names]
+        if absent:
+            raise ValueError(f"trace {src}: a BurstGPT trace needs the columns Timestamp, Model, "
+                             f"Request tokens, Response tokens and Log Type; it lacks "
+                             f"{', '.join(absent)}")
+        self.src, self.cols = src, {c: names[c.lower()] for c in _LABELS["burstgpt"]}
+        self.select = {c: {str(v).strip().lower() for v in vs} for c, vs in select.items()}
+        self.asked = select
+        self.seen: dict[str, set] = {c: set() for c in select}
+        self.last, self.empty, self.filtered = None, 0, 0
+
+    def keep(self, chunk, part, offset) -> pd.DataFrame:
+        t = part["arrival_time"].to_numpy()
+        if self.last is not None and len(t) and t[0] < self.last:
+            _check_sorted(np.array([self.last, t[0]]), self.src, offset - 1)
+        _check_sorted(t, self.src, offset)
+        if len(t):
+            self.last = t[-1]
+        keep = part["num_prompt_tokens"].to_numpy() > 0
+        self.empty += int((~keep).sum())
+        for col, wanted in self.select.items():
+            labels = chunk[self.cols[col]].astype(str).str.strip()
+            self.seen[col].update(labels.unique())
+            match = labels.str.lower().isin(wanted).to_numpy()
+            self.filtered += int((keep & ~match).sum())
+            keep &= match
+        return part[keep]
+
+    def check(self, none_kept: bool, rows: int) -> None:
+        """Every value asked for matches a row read (a typo is an error, not an empty
+        selection)."""
+        for col, wanted in self.asked.items():
+            seen = {v.lower() for v in self.seen[col]}
+            lost = [v for v in wanted if str(v).strip().lower() not in seen]
+            if lost:
+                raise ValueError(
+                    f"trace {self.src}: {col} {', '.join(map(repr, lost))} matches no row of "
+                    f"the {rows} read; its {col} values there are "
+                    f"{', '.join(sorted(self.seen[col])) or '(none)'}")
+        if none_kept:
+            why = " after the filters" if self.asked else ""
+            raise ValueError(f"trace {self.src}: no request left{why} ({self.empty} of its rows "
+                             "have 0 request tokens, failed calls, and are dropped)")
 
 
 def _csv_header(src: Path) -> list[str]:
@@ -133,12 +207,18 @@ def _normalise(chunk, fmt, cols, service, src, offset) -> pd.DataFrame:
         "num_prompt_tokens": _lengths(chunk[prompt_col], prompt_col, src, offset),
         "num_output_tokens": _lengths(chunk[output_col], output_col, src, offset),
     })
-    _check_prompts(out["num_prompt_tokens"].to_numpy(), prompt_col, src, offset)
+    if fmt != "burstgpt":   # BurstGPT logs failed calls with 0 tokens: dropped (_BurstRows)
+        _check_prompts(out["num_prompt_tokens"].to_numpy(), prompt_col, src, offset)
     if fmt == "azure":
         out.insert(0, "arrival_time", _timestamps(chunk[time_col], time_col, src, offset))
     elif fmt == "vidur":
         out.insert(0, "arrival_time", _numbers(chunk[time_col], time_col, src, offset,
                                                "a time in seconds", np.isfinite))
+    elif fmt == "burstgpt":
+        out.insert(0, "arrival_time", _numbers(
+            chunk[time_col], time_col, src, offset,
+            f"a time in seconds, >= 0 and below {MAX_ARRIVAL_S:.6g} (2**33)",
+            lambda v: (v >= 0) & (v < MAX_ARRIVAL_S)))
     for key, name in service.items():
         out[key] = _service_values(key, chunk[name], name, src, offset)
     return out
@@ -208,11 +288,14 @@ def _first_bad(bad, values, name, src, offset, what):
         raise ValueError(f"{where}: {shown} {what}")
 
 
-def _check_sorted(t, src):
+def _check_sorted(t, src, offset=0):
+    """Times ascending; `offset`: data rows before t[0] in the file (a later chunk's)."""
     back = np.flatnonzero(np.diff(t) < 0)
     if len(back):
-        i = int(back[0]) + 1  # 0-based index of the first row that arrives too early
-        shown = pd.to_datetime(t[i - 1:i + 1]) if t.dtype.kind == "i" else t[i - 1:i + 1]
+        j = int(back[0])
+        i = offset + j + 1  # 0-based index in the file of the first row that arrives too early
+        pair = t[j:j + 2]
+        shown = pd.to_datetime(pair) if t.dtype.kind == "i" else pair
         raise ValueError(f"trace {src}: arrival times are not sorted ascending: data row {i + 1} "
                          f"(line {i + 2} of the file) arrives at {shown[1]}, before the previous "
                          f"request ({shown[0]})")

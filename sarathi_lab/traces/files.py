@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import os
 import zlib
 from importlib import resources
@@ -19,6 +20,7 @@ SHIPPED = {
     "splitwise_conv": "splitwise_conv.csv.gz",
     "splitwise_code": "splitwise_code.csv.gz",
     "arxiv": "arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv.gz",
+    "mooncake": "mooncake_conversation_trace_head300.jsonl.gz",
 }
 
 
@@ -107,3 +109,31 @@ def unreadable(src: Path, e: Exception) -> ValueError:
 
 # What failing to decode a file raises, from the codec or the gzip stream.
 DECODE_ERRORS = (UnicodeDecodeError, EOFError, zlib.error, gzip.BadGzipFile)
+
+
+def line_error(src: Path, lineno: int, msg: str) -> ValueError:
+    """An error in line `lineno` of the JSONL trace `src`."""
+    return ValueError(f"trace {src}: line {lineno}: {msg}")
+
+
+def json_object(line: str, src: Path, lineno: int) -> dict:
+    """One JSONL line as the object it must be; else an error naming the file and the line."""
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise line_error(src, lineno, f"not valid JSON ({e.msg})") from None
+    if not isinstance(obj, dict):
+        raise line_error(src, lineno, "expected a JSON object")
+    return obj
+
+
+def json_lines(src: Path):
+    """(line number, line) for each non-blank line of the JSONL trace `src` (blank lines count
+    in the numbering); a file that fails to decode is an error naming it (`unreadable`)."""
+    try:
+        with open_text(src) as f:
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    yield lineno, line
+    except DECODE_ERRORS as e:
+        raise unreadable(src, e) from None

@@ -36,6 +36,15 @@ SERVICE_WHAT = {
 MAX_WHOLE = 2 ** 53
 
 
+def is_int(x) -> bool:
+    """A JSON value that is an integer (JSON's true/false are not counts)."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def is_number(x) -> bool:
+    return is_int(x) or isinstance(x, float)
+
+
 def to_requests(df: pd.DataFrame, max_tokens=None) -> list[Request]:
     """One Request per row; request ids are row positions 0..N-1. A row with 0 output tokens
     becomes a 1-token request: the forward pass over a prompt always yields a first token

@@ -3,14 +3,14 @@ an output length, an optional arrival time and the optional service keys; errors
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from sarathi_lab.traces.files import DECODE_ERRORS, open_text, unreadable
-from sarathi_lab.traces.frame import MAX_WHOLE, SERVICE_DEFAULTS, SERVICE_WHAT
+from sarathi_lab.traces.files import json_lines, json_object, line_error
+from sarathi_lab.traces.frame import (MAX_WHOLE, SERVICE_DEFAULTS, SERVICE_WHAT, is_int,
+                                      is_number)
 from sarathi_lab.traces.tokens import chat_prompts, load_tokenizer
 
 
@@ -18,20 +18,15 @@ def read_jsonl(src: Path, tokenizer, chat_template="auto") -> pd.DataFrame:
     """One JSON object per line; errors give the line number (blank lines count, too). Prompt
     text is tokenized by `tokenizer`, in the tokenizer's chat template (`tokens.chat_prompts`)."""
     ids, texts, outputs, times, service, lines = [], {}, [], [], [], []
-    try:
-        with open_text(src) as f:
-            for lineno, line in enumerate(f, 1):
-                if line.strip():
-                    tokens, text, out, t, extra = _parse_json_line(line, src, lineno)
-                    if text is not None:
-                        texts[len(ids)] = text
-                    ids.append(tokens)
-                    outputs.append(out)
-                    times.append(t)
-                    service.append(extra)
-                    lines.append(lineno)
-    except DECODE_ERRORS as e:
-        raise unreadable(src, e) from None
+    for lineno, line in json_lines(src):
+        tokens, text, out, t, extra = _parse_json_line(line, src, lineno)
+        if text is not None:
+            texts[len(ids)] = text
+        ids.append(tokens)
+        outputs.append(out)
+        times.append(t)
+        service.append(extra)
+        lines.append(lineno)
     if not ids:
         raise ValueError(f"trace {src} has no requests")
     if not texts and tokenizer is not None:
@@ -82,17 +77,12 @@ def _parse_json_line(line, src, lineno):
     """-> (token ids or None, prompt text or None, output_len, arrival_time or None,
     {service key: value} for the service keys given)."""
     def bad(msg):
-        return ValueError(f"trace {src}: line {lineno}: {msg}")
+        return line_error(src, lineno, msg)
 
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise bad(f"not valid JSON ({e.msg})") from None
-    if not isinstance(obj, dict):
-        raise bad("expected a JSON object")
+    obj = json_object(line, src, lineno)
     tokens, text = obj.get("prompt_token_ids"), None
     if tokens is not None:
-        if not (isinstance(tokens, list) and all(_is_int(t) and t >= 0 for t in tokens)):
+        if not (isinstance(tokens, list) and all(is_int(t) and t >= 0 for t in tokens)):
             raise bad("prompt_token_ids must be a list of non-negative ints")
         if not tokens:
             raise bad("prompt_token_ids is empty (a prompt of 0 tokens)")
@@ -101,10 +91,10 @@ def _parse_json_line(line, src, lineno):
     else:
         raise bad("needs 'prompt_token_ids' (a list of ints) or 'prompt' (text)")
     out = obj.get("output_len")
-    if not (_is_int(out) and 0 <= out < MAX_WHOLE):
+    if not (is_int(out) and 0 <= out < MAX_WHOLE):
         raise bad(f"output_len must be a non-negative int (< 2**53), got {out!r}")
     t = obj.get("arrival_time")
-    if t is not None and not (_is_number(t) and np.isfinite(t)):
+    if t is not None and not (is_number(t) and np.isfinite(t)):
         raise bad(f"arrival_time must be a number of seconds, got {t!r}")
     extra = {}
     for key in SERVICE_DEFAULTS:
@@ -112,9 +102,9 @@ def _parse_json_line(line, src, lineno):
         if v is None or (isinstance(v, str) and not v.strip()):
             continue  # the default, as an empty CSV cell
         if key == "priority":
-            ok = _is_int(v) and abs(v) < MAX_WHOLE
+            ok = is_int(v) and abs(v) < MAX_WHOLE
         elif key == "deadline":
-            ok = _is_number(v) and np.isfinite(v) and v > 0
+            ok = is_number(v) and np.isfinite(v) and v > 0
         else:
             ok = isinstance(v, str)
             v = v.strip() if ok else v
@@ -123,10 +113,3 @@ def _parse_json_line(line, src, lineno):
         extra[key] = v
     return tokens, text, out, t, extra
 
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_number(x) -> bool:
-    return _is_int(x) or isinstance(x, float)

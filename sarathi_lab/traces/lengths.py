@@ -11,6 +11,7 @@ from sarathi_lab.settings import plain
 from sarathi_lab.traces.csv_formats import read_csv
 from sarathi_lab.traces.files import is_json, resolve_trace
 from sarathi_lab.traces.jsonl import read_jsonl
+from sarathi_lab.traces.mooncake import is_mooncake, read_mooncake
 from sarathi_lab.traces.streams import OUTPUT_STREAM, PROMPT_STREAM, stream_rng
 
 
@@ -23,7 +24,9 @@ def length_sampler(prompt_spec, output_spec, seed):
     def table(spec):
         src = resolve_trace(spec["trace"])
         if src not in tables:
-            raw = read_jsonl(src, None) if is_json(src) else read_csv(src, None, None, None)
+            raw = (read_csv(src, None, None, None) if not is_json(src) else
+                   read_mooncake(src, with_ids=False) if is_mooncake(src) else
+                   read_jsonl(src, None))
             tables[src] = (raw["num_prompt_tokens"].to_numpy(),
                            raw["num_output_tokens"].to_numpy())
         return tables[src]
@@ -32,7 +35,7 @@ def length_sampler(prompt_spec, output_spec, seed):
         if isinstance(spec, Mapping) and "trace" in spec:
             cols = table(spec)
             return lambda n: cols[which][rng.integers(0, len(cols[which]), n)]
-        return _distribution(spec, rng, what)
+        return distribution(spec, rng, what)
 
     same_trace = (isinstance(prompt_spec, Mapping) and isinstance(output_spec, Mapping)
                   and "trace" in prompt_spec and "trace" in output_spec
@@ -49,7 +52,9 @@ def length_sampler(prompt_spec, output_spec, seed):
     return lambda n: (draw_p(n), draw_o(n))
 
 
-def _distribution(spec, rng, what):
+def distribution(spec, rng, what):
+    """A function n -> n draws of the length spec `spec` (an int, uniform or lognormal; `what`
+    names it in errors), drawing from `rng`."""
     if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
         if spec < 1:
             raise ValueError(f"{what} must be >= 1, got {spec}")

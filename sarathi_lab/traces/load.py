@@ -13,6 +13,7 @@ from sarathi_lab.traces.csv_formats import read_csv
 from sarathi_lab.traces.files import SHIPPED, is_json, resolve_trace
 from sarathi_lab.traces.filters import check_filters, describe_filters, length_mask
 from sarathi_lab.traces.jsonl import read_jsonl
+from sarathi_lab.traces.mooncake import is_mooncake, read_mooncake
 from sarathi_lab.traces.streams import ARRIVAL_STREAM, SHUFFLE_STREAM, stream_rng
 
 logger = logging.getLogger(__name__)
@@ -20,7 +21,8 @@ logger = logging.getLogger(__name__)
 
 def load_trace(path, *, num_requests=None, qps=None, arrival="poisson", cv=1.0, burst=None,
                max_total_tokens=None, max_prompt_tokens=None, seed=0,
-               tokenizer=None, shuffle=False, chat_template="auto") -> pd.DataFrame:
+               tokenizer=None, shuffle=False, chat_template="auto", models=None,
+               log_types=None) -> pd.DataFrame:
     """Load a shipped trace (by name) or a trace file.
 
     The length filters are applied first, then the first ``num_requests`` survivors are kept;
@@ -34,6 +36,8 @@ def load_trace(path, *, num_requests=None, qps=None, arrival="poisson", cv=1.0, 
     (on_s, off_s): Poisson arrivals only during on periods). ``tokenizer`` (a local path
     or a tokenizer object) is only needed for a JSONL trace that holds prompt text, which is
     put in the tokenizer's chat template per ``chat_template`` (auto, True, False).
+    ``models``, ``log_types`` (a value or a list; BurstGPT only) keep the rows whose ``Model``
+    and ``Log Type`` are among them (ignoring case), before ``num_requests`` counts.
     """
     check_arrival_options(qps, arrival, cv, burst)
     check_filters(max_total_tokens, max_prompt_tokens)
@@ -42,7 +46,18 @@ def load_trace(path, *, num_requests=None, qps=None, arrival="poisson", cv=1.0, 
             raise ValueError(f"num_requests must be >= 1 or None, got {num_requests}")
         num_requests = int(num_requests)
     src = resolve_trace(path)
-    if is_json(src):
+    select = {col: [v] if isinstance(v, str) else v
+              for col, v in (("Model", models), ("Log Type", log_types)) if v is not None}
+    if select and is_json(src):
+        raise ValueError(f"trace.{'models' if models is not None else 'log_types'}: read only "
+                         f"for a BurstGPT trace (a CSV with Model and Log Type columns); trace "
+                         f"{src} is JSONL")
+    if is_json(src) and is_mooncake(src):
+        if tokenizer is not None:
+            raise ValueError(f"trace.tokenizer={tokenizer}: trace {src} is a Mooncake trace "
+                             "(hash ids, no prompt text to tokenize); leave trace.tokenizer unset")
+        raw = read_mooncake(src)
+    elif is_json(src):
         raw = read_jsonl(src, tokenizer, chat_template)
     elif tokenizer is not None:
         raise ValueError(f"trace.tokenizer={tokenizer}: trace {src} is a CSV of token counts, "
@@ -50,7 +65,11 @@ def load_trace(path, *, num_requests=None, qps=None, arrival="poisson", cv=1.0, 
                          "leave trace.tokenizer unset")
     else:   # a random sample needs every row; the head only as many as it keeps
         raw = read_csv(src, None if shuffle else num_requests, max_total_tokens,
-                        max_prompt_tokens)
+                       max_prompt_tokens, select)
+        if raw.attrs.get("empty") or raw.attrs.get("filtered"):
+            logger.info("trace %s: dropped %d rows of 0 request tokens (failed calls) and %d "
+                        "not matching %s among the rows read", src, raw.attrs["empty"],
+                        raw.attrs["filtered"], select or "no filter")
     timed = raw.attrs["format"] != "lengths"
     if not timed and qps is None:
         raise ValueError(

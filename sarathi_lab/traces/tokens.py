@@ -14,6 +14,11 @@ from sarathi_lab.traces.streams import IDS_STREAM, stream_rng
 
 logger = logging.getLogger(__name__)
 
+# Token ids a trace draws for itself (multi-turn sessions, Mooncake's hash blocks) stay below
+# Llama-2's and Mistral's vocabulary, which every shipped model but the toy tiny-llama (512) holds;
+# the real executor refuses ids outside its model's vocabulary (attach_prompt_ids).
+DEFAULT_VOCAB = 32000
+
 
 def load_tokenizer(tokenizer, src):
     if tokenizer is None:

@@ -81,16 +81,33 @@ def test_bad_space_names_the_key(over, words):
 
 
 def test_a_layout_key_the_executor_lacks_is_an_error(tmp_path):
-    """Expert parallelism enters the space as any executor setting does; where the executor has
-    no such setting the error lists the ones it has."""
-    p = toy_plan(layout={"tensor_parallel": [1], "expert_parallel": [1, 2]})
-    ex = set(compose_config(BASE)["executor"])
-    if "expert_parallel" in ex:
-        pytest.fail("the executor has expert_parallel now: test an EP layout instead")
-    with pytest.raises(ConfigError, match=r"plan.space.layout.expert_parallel: "
-                                          r"executor.expert_parallel is not a setting.*"
+    p = toy_plan(layout={"tensor_parallel": [1], "no_such_parallel": [1, 2]})
+    with pytest.raises(ConfigError, match=r"plan.space.layout.no_such_parallel: "
+                                          r"executor.no_such_parallel is not a setting.*"
                                           r"tensor_parallel"):
         search.prepare(p, BASE, tmp_path)
+
+
+def test_expert_parallelism_is_a_layout_dimension_where_the_executor_has_it(tmp_path):
+    """Expert parallelism enters the space as any executor setting does: with an executor that
+    has expert_parallel, a MoE model's candidates carry it (in their config and command);
+    without, the error names the setting and lists the executor's."""
+    p = toy_plan(layout={"tensor_parallel": [1, 2], "expert_parallel": [1, 2]},
+                 policy=["sarathi"])
+    if "expert_parallel" not in compose_config(BASE)["executor"]:
+        with pytest.raises(ConfigError, match=r"executor.expert_parallel is not a setting"):
+            search.prepare(p, BASE, tmp_path)
+        return
+    base = ["model=mixtral-8x7b", "trace=synthetic", "trace.num_requests=20"]
+    p["space"]["hardware"] = ["h200"]
+    jobs, pruned = search.prepare(p, base, tmp_path)
+    eps = sorted(j["c"]["executor"]["expert_parallel"] for j in jobs) + \
+        sorted(r["expert_parallel"] for r in pruned)
+    assert sorted(eps) == [1, 1, 2, 2]
+    for j in jobs:
+        ep = j["c"]["executor"]["expert_parallel"]
+        assert f"executor.expert_parallel={ep}" in j["overrides"]
+        assert f"ep{ep}" in j["row"]["candidate"]
 
 
 def test_pareto_front_and_ranking():

@@ -264,7 +264,8 @@ def _cost_at_capacity(c: dict, trace, qps: float, gpus: int | None = None) -> di
         return {}
     if gpus is None:
         ex = c.get("executor") or {}
-        gpus = ex.get("tensor_parallel", 1) * ex.get("pipeline_parallel", 1)
+        gpus = ex.get("tensor_parallel", 1) * (ex.get("expert_parallel") or 1) \
+            * ex.get("pipeline_parallel", 1)
     mean_out = float(np.maximum(trace["num_output_tokens"].to_numpy(), 1).mean())
     return cost_at_rate(qps, mean_out, price, gpus)
 

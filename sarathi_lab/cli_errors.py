@@ -29,6 +29,11 @@ def unknown_key(ex: ConfigCompositionException) -> str | None:
     prefix = str(full_key)[: -len(str(key))] if str(full_key).endswith(str(key)) else ""
     accepted = [str(k) for k in parent.keys()]
     where = f"the settings of {prefix.rstrip('.')}" if prefix else "the top-level settings"
+    if str(full_key) == "model.hf_config":
+        # a hand-written preset has a shape of its own, which a config.json would replace
+        return ("model.hf_config: this model preset has a shape of its own; for the shape of "
+                "a config.json choose model=hf model.hf_config=PATH (a config.json, a model "
+                "directory or a shipped name)")
     near = _close(str(key), accepted)
     if near:
         return (f"{full_key}: no such setting; did you mean "

@@ -306,6 +306,7 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
                           "pipeline stages (the simulator does: executor=sim)")
     executor_cfg = executor_cls.parse_config(e_node, "executor")
     pp = getattr(executor_cfg, "pipeline_parallel", 1)
+    _check_speculation(policy_cfg.num_speculative_tokens, executor_cls, executor_cfg, user, unread)
 
     hardware = c.get("hardware") or None
     if hardware is not None and executor_cls.uses_hardware:
@@ -336,6 +337,11 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
     model = _node(c, "model")
     if not model:
         raise ConfigError("model: a model preset is needed (e.g. model=mistral-7b)")
+    from sarathi_lab.models.hf_config import resolve_model
+    try:   # model.hf_config: the shape from a config.json, for every executor alike
+        model = resolve_model(model)
+    except (ValueError, FileNotFoundError) as e:
+        raise ConfigError(str(e)) from None
     for k in user:
         if k.startswith("model.") and not executor_cls.reads_model_key(k.split(".")[1]):
             unread(k, f"executor {e_name!r} does not read it (it reads the model's shape)")
@@ -410,6 +416,22 @@ def _drop_unread_knobs(node: dict, config_class: type, where: str, who: str, use
             if f"{where}.{k}" in user:
                 notes.append(f"{where}.{k}: not read by {who}")
                 node.pop(k)
+
+
+def _check_speculation(k: int, executor_cls, executor_cfg, user: list[str], unread) -> None:
+    """Speculative decoding: with k > 0 an executor that runs it, with settings that can; with
+    k = 0 its speculation settings are unread."""
+    from sarathi_lab.executors.base import check_speculation
+    if check_speculation(k, executor_cls):
+        executor_cls.check_speculation_settings(executor_cfg, k)
+        return
+    defaults = {f.name: f for f in dataclasses.fields(executor_cfg)}
+    for key in executor_cls.speculation_settings:
+        if f"executor.{key}" in user:
+            unread(f"executor.{key}", "read only with scheduler.num_speculative_tokens > 0")
+            f = defaults[key]   # a multirun leaves it at its default
+            setattr(executor_cfg, key, f.default if f.default is not dataclasses.MISSING
+                    else f.default_factory())
 
 
 def _presets(group: str) -> set[str]:

@@ -12,7 +12,7 @@ from operator import attrgetter
 
 import numpy as np
 
-from sarathi_lab.executors.base import Executor
+from sarathi_lab.executors.base import Executor, check_speculation
 from sarathi_lab.guard import BatchGuard
 from sarathi_lab.request import Request, Status
 from sarathi_lab.schedulers.base import Policy
@@ -36,6 +36,10 @@ FLOAT_COLUMNS = ("start", "duration", "swap_s")   # the others count things
 # a column of the iterations of an executor that measures host time (`Engine.step`), after
 # ITER_COLUMNS: the simulator's tables have none
 HOST_COLUMN = "host_s"
+# the columns of a speculating engine's iterations (scheduler.num_speculative_tokens > 0), after
+# those: draft tokens proposed and accepted, speculative entries, and the tokens those emitted
+SPEC_COLUMNS = ("spec_proposed", "spec_accepted", "spec_steps", "spec_tokens")
+_NO_SPEC = (0, 0, 0, 0)
 
 
 
@@ -54,10 +58,13 @@ class Engine(SkipRuns):
         self.executor = executor
         self.kv = policy.kv
         executor.bind(self.kv)
+        self.speculative = check_speculation(policy.cfg.num_speculative_tokens, executor)
         if policy.oracle:
             policy._output_len = executor.output_len
         # skipping steady decode runs needs predicted durations and no real tokens
-        self.fast_forward = fast_forward and executor.supports_fast_forward
+        # (and every step: a steady run's tokens per step would depend on the drafts accepted)
+        self.fast_forward = fast_forward and executor.supports_fast_forward \
+            and not self.speculative
         # the policy's declaration of its steady runs, the only thing read to skip them
         self._ff = policy.fast_forward
         if self.fast_forward and self._ff is None:
@@ -105,6 +112,8 @@ class Engine(SkipRuns):
         self._host_clock = getattr(executor, "host_clock", None)
         self._host_in_clock = bool(getattr(executor, "host_in_clock", False))
         self._host_s: list[float] | None = [] if self._host_clock else None
+        # a speculating engine's per-iteration SPEC_COLUMNS (it steps every iteration)
+        self._spec_rows: list[tuple] | None = [] if self.speculative else None
 
     # -- records ------------------------------------------------------------------------------------
     def iterations(self) -> np.ndarray:
@@ -161,6 +170,11 @@ class Engine(SkipRuns):
         if self._host_s is not None:   # an executor that steps every iteration (no skips)
             assert len(self._host_s) == n_rows, "host time recorded for every iteration"
             cols[HOST_COLUMN] = np.array(self._host_s, float)
+        if self._spec_rows is not None:   # no skips either
+            assert len(self._spec_rows) == n_rows, "speculation recorded for every iteration"
+            spec = np.array(self._spec_rows, np.int64).reshape(-1, len(SPEC_COLUMNS))
+            for i, c in enumerate(SPEC_COLUMNS):
+                cols[c] = spec[:, i].copy()
         return cols
 
     def swap_space(self) -> dict | None:
@@ -278,7 +292,12 @@ class Engine(SkipRuns):
         pre = clock() - t0 if clock else 0.0
         try:
             step = ex.execute(out)
-            if step.finished is None:
+            if step.accepted is not None:
+                self._speculated(out, step)
+            elif out.spec_lens and any(out.spec_lens):
+                raise RuntimeError("returned no StepResult.accepted for a batch with "
+                                   "speculative entries (SchedulerOutput.spec_lens)")
+            elif step.finished is None:
                 step.finished = ended if ended is not None else ex.finished(out)
         except Exception as e:
             raise self._blame(ex, "execute", e) from e
@@ -301,6 +320,9 @@ class Engine(SkipRuns):
         self.rows.append((start, step.duration, n_pre, n_dec, len(out.reqs), kv.pool.num_used,
                           kv.num_stored_tokens, len(out.preempted), len(policy.waiting),
                           *swaps, kv.num_used_host_blocks))
+        if self._spec_rows is not None:
+            self._spec_rows.append(_spec_record(out, step) if step.accepted is not None
+                                   else _NO_SPEC)
         if clock:
             host = pre + clock() - t1
             self._host_s.append(host)
@@ -313,6 +335,30 @@ class Engine(SkipRuns):
             self.num_tokens += n_pre + n_dec
             self.progress(self.num_done, self.num_tokens)
         return out, done, n_pre, n_dec
+
+    def _speculated(self, out, step) -> None:
+        """A step that ran speculative decodes: check its `accepted` and fill `emitted` and
+        `finished` by the default stop rule where the executor left them."""
+        acc, spec = step.accepted, out.spec_lens or [0] * len(out.reqs)
+        if len(acc) != len(out.reqs) or any(not 0 <= a <= s for a, s in zip(acc, spec)):
+            raise ValueError(f"StepResult.accepted={acc[:10]!r}: one count per entry, each "
+                             f"from 0 to the entry's drafts (spec_lens={spec[:10]!r})")
+        if step.emitted is None or step.finished is None:
+            emitted, ended = self.executor.speculative_ends(out, acc)
+            if step.emitted is None:
+                step.emitted = emitted
+            if step.finished is None:
+                step.finished = ended
+        else:   # an executor's own: at most what the step computed, a token at least if it ends
+            em, fin = step.emitted, set(step.finished)
+            if len(em) != len(acc) or any(
+                    not (1 if i in fin else 0) <= m <= (1 + a if s else 1)
+                    for i, (m, a, s) in enumerate(zip(em, acc, spec))):
+                raise ValueError(f"StepResult.emitted={em[:10]!r}: one count per entry, at "
+                                 "most 1 + its accepted drafts (1 for an ordinary entry), at "
+                                 f"least 1 for an entry that ends (accepted={acc[:10]!r}, "
+                                 f"finished={step.finished[:10]!r})")
+        self._emitted = sum(1 for m in step.emitted if m)
 
     # -- the stepping API a topology drives (sarathi_lab/topology/) -------------------------------
     def next_event_time(self) -> float:
@@ -445,3 +491,16 @@ class Engine(SkipRuns):
             return type(e)(f"{where}: {e}")
         except Exception:   # an exception class that takes other arguments
             return RuntimeError(f"{where} raised {type(e).__name__}: {e}")
+
+
+def _spec_record(out, step) -> tuple:
+    """An iteration's SPEC_COLUMNS: drafts proposed and accepted, speculative entries, the
+    tokens they emitted."""
+    proposed = accepted = steps = tokens = 0
+    for s, a, m in zip(out.spec_lens, step.accepted, step.emitted):
+        if s:
+            proposed += s
+            accepted += a
+            steps += 1
+            tokens += m
+    return proposed, accepted, steps, tokens

@@ -3,8 +3,9 @@ so that a plug-in's mistake stops the run with an error naming the plug-in, the 
 and the iteration, instead of producing a plausible wrong number.
 
 Rules: the policy's token limit and `max_num_seqs`; each entry at least one token and at most
-what its request has left to compute; no request twice in a batch; only running requests; KV
-slots held for every token scheduled. A run that emits no token and ends no request for a bounded
+what its request has left to compute, or a decode and its k draft tokens (speculative decoding,
+k at most scheduler.num_speculative_tokens, within max_model_len); no request twice in a batch;
+only running requests; KV slots held for every token scheduled. A run that emits no token and ends no request for a bounded
 number of iterations is stuck (a policy that preempts and re-admits forever), and at the end of a
 run every KV block must be free or cached.
 
@@ -89,6 +90,9 @@ class BatchGuard:
             dup = next(r for r in reqs if id(r) in seen or seen.add(id(r)))
             self._fail("each request once per batch", f"request {dup.request_id!r} appears "
                        "more than once", where)
+        spec = out.spec_lens or None
+        if spec is not None:
+            self._check_spec(out, where)
         samples, bs, held = 0, self.block_size, self.blocks
         ended = None if stop is None else []
         for i, (r, k) in enumerate(zip(reqs, ns)):
@@ -100,6 +104,10 @@ class BatchGuard:
                 samples += 1
                 if stop is not None and out_n + 1 >= stop[rid]:
                     ended.append(i)
+            elif spec is not None and spec[i]:
+                # a speculative decode (checked above): it emits 1 + its accepted drafts, so
+                # whether it ends is known only after the step (the engine decides it then)
+                samples += 1
             elif end > todo:
                 self._entry(r, k, where)
             try:   # a subscript of the read-only view costs less than its get()
@@ -111,6 +119,33 @@ class BatchGuard:
         if out.swapped_out or out.swapped_in or self.swap_log or self.policy.swapped:
             self._check_swaps(out, where)
         return samples, ended
+
+    def _check_spec(self, out, where) -> None:
+        """Speculative entries: one draft count per entry, each a decode given 1 + its drafts,
+        no more drafts than scheduler.num_speculative_tokens, all within max_model_len."""
+        spec, reqs, ns = out.spec_lens, out.reqs, out.num_new_tokens
+        if len(spec) != len(reqs):
+            self._fail("one speculation length per entry", f"{len(reqs)} requests, "
+                       f"{len(spec)} spec_lens (add entries with out.add(req, n, spec=k))",
+                       where)
+        k_max = self.policy.cfg.num_speculative_tokens
+        mml = self.kv.max_model_len
+        for r, n, s in zip(reqs, ns, spec):
+            if not s:
+                continue
+            rid = r.request_id
+            if not 0 < s <= k_max:
+                self._fail("speculation length within scheduler.num_speculative_tokens",
+                           f"request {rid!r} is given {s} draft tokens; "
+                           f"scheduler.num_speculative_tokens={k_max}", where)
+            if not r.is_decoding or n != 1 + s:
+                self._fail("a speculative entry is a decode of 1 + k tokens",
+                           f"request {rid!r} is given {n} tokens with {s} drafts, having "
+                           f"{r.num_tokens_to_compute} left to compute (1 for a decode)", where)
+            if r.num_computed_tokens + n > mml:
+                self._fail("drafts within max_model_len", f"request {rid!r} is given {s} "
+                           f"drafts after {r.num_computed_tokens + 1} tokens; "
+                           f"max_model_len={mml}", where)
 
     # -- preemption by swap -----------------------------------------------------------------------
     @staticmethod

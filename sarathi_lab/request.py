@@ -27,6 +27,7 @@ class Request:
         "rejection_reason", "block_hashes", "extra", "finish_reason",
         "priority", "tenant", "deadline", "slo_class",
         "num_swap_outs", "num_swap_ins", "num_swap_fallbacks", "num_swapped_blocks", "swap_time_s",
+        "spec_proposed", "spec_accepted",
     )
 
     def __init__(self, request_id, arrival_time: float, num_prompt_tokens: int,
@@ -60,6 +61,11 @@ class Request:
         self.num_swap_fallbacks = 0
         self.num_swapped_blocks = 0
         self.swap_time_s = 0.0
+        # speculative decoding: draft tokens proposed for it and accepted by the target, summed
+        # over its speculative steps (accepted ones past its stop included: they measure the
+        # draft, though dropped from its output)
+        self.spec_proposed = 0
+        self.spec_accepted = 0
         self.rejection_reason: str | None = None
         # "stop" (its trace length), "max_tokens", "max_model_len"; the torch executor with
         # stop_at_eos: "eos" (sampled its EOS) or "length" (the trace length capped it)

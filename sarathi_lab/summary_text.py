@@ -339,6 +339,12 @@ def format_summary(s: dict) -> str:
                      f"{sw['time_s']:.3f} s copying ({sw['time_share']:.2%} of the run); host "
                      f"space {sw['host_blocks_total']} blocks, at most "
                      f"{sw['host_utilization_max']:.1%} used")
+    if s.get("speculation"):
+        sp = s["speculation"]
+        rate = "n/a" if sp["acceptance_rate"] is None else f"{sp['acceptance_rate']:.1%}"
+        per = "n/a" if sp["tokens_per_step"] is None else f"{sp['tokens_per_step']:.2f}"
+        lines.append(f"speculation: {sp['accepted']} of {sp['proposed']} draft tokens accepted "
+                     f"({rate}); {sp['steps']} speculative decode steps, {per} tokens each")
     if s.get("queue") is not None:
         lines.append(_queue_line(s["queue"]))
     if "cost" in s:

@@ -392,6 +392,8 @@ def test_settings_page_names_every_group_option_and_key():
     (("cluster.num_replicas=2",), "topologies.md"),
     (("executor.pipeline_parallel=2",), "topologies.md"),
     (("cluster=disagg",), "topologies.md"),
+    (("scheduler.num_speculative_tokens=2", "executor.draft_cost_ratio=0.1",
+      "executor.acceptance_rate=0.5"), "speculation.md"),
     pytest.param(("executor=torch", "model=tiny-llama", "trace.num_requests=3"),
                  "real_model.md", marks=pytest.mark.slow),   # builds a model: 30 s when loaded
 ])

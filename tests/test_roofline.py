@@ -225,7 +225,7 @@ SETUPS = [("mistral-7b", "a100-80gb", 1), ("yi-34b", "a100-80gb", 2),
           ("llama-2-70b", "h100-sxm", 4), ("llama-3-8b", "h200", 1)]
 # every model preset, on every GPU preset, at the smallest TP it fits at
 EVERY = [(m.stem, h.stem, {"llama-2-70b": 4, "yi-34b": 2}.get(m.stem, 1))
-         for m in sorted((CONFIGS / "model").glob("*.yaml"))
+         for m in sorted((CONFIGS / "model").glob("*.yaml")) if m.stem != "hf"   # no shape
          for h in sorted((CONFIGS / "hardware").glob("*.yaml"))]
 
 

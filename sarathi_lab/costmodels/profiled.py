@@ -108,6 +108,10 @@ class ProfiledCostModel(CostModel):
                                "(executor.profile=PATH)")
         self.roofline = RooflineCostModel(model, hardware, tensor_parallel)
         m, hw, tp = self.roofline.model, self.roofline.hw, self.roofline.tp
+        if m.is_moe:   # a profile's operators are a dense layer's: no router, no experts
+            raise ProfileError(f"executor.cost_model=profiled: {m.name} is a mixture-of-experts "
+                               "model, which a profile's dense operators cannot price; use "
+                               "executor.cost_model=roofline")
         prof = load(cfg.profile, m.num_layers, tp)
         run = f"model={m.name} dtype={m.dtype} hardware={hw.name} tensor_parallel={tp}"
         made = (f"model={prof.model} dtype={prof.dtype or 'float16/bfloat16'} "

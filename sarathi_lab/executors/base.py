@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from sarathi_lab.settings import parse, plain
+from sarathi_lab.settings import ConfigError, parse, plain
 
 _ID, _OUT = attrgetter("request_id"), attrgetter("num_output_tokens")
 
@@ -33,6 +33,17 @@ class StepResult:
     # emitted); None: the engine asks `Executor.finished`, the default stop rule
     finished: list[int] | None = None
     swap_s: float = 0.0                  # of `duration`, seconds spent copying swapped KV
+    # speculative decoding (SchedulerOutput.spec_lens): per entry, how many of its k draft
+    # tokens the target accepted (0..k; 0 for ordinary entries); None: no speculation ran
+    accepted: list[int] | None = None
+    # a real executor's accepted draft token ids per entry (len == accepted[i]); sampled[i]
+    # stays the one token the target sampled after them (the correction or bonus token)
+    accepted_ids: list[list[int]] | None = None
+    # with `accepted`: the tokens each entry emits this step (0 if it samples none; a
+    # speculative one 1 + accepted, cut where its stop rule ends it). None: the engine fills it
+    # by the default stop rule (`Executor.speculative_ends`); an executor with a stop rule of
+    # its own (EOS) sets it and `finished` itself
+    emitted: list[int] | None = None
 
 
 class Executor(abc.ABC):
@@ -63,11 +74,23 @@ class Executor(abc.ABC):
     #: True when the executor runs pipeline stages (an ``executor.pipeline_parallel`` setting,
     #: `join_pipeline`; sarathi_lab/topology/pipeline.py drives it); False: that setting is an error
     supports_pipeline: ClassVar[bool] = False
+    #: True when `execute` runs a batch's speculative decodes (`SchedulerOutput.spec_lens`:
+    #: drafts k, verified by the target in this step) and returns `StepResult.accepted`;
+    #: False: scheduler.num_speculative_tokens > 0 is an error
+    supports_speculation: ClassVar[bool] = False
+    #: its settings read only with scheduler.num_speculative_tokens > 0 (one the user set
+    #: without it is an error)
+    speculation_settings: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def parse_config(cls, values: dict, where: str = "executor"):
         """Typed settings from the ``executor`` config node (without its ``name``)."""
         return parse(cls.config_class, values, where, f"executor {cls.__qualname__}")
+
+    @classmethod
+    def check_speculation_settings(cls, cfg, k: int) -> None:
+        """Start-up, with scheduler.num_speculative_tokens = k > 0: raise ConfigError, naming
+        the setting, if `cfg` cannot run k drafts per decode."""
 
     @classmethod
     def reads_model_key(cls, key: str) -> bool:
@@ -163,6 +186,30 @@ class Executor(abc.ABC):
                 done.append(i)
         return done
 
+    def speculative_ends(self, out, accepted: list[int]) -> tuple[list[int], list[int]]:
+        """By the default stop rule, for a batch with speculative entries whose target accepted
+        `accepted[i]` drafts: (the tokens each entry emits, the indices of the entries that
+        end). A speculative entry emits 1 + accepted[i], cut at its stop (the tokens past it
+        are dropped: a request never gets more output than its rule); an ordinary entry 1 if
+        it samples, else 0."""
+        stop, spec = self._stop_len, out.spec_lens
+        emitted, done = [], []
+        for i, (r, n) in enumerate(zip(out.reqs, out.num_new_tokens)):
+            out_n = r.num_output_tokens
+            if spec[i]:
+                m = 1 + accepted[i]
+            elif r.num_computed_tokens + n == r.num_prompt_tokens + out_n:
+                m = 1
+            else:
+                emitted.append(0)
+                continue
+            room = stop[r.request_id] - out_n
+            if m >= room:
+                m = room
+                done.append(i)
+            emitted.append(m)
+        return emitted, done
+
     def finish_reason(self, req) -> str:
         return self._stop_at[req.request_id][1]
 
@@ -189,3 +236,15 @@ class Executor(abc.ABC):
         after `computed` + the chunks before it; the last samples a token if `samples_last`),
         as `execute` would time them; None: not predicted (the engine steps such batches)."""
         return None
+
+
+def check_speculation(k: int, executor) -> bool:
+    """Whether a run with scheduler.num_speculative_tokens = k speculates (k > 0); an error if
+    the executor (an instance or its class) cannot (its supports_speculation is False)."""
+    if k and not executor.supports_speculation:
+        name = executor.__name__ if isinstance(executor, type) else type(executor).__name__
+        raise ConfigError(f"scheduler.num_speculative_tokens={k}: executor "
+                          f"{name} does not run speculative decodes (its "
+                          "supports_speculation is False; executor=sim does); set "
+                          "scheduler.num_speculative_tokens=0 or choose another executor")
+    return bool(k)

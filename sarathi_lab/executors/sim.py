@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
+from sarathi_lab.executors import speculation
 from sarathi_lab.executors.base import Executor, ExecutorConfig, StepResult
 from sarathi_lab.settings import ConfigError, parse, setting
 
@@ -54,6 +55,23 @@ class SimConfig(ExecutorConfig):
                                         "lognormal factor of median 1 and this log-sd; null: "
                                         "none (fast-forward is off with it)")
     step_jitter_seed: int = setting(0, ge=0, help="the jitter's random stream (with step_jitter)")
+    # speculative decoding (scheduler.num_speculative_tokens > 0; executors/speculation.py)
+    draft_model: str | None = setting(None, help="speculation: the draft, a model preset "
+                                      "(configs/model) priced by the same cost model, hardware "
+                                      "and tensor_parallel")
+    draft_cost_ratio: float | None = setting(None, gt=0, help="speculation: a draft step's cost "
+                                             "as a share of the target's decode step of the same "
+                                             "decodes (instead of draft_model)")
+    acceptance: str = setting("fixed", choices=("fixed", "geometric", "trace"),
+                              help="speculation: fixed (acceptance_rate for every draft) | "
+                                   "geometric (acceptance_rates, one per draft position) | trace "
+                                   "(each request's rate, a CSV trace's acceptance_rate column)")
+    acceptance_rate: float | None = setting(None, ge=0, le=1, help="acceptance=fixed: the chance "
+                                            "each draft token is accepted")
+    acceptance_rates: list[float] | None = setting(
+        None, help="acceptance=geometric: p_i, the chance the i-th draft is accepted once the "
+                   "ones before it were, one per position")
+    acceptance_seed: int = setting(0, ge=0, help="speculation: the acceptance draws' stream")
     # the chosen cost model's typed settings, filled by SimExecutor.parse_config
     cost_model_settings: object = field(default=None, metadata={"internal": True})
 
@@ -69,12 +87,15 @@ class SimExecutor(Executor):
     supports_fast_forward = True   # with pipeline_parallel 1 (the pipeline steps every batch)
     supports_swap = True           # with pipeline_parallel 1
     supports_pipeline = True
+    supports_speculation = True    # with pipeline_parallel 1 (executors/speculation.py)
+    speculation_settings = speculation.SETTINGS
 
     @classmethod
     def reads_model_key(cls, key: str) -> bool:
         from sarathi_lab.models.shape import ModelShape
-        # the shape, and hf_name (where the shape came from, for the reader)
-        return key in ModelShape.__dataclass_fields__ or key in ("hf_name", "dtype")
+        # the shape, where it came from (hf_name, for the reader; hf_config, the config.json
+        # the shape is read from)
+        return key in ModelShape.__dataclass_fields__ or key in ("hf_name", "hf_config", "dtype")
 
     @classmethod
     def parse_config(cls, values: dict, where: str = "executor") -> SimConfig:
@@ -113,6 +134,7 @@ class SimExecutor(Executor):
         if cfg.step_jitter is not None and cfg.pipeline_parallel > 1:
             raise ConfigError(f"{where}.step_jitter with pipeline_parallel="
                               f"{cfg.pipeline_parallel}: jitter is simulated for one stage only")
+        speculation.check_unread(cfg)
         cfg.cost_model_settings = parse(cm_cls.config_class,
                                         {k: v for k, v in values.items() if k in theirs},
                                         where, f"cost model {name!r}")
@@ -134,6 +156,17 @@ class SimExecutor(Executor):
             self.cost_model = cm_cls(model, hardware, cfg.tensor_parallel, cm_cfg)
         # bound once: execute() runs hundreds of thousands of times per simulation
         self._step_time = self.cost_model.step_time
+        draft = None
+        if cfg.draft_model is not None:
+            from sarathi_lab.costmodels.roofline import RooflineCostModel
+            # the roofline prices any model shape; a measured profile only the model measured
+            if type(self.cost_model) is not RooflineCostModel:
+                raise ConfigError(f"executor.draft_model={cfg.draft_model}: the cost model "
+                                  f"({type(self.cost_model).__name__}) prices only the model "
+                                  "it was made for; use executor.draft_cost_ratio")
+            draft = RooflineCostModel(model_preset(cfg.draft_model), hardware,
+                                      cfg.tensor_parallel, cfg.cost_model_settings)
+        self._spec = speculation.Speculation(cfg, self.cost_model, draft)
         from sarathi_lab.costmodels.roofline import HardwareSpec
         hw = HardwareSpec.from_config(hardware)
         self.pcie_latency_s = hw.pcie_latency_s
@@ -151,6 +184,15 @@ class SimExecutor(Executor):
         if cfg.step_jitter is not None:
             self._jitter = (np.random.default_rng(cfg.step_jitter_seed), cfg.step_jitter)
             self.supports_fast_forward = False
+
+    @classmethod
+    def check_speculation_settings(cls, cfg: SimConfig, k: int) -> None:
+        speculation.check_settings(cfg, k)
+
+    def prepare_trace(self, df, trace_cfg: dict):
+        if self.cfg.acceptance == "trace":
+            self._spec.read_trace(df)
+        return df
 
     def cost_model_record(self) -> dict:
         """Which cost model priced the run, and from what (the summary's ``cost_model``)."""
@@ -219,13 +261,15 @@ class SimExecutor(Executor):
         except ValueError as e:
             raise ConfigError(f"executor.{e}") from None
         gpn = layout.hw.gpus_per_node
-        if gpn % tp:
+        g = tp * layout.ep          # a stage's GPUs: its expert-parallel groups of tp
+        if gpn % g:
             raise ConfigError(
-                f"executor.tensor_parallel={tp} with pipeline_parallel={P}: a stage's GPUs must "
-                f"share a node of hardware.gpus_per_node={gpn} (tensor_parallel must divide it)")
-        # stage s holds GPUs [s tp, (s+1) tp): the boundary after it leaves the node when
-        # (s+1) tp is a multiple of the node's GPUs
-        links = [layout.send_recv_terms(across_nodes=(s + 1) * tp % gpn == 0)
+                f"executor.tensor_parallel={tp} (x expert_parallel={layout.ep}) with "
+                f"pipeline_parallel={P}: a stage's GPUs must share a node of "
+                f"hardware.gpus_per_node={gpn} (their product must divide it)")
+        # stage s holds GPUs [s g, (s+1) g): the boundary after it leaves the node when
+        # (s+1) g is a multiple of the node's GPUs
+        links = [layout.send_recv_terms(across_nodes=(s + 1) * g % gpn == 0)
                  for s in range(P - 1)]
         return {"share": [n / L for n in layers], "links": links,
                 "gather": layout.gather_terms(), "parts": split_step(cm)}
@@ -239,15 +283,19 @@ class SimExecutor(Executor):
     def execute(self, out) -> StepResult:
         if self.stage_pricing is not None:
             return self._execute_stages(out)
-        t = self._step_time(out.reqs, out.num_new_tokens)
+        accepted = None
+        if out.spec_lens:
+            t, accepted = self._spec.step(out)
+        else:
+            t = self._step_time(out.reqs, out.num_new_tokens)
         if self._jitter is not None:
             rng, sigma = self._jitter
             t *= math.exp(sigma * rng.standard_normal())
         if out.swapped_out or out.swapped_in:
             s = self.swap_time(sum(len(p) for _, p in out.swapped_out)) \
                 + self.swap_time(sum(len(p) for _, p in out.swapped_in))
-            return StepResult(t + s, swap_s=s)
-        return StepResult(t)
+            return StepResult(t + s, swap_s=s, accepted=accepted)
+        return StepResult(t, accepted=accepted)
 
     def _execute_stages(self, out) -> StepResult:
         """A micro-batch through the stages: its duration runs from now (its scheduling) to
@@ -299,3 +347,17 @@ class SimExecutor(Executor):
 
     def max_model_len(self) -> int:
         return self.cost_model.max_model_len
+
+
+def model_preset(name: str) -> dict:
+    """A shipped model preset (configs/model/<name>.yaml) as a dict: a draft model by name."""
+    from importlib.resources import files
+
+    import yaml
+    root = files("sarathi_lab.configs").joinpath("model")
+    path = root.joinpath(f"{name}.yaml")
+    if not path.is_file():
+        names = sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
+        raise ConfigError(f"executor.draft_model={name}: no such model preset; the presets: "
+                          f"{', '.join(names)}")
+    return yaml.safe_load(path.read_text())

@@ -220,17 +220,19 @@ class KVCacheManager:
                 self.prefix_hit_tokens += n_hit
         return new
 
-    def allocate_decodes(self, reqs: list[Request], k: int = 1) -> bool:
-        """Room for `k` more tokens for each request, all or nothing: True if done, False (and
-        nothing changed) if the free blocks do not cover them all. The bulk form of
-        `allocate_slots(req, k)` for decode batches, the simulator's hot path."""
+    def allocate_decodes(self, reqs: list[Request], k: int | list[int] = 1) -> bool:
+        """Room for `k` more tokens for each request (or k[i] for the i-th: speculative
+        decodes), all or nothing: True if done, False (and nothing changed) if the free blocks
+        do not cover them all. The bulk form of `allocate_slots(req, k)` for decode batches,
+        the simulator's hot path."""
         if self.enable_prefix_caching:   # full blocks must be hashed one request at a time
             return False
         bs, table = self.block_size, self.req_blocks
         grow, total = [], 0
-        for r in reqs:
+        each = k if isinstance(k, list) else None
+        for i, r in enumerate(reqs):
             held = table[r.request_id]
-            end = r.num_computed_tokens + k
+            end = r.num_computed_tokens + (k if each is None else each[i])
             if end > len(held) * bs:   # most decodes fit the blocks they hold
                 need = -(-end // bs) - len(held)
                 grow.append((held, need))
@@ -242,8 +244,21 @@ class KVCacheManager:
             for held, need in grow:
                 held.extend(new[i:i + need])
                 i += need
-        self.num_stored_tokens += k * len(reqs)
+        self.num_stored_tokens += k * len(reqs) if each is None else sum(each)
         return True
+
+    def release_slots(self, req: Request, n: int) -> None:
+        """`n` slots allocated past `req`'s computed tokens hold no token (its rejected draft
+        tokens): no longer counted as stored, and the blocks wholly past its computed tokens go
+        back to the pool (a block table covers exactly its computed tokens between steps, which
+        a swap-out relies on)."""
+        self.num_stored_tokens -= n
+        held = self.req_blocks.get(req.request_id)
+        keep = cdiv(req.num_computed_tokens, self.block_size)
+        if held is not None and len(held) > keep:
+            extra = held[keep:]
+            del held[keep:]
+            self.pool.release(reversed(extra))
 
     def _cache_full_blocks(self, req: Request, held: list[Block], num_tokens: int) -> None:
         # Blocks become cacheable once the tokens that fill them are being computed.

@@ -14,13 +14,16 @@ PCTS = (50, 90, 99)
 
 def tbt_gaps(req_df: pd.DataFrame, with_times: bool = False,
              flat_owner=None) -> tuple[np.ndarray, ...]:
-    """All TBT gaps pooled, and the request row each belongs to (non-decreasing); with_times
+    """All TBT gaps pooled (between a request's successive emission events: tokens emitted in
+    one iteration arrive together), and the request row each belongs to (non-decreasing); with_times
     adds when each gap ends (the time of its later token). `token_times` entries may be lists
     or arrays (as requests_table and a parquet file give them). `flat_owner`:
     token_times_flat(req_df), if already computed."""
     flat, owner = flat_owner if flat_owner is not None else token_times_flat(req_df)
     gaps = np.diff(flat)
-    same = owner[1:] == owner[:-1]
+    # a gap is between a request's successive emission events, as a streaming client sees
+    # them: the tokens one iteration emits together (speculative decoding) make one event
+    same = (owner[1:] == owner[:-1]) & (gaps != 0)
     if with_times:
         return gaps[same], owner[1:][same], flat[1:][same]
     return gaps[same], owner[1:][same]

@@ -59,6 +59,21 @@ def swap_stats(req_df: pd.DataFrame, it_df: pd.DataFrame, host_blocks_total: int
     }
 
 
+def speculation_stats(it_df: pd.DataFrame) -> dict:
+    """Speculative decoding over a run (summary `speculation`), from the iterations' records:
+    draft tokens proposed and accepted (accepted ones past a request's end included: they
+    measure the draft), their ratio (null when none was proposed), the speculative decode steps
+    (entries), and the tokens such a step emitted on average (1 + accepted, less any cut at a
+    request's end) and the drafts it proposed on average."""
+    proposed, accepted = int(it_df["spec_proposed"].sum()), int(it_df["spec_accepted"].sum())
+    steps, tokens = int(it_df["spec_steps"].sum()), int(it_df["spec_tokens"].sum())
+    return {"proposed": proposed, "accepted": accepted,
+            "acceptance_rate": accepted / proposed if proposed else None,
+            "steps": steps,
+            "tokens_per_step": tokens / steps if steps else None,
+            "drafts_per_step": proposed / steps if steps else None}
+
+
 def summarize(req_df: pd.DataFrame, it_df: pd.DataFrame, *, slo: dict | None = None,
               kv_blocks_total: int = 0, block_size: int = 16, stall_factor: float = 5.0,
               prefix_cache: dict | None = None, price_per_gpu_hour: float | None = None,
@@ -119,6 +134,8 @@ def summarize(req_df: pd.DataFrame, it_df: pd.DataFrame, *, slo: dict | None = N
     out["queue"] = queue_stats(req_df, it_df, span)
     if swap_space:
         out["swap"] = swap_stats(req_df, it_df, **swap_space)
+    if "spec_proposed" in it_df:
+        out["speculation"] = speculation_stats(it_df)
     met = slo_met(req_df, slo, gaps_owner) if slo else None
     out["classes"] = group_metrics(req_df, "slo_class", gaps_owner, span, met, whole=out)
     out["tenants"] = group_metrics(req_df, "tenant", gaps_owner, span, met, whole=out)

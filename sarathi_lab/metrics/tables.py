@@ -6,7 +6,7 @@ import itertools
 import numpy as np
 import pandas as pd
 
-from sarathi_lab.engine import FLOAT_COLUMNS, HOST_COLUMN, ITER_COLUMNS
+from sarathi_lab.engine import FLOAT_COLUMNS, HOST_COLUMN, ITER_COLUMNS, SPEC_COLUMNS
 from sarathi_lab.request import Request
 
 
@@ -61,6 +61,9 @@ def requests_table(reqs: list[Request], output_lens: dict | None = None) -> pd.D
         "deadline": np.array([np.nan if r.deadline is None else r.deadline for r in reqs], float),
         "token_times": token_times,
     }, index=pd.RangeIndex(n))
+    if any(r.spec_proposed for r in reqs):   # speculative decoding proposed drafts
+        df["spec_proposed"] = np.array([r.spec_proposed for r in reqs], np.int64)
+        df["spec_accepted"] = np.array([r.spec_accepted for r in reqs], np.int64)
     if any(r.prompt_token_ids is not None for r in reqs):
         df["prompt_token_ids"] = [r.prompt_token_ids for r in reqs]
         df["output_token_ids"] = [r.output_token_ids for r in reqs]
@@ -93,7 +96,8 @@ def iterations_table(rows) -> pd.DataFrame:
     fields of ITER_COLUMNS; tuples of only the fields before `swap_outs` mean no swap)."""
     if isinstance(rows, dict):
         assert list(rows)[:len(ITER_COLUMNS)] == list(ITER_COLUMNS) and set(rows).issubset(
-            (*ITER_COLUMNS, HOST_COLUMN)), f"columns {list(rows)}, not {ITER_COLUMNS}"
+            (*ITER_COLUMNS, HOST_COLUMN, *SPEC_COLUMNS)), \
+            f"columns {list(rows)}, not {ITER_COLUMNS}"
         return pd.DataFrame(rows, copy=False)
     a = np.asarray(rows, dtype=float)
     if a.ndim == 2 and a.shape[1] == _NO_SWAP_COLUMNS:

@@ -12,6 +12,7 @@ with the estimate, not an out-of-memory kill minutes later.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ from pathlib import Path
 import torch
 
 from sarathi_lab.models.dtypes import torch_dtype
+from sarathi_lab.models.hf_config import read_shape
 from sarathi_lab.models.llama import LlamaForCausalLM
 from sarathi_lab.models.shape import ModelShape
 
@@ -41,15 +43,19 @@ def _model_dir(path) -> Path:
 
 
 def model_shape(model_cfg: dict) -> ModelShape:
-    """The shape in ``model.path``'s config.json, or else the preset's own."""
+    """The shape in ``model.path``'s config.json, or else the preset's own (or its
+    ``hf_config``'s, which must then agree with the weights' config.json)."""
     if not model_cfg.get("path"):
         return ModelShape.from_config(model_cfg)
-    f = _model_dir(model_cfg["path"]) / "config.json"
-    try:
-        hf = json.loads(f.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{f}: not valid JSON ({e})") from None
-    return ModelShape.from_hf(hf, str(f), name=model_cfg.get("name"))
+    d = _model_dir(model_cfg["path"])
+    shape = read_shape(d, model_cfg.get("name"), "model.path")
+    if model_cfg.get("hf_config"):
+        named = ModelShape.from_config(model_cfg)
+        if dataclasses.replace(named, name=shape.name) != shape:
+            raise ValueError(f"model.hf_config={model_cfg['hf_config']} and model.path="
+                             f"{model_cfg['path']}: their config.json files describe different "
+                             "models (set one)")
+    return shape
 
 
 def _empty_model(args: ModelShape, device, dtype) -> LlamaForCausalLM:

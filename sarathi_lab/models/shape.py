@@ -1,5 +1,13 @@
-"""The shape of a Llama-family model (Llama, Mistral, Qwen2), read once for both the cost model and
-the real model: from a model preset (configs/model/*.yaml) or from a Hugging Face config.json.
+"""The shape of a Llama-family model (Llama, Mistral, Qwen2) or of a mixture-of-experts one built
+on the same attention (Mixtral; Qwen2-MoE and DeepSeek-MoE with shared + routed experts), read once
+for both the cost model and the real model: from a model preset (configs/model/*.yaml) or from a
+Hugging Face config.json.
+
+A mixture-of-experts layer replaces the dense MLP with a router (a h x E linear), E routed experts
+(each a SwiGLU MLP of width moe_intermediate_size, top-k of them per token) and optionally shared
+experts every token goes through (one SwiGLU MLP of total width shared_expert_intermediate_size;
+Qwen2-MoE scales its output by a sigmoid gate, a h x 1 linear). DeepSeek-MoE's first
+`first_dense_layers` layers keep a dense MLP of intermediate_size.
 
 No torch here: the simulator imports this module.
 """
@@ -10,10 +18,19 @@ from dataclasses import dataclass, field
 from sarathi_lab.models.dtypes import dtype_bytes, dtype_name
 from sarathi_lab.settings import plain
 
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
+# "deepseek": DeepSeek-MoE (deepseek-moe-16b), plain multi-head attention; not DeepSeek-V2/V3
+# (multi-head latent attention, model_type deepseek_v2/v3), whose KV and attention differ
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "deepseek")
 _INTS = ("num_layers", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads",
          "head_dim", "vocab_size", "max_model_len")
-_BOOLS = ("tie_word_embeddings", "qkv_bias", "o_bias", "mlp_bias")
+# whole numbers >= 0, 0 meaning none (dense)
+_COUNTS = ("num_experts", "num_experts_per_tok", "shared_expert_intermediate_size",
+           "first_dense_layers")
+_BOOLS = ("tie_word_embeddings", "qkv_bias", "o_bias", "mlp_bias", "shared_expert_gate",
+          "norm_topk_prob")
+# the MoE fields a dense model (num_experts 0) leaves at their defaults
+_MOE_FIELDS = ("num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
+               "shared_expert_gate", "first_dense_layers")
 # preset keys without a default; the HF names of the same settings
 _PRESET_REQUIRED = ("num_layers", "hidden_size", "intermediate_size", "num_heads", "vocab_size",
                     "max_model_len")
@@ -43,6 +60,17 @@ class ModelShape:
     mlp_bias: bool = False
     # Mistral's causal sliding window: each query attends to at most this many keys; None: all
     sliding_window: int | None = None
+    # -- mixture of experts (module docstring); the defaults are a dense model
+    num_experts: int = 0                    # routed experts per MoE layer; 0: dense
+    num_experts_per_tok: int = 0            # top-k
+    # FFN width of one routed expert; None: intermediate_size (Mixtral's experts are its MLP)
+    moe_intermediate_size: int | None = None
+    shared_expert_intermediate_size: int = 0   # total width of the shared expert(s); 0: none
+    shared_expert_gate: bool = False        # Qwen2-MoE: sigmoid(x W_g) scales the shared output
+    first_dense_layers: int = 0             # leading layers with a dense MLP (DeepSeek)
+    # renormalize the chosen k routing weights (Mixtral: softmax over the k chosen logits, the same
+    # weights); False: the full softmax's values are used as they are (Qwen2-MoE, DeepSeek)
+    norm_topk_prob: bool = True
 
     def __post_init__(self):
         where = f"model {self.name!r}"
@@ -69,6 +97,7 @@ class ModelShape:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
                 raise ValueError(f"{where}: {key}={v!r} must be a positive number")
             object.__setattr__(self, key, float(v))
+        self._check_moe(where)
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"{where}: num_heads={self.num_heads} is not a multiple of "
                              f"num_kv_heads={self.num_kv_heads}")
@@ -78,6 +107,39 @@ class ModelShape:
         # a private copy: the caller's dict must not change a frozen shape
         object.__setattr__(self, "rope_scaling", dict(self.rope_scaling)
                            if self.rope_scaling else None)
+
+    def _check_moe(self, where: str) -> None:
+        for key in _COUNTS:
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 \
+                    or not float(v).is_integer():
+                raise ValueError(f"{where}: {key}={v!r} must be a whole number >= 0")
+            object.__setattr__(self, key, int(v))
+        e, k = self.num_experts, self.num_experts_per_tok
+        if e == 0:
+            set_ = [f for f in _MOE_FIELDS if getattr(self, f) != ModelShape.__dataclass_fields__[
+                f].default]
+            if set_:
+                raise ValueError(f"{where}: {set_[0]}={getattr(self, set_[0])!r} is a "
+                                 "mixture-of-experts setting, but num_experts=0 (dense)")
+            return
+        if not 1 <= k <= e:
+            raise ValueError(f"{where}: num_experts_per_tok={k} must be between 1 and "
+                             f"num_experts={e}")
+        w = self.moe_intermediate_size
+        if w is None:
+            w = self.intermediate_size
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or w < 1 \
+                or not float(w).is_integer():
+            raise ValueError(f"{where}: moe_intermediate_size={w!r} must be a positive whole "
+                             "number or null")
+        object.__setattr__(self, "moe_intermediate_size", int(w))
+        if self.shared_expert_gate and not self.shared_expert_intermediate_size:
+            raise ValueError(f"{where}: shared_expert_gate=true without a shared expert "
+                             "(shared_expert_intermediate_size=0)")
+        if self.first_dense_layers >= self.num_layers:
+            raise ValueError(f"{where}: first_dense_layers={self.first_dense_layers} leaves no "
+                             f"mixture-of-experts layer of num_layers={self.num_layers}")
 
     def _derived_head_dim(self, where: str) -> int:
         if self.hidden_size % self.num_heads:
@@ -89,17 +151,73 @@ class ModelShape:
     def dtype_bytes(self) -> int:
         return dtype_bytes(self.dtype)
 
-    def num_params(self) -> int:
-        h, d = self.hidden_size, self.head_dim
-        attn = h * d * (2 * self.num_heads + 2 * self.num_kv_heads)
-        layer = attn + 3 * h * self.intermediate_size + 2 * h
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers with a mixture-of-experts block (the rest have a dense MLP)."""
+        return self.num_layers - self.first_dense_layers if self.is_moe else 0
+
+    def attention_params(self) -> int:
+        """One layer's attention weights: Q, K, V, O (and their biases)."""
+        h, d, H, K = self.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads
+        return h * d * (2 * H + 2 * K) + (H + 2 * K) * d * self.qkv_bias + h * self.o_bias
+
+    def mlp_params(self, width: int) -> int:
+        """One SwiGLU MLP of `width`: gate, up and down projections (and their biases)."""
+        h = self.hidden_size
+        return 3 * h * width + (2 * width + h) * self.mlp_bias
+
+    def moe_params(self, experts: int | None = None) -> int:
+        """One MoE block's weights with `experts` routed experts (default: all of them): the
+        router, those experts, the shared expert(s) and their gate."""
+        e = self.num_experts if experts is None else experts
+        h = self.hidden_size
+        shared = self.mlp_params(self.shared_expert_intermediate_size) \
+            if self.shared_expert_intermediate_size else 0
+        return h * self.num_experts + e * self.mlp_params(self.moe_intermediate_size) \
+            + shared + h * self.shared_expert_gate
+
+    def num_params(self, experts: int | None = None) -> int:
+        """Every weight; `experts` routed experts per MoE layer instead of all of them
+        (active_params: top-k)."""
+        h, L = self.hidden_size, self.num_layers
+        dense = L - self.moe_layers
+        layers = L * (self.attention_params() + 2 * h) \
+            + dense * self.mlp_params(self.intermediate_size) \
+            + self.moe_layers * (self.moe_params(experts) if self.is_moe else 0)
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * layer + emb + h
+        return layers + emb + h
+
+    def active_params(self) -> int:
+        """The weights one token goes through: top-k routed experts per MoE layer (all the
+        weights of a dense model); embedding and LM head counted, as the published "active"
+        figures do (Mixtral-8x7B: 12.9B)."""
+        return self.num_params(self.num_experts_per_tok if self.is_moe else None)
+
+    def kv_bytes_per_token(self, dtype: str | None = None) -> int:
+        """Bytes of one token's K and V over every layer, all KV heads, in `dtype` (default
+        the model's)."""
+        b = dtype_bytes(dtype) if dtype else self.dtype_bytes
+        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * b
+
+    def to_preset(self) -> dict:
+        """The preset keys (configs/model/*.yaml) that give this shape back by from_config."""
+        out = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        if out["rope_scaling"] is not None:
+            out["rope_scaling"] = dict(out["rope_scaling"])
+        return out
 
     @classmethod
     def from_config(cls, cfg) -> ModelShape:
-        """From a model preset (configs/model/*.yaml), a dict or an OmegaConf config."""
+        """From a model preset (configs/model/*.yaml), a dict or an OmegaConf config; one that
+        names a config.json (hf_config) gets its shape from it (models.hf_config)."""
         c = {k: v for k, v in plain(cfg).items() if v is not None}   # YAML null: the default
+        if c.get("hf_config"):
+            from sarathi_lab.models.hf_config import resolve_model   # it reads this module
+            c = {k: v for k, v in resolve_model(c).items() if v is not None}
         name = str(c.get("name", "model"))
         missing = [k for k in _PRESET_REQUIRED if k not in c]
         if missing:
@@ -114,8 +232,9 @@ class ModelShape:
             tie_word_embeddings=c.get("tie_word_embeddings", False),
             rms_norm_eps=c.get("rms_norm_eps", 1e-5), rope_theta=c.get("rope_theta", 10000.0),
             rope_scaling=c.get("rope_scaling"), qkv_bias=c.get("qkv_bias", attn_bias),
-            o_bias=attn_bias, mlp_bias=c.get("mlp_bias", False),
-            sliding_window=c.get("sliding_window"))
+            o_bias=c.get("o_bias", attn_bias), mlp_bias=c.get("mlp_bias", False),
+            sliding_window=c.get("sliding_window"),
+            **{k: c[k] for k in _MOE_FIELDS + ("num_experts", "norm_topk_prob") if k in c})
 
     @classmethod
     def from_hf(cls, hf: dict, where: str = "config.json", name: str | None = None) -> ModelShape:
@@ -139,8 +258,9 @@ class ModelShape:
         theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
         if rope.get("rope_type", rope.get("type", "default")) == "default":
             rope = None
-        qwen2 = mtype == "qwen2"
+        qwen2 = mtype in ("qwen2", "qwen2_moe")
         attn_bias = _flag(hf, "attention_bias", where)
+        moe = _hf_moe(hf, mtype, where)
         try:
             return cls(
                 name=str(name or hf.get("_name_or_path") or where),
@@ -156,9 +276,51 @@ class ModelShape:
                 qkv_bias=qwen2 or attn_bias, o_bias=attn_bias and not qwen2,
                 mlp_bias=hf.get("mlp_bias", False),
                 # Qwen2 configs name a window they do not use (use_sliding_window: false)
-                sliding_window=hf.get("sliding_window") if mtype == "mistral" else None)
+                sliding_window=hf.get("sliding_window") if mtype in ("mistral", "mixtral")
+                else None, **moe)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
+
+
+def _hf_moe(hf: dict, mtype: str, where: str) -> dict:
+    """The MoE fields of a Hugging Face config.json (none for a dense model_type); refuses the
+    layouts this shape cannot describe (MoE on some layers only, other routing functions)."""
+    def need(*keys):
+        missing = [k for k in keys if k not in hf]
+        if missing:
+            raise ValueError(f"{where}: model_type {mtype!r} lacks {', '.join(missing)}")
+    if mtype == "mixtral":
+        need("num_local_experts", "num_experts_per_tok")
+        return {"num_experts": hf["num_local_experts"], "num_experts_per_tok":
+                hf["num_experts_per_tok"], "moe_intermediate_size": hf["intermediate_size"]}
+    if mtype == "qwen2_moe":
+        need("num_experts", "num_experts_per_tok", "moe_intermediate_size")
+        if hf.get("decoder_sparse_step", 1) != 1 or hf.get("mlp_only_layers"):
+            raise ValueError(f"{where}: decoder_sparse_step={hf.get('decoder_sparse_step')!r}, "
+                             f"mlp_only_layers={hf.get('mlp_only_layers')!r}: only a model with "
+                             "an MoE block in every layer is supported (1 and [])")
+        shared = hf.get("shared_expert_intermediate_size", 0)
+        return {"num_experts": hf["num_experts"], "num_experts_per_tok":
+                hf["num_experts_per_tok"], "moe_intermediate_size": hf["moe_intermediate_size"],
+                "shared_expert_intermediate_size": shared, "shared_expert_gate": bool(shared),
+                "norm_topk_prob": _flag(hf, "norm_topk_prob", where)}
+    if mtype == "deepseek":
+        need("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")
+        if hf.get("moe_layer_freq", 1) != 1:
+            raise ValueError(f"{where}: moe_layer_freq={hf['moe_layer_freq']!r}: only an MoE "
+                             "block in every layer after first_k_dense_replace is supported (1)")
+        if hf.get("scoring_func", "softmax") != "softmax":
+            raise ValueError(f"{where}: scoring_func={hf['scoring_func']!r} is not supported "
+                             "(softmax is)")
+        shared = hf.get("n_shared_experts", 0)
+        if isinstance(shared, bool) or not isinstance(shared, int) or shared < 0:
+            raise ValueError(f"{where}: n_shared_experts={shared!r} must be a whole number >= 0")
+        return {"num_experts": hf["n_routed_experts"], "num_experts_per_tok":
+                hf["num_experts_per_tok"], "moe_intermediate_size": hf["moe_intermediate_size"],
+                "shared_expert_intermediate_size": shared * hf["moe_intermediate_size"],
+                "first_dense_layers": hf.get("first_k_dense_replace", 0),
+                "norm_topk_prob": _flag(hf, "norm_topk_prob", where)}
+    return {}
 
 
 def _flag(c: dict, key: str, where: str) -> bool:

@@ -56,10 +56,22 @@ class SchedulerConfig:
                          "KV blocks; null: 4 (vLLM's default) with preemption_mode=swap")
     num_swap_blocks: int | None = setting(
         None, ge=1, help="host swap space in KV blocks, in place of swap_space_gib")
+    # speculative decoding (vLLM's name): a scheduling decision, since the k draft tokens a
+    # decode verifies count against the token budget like a prompt chunk's
+    num_speculative_tokens: int = setting(
+        0, ge=0, le=64, help="draft tokens each decode proposes and the target verifies in one "
+                             "iteration (1 + k tokens of the budget); 0: off; needs an executor "
+                             "that speculates (executor.supports_speculation)")
 
     def validate(self) -> None:
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size={self.block_size}: must be a power of two")
+        if self.num_speculative_tokens and self.enable_prefix_caching:
+            # prefix caching hashes a block as its tokens are computed; a draft's slot holds no
+            # known token yet (and the bulk decode allocation that drafts take is not hashed)
+            raise ValueError(f"num_speculative_tokens={self.num_speculative_tokens} with "
+                             "enable_prefix_caching=true: speculative decoding is not "
+                             "implemented with prefix caching; set one of them off")
         if self.swap_space_gib is not None and self.num_swap_blocks is not None:
             raise ValueError(f"swap_space_gib={self.swap_space_gib} and num_swap_blocks="
                              f"{self.num_swap_blocks}: set one of them (both size the host swap "
@@ -78,6 +90,8 @@ class Policy(Admission, Preemption, Progress, abc.ABC):
       reserves_kv            True: the KV manager reserves each request's max length up front
       whole_prompts          True: prompts are never chunked
       oracle                 True: may read true output lengths (`oracle_output_len`)
+      speculates             True: its decodes take `schedule_decodes`'s speculation
+                             (scheduler.num_speculative_tokens)
       fast_forward           a FastForward: the simulator may skip through its steady runs
                              (mechanics/fast_forward.py, with the rule for subclasses); None
                              (the default): stepped one iteration at a time
@@ -107,6 +121,9 @@ class Policy(Admission, Preemption, Progress, abc.ABC):
     whole_prompts: ClassVar[bool] = False
     oracle: ClassVar[bool] = False
     fast_forward: ClassVar[FastForward | None] = None
+    #: True when its decodes go through `schedule_decodes`, which gives each 1 + k tokens with
+    #: scheduler.num_speculative_tokens = k; False: that setting is an error
+    speculates: ClassVar[bool] = False
     _fast_forward_for: ClassVar[tuple] = ()   # the schedule and update it was declared for
 
     def __init_subclass__(cls, **kw):
@@ -148,6 +165,9 @@ class Policy(Admission, Preemption, Progress, abc.ABC):
             for k in ("swap_space_gib", "num_swap_blocks"):
                 why[k] = why.get("preemption_mode") \
                     or "read only with scheduler.preemption_mode=swap"
+        if not cls.speculates:
+            why["num_speculative_tokens"] = (f"policy {cls.name!r} does not schedule "
+                                             "speculative decodes")
         return why
 
     # -- what a policy writes, and what it may override ------------------------------------------

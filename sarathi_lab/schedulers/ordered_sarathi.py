@@ -41,7 +41,7 @@ class OrderedSarathi(Sarathi):
         budget = self.cfg.token_budget
         decodes, prefills = split_running(self.running)
         self.schedule_decodes(out, decodes[:budget])
-        budget -= len(out)
+        budget -= out.total_tokens if out.spec_lens else len(out)
         prefills = sorted((r for r in prefills if r.status is Status.RUNNING), key=self.rank)
         i, admitting, waiting = 0, True, self.waiting
         while budget > 0:

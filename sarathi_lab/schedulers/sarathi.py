@@ -18,13 +18,15 @@ class Sarathi(Policy):
     name = "sarathi"
     config_class = SarathiConfig
     fast_forward = steady.SARATHI   # its steady decode and chunk runs (schedulers/steady.py)
+    speculates = True
 
     def schedule(self, now):
         out, budget = SchedulerOutput(), self.cfg.token_budget
         decodes, prefills = split_running(self.running)
         # decodes first: a running decode is never stalled by a prefill
         self.schedule_decodes(out, decodes if len(decodes) <= budget else decodes[:budget])
-        budget -= len(out.reqs)
+        # speculative decodes take 1 + k tokens of the budget each
+        budget -= out.total_tokens if out.spec_lens else len(out.reqs)
         # then ongoing prefills, chunked to what is left; their blocks were taken at admission,
         # so they never preempt the decodes already in this batch
         for req in prefills:

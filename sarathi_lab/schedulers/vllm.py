@@ -10,6 +10,7 @@ from sarathi_lab.schedulers.whole_prompt import WholePromptPolicy
 class VLLM(WholePromptPolicy):
     name = "vllm"
     fast_forward = steady.VLLM   # its steady decode runs (schedulers/steady.py)
+    speculates = True
 
     def schedule(self, now):
         out = SchedulerOutput()

@@ -54,7 +54,9 @@ def replica_column(requests, replica_of: dict) -> np.ndarray:
 
 
 def replica_gpus(engine) -> int:
-    """The GPUs of one replica, as its executor's settings say: tensor x pipeline parallel (1
-    each where an executor has no such setting)."""
+    """The GPUs of one replica, as its executor's settings say: tensor x expert x pipeline
+    parallel (1 each where an executor has no such setting; the expert-parallel groups are the
+    roofline's setting)."""
     cfg = getattr(engine.executor, "cfg", None)
-    return getattr(cfg, "tensor_parallel", 1) * getattr(cfg, "pipeline_parallel", 1)
+    ep = getattr(getattr(cfg, "cost_model_settings", None), "expert_parallel", None) or 1
+    return getattr(cfg, "tensor_parallel", 1) * ep * getattr(cfg, "pipeline_parallel", 1)

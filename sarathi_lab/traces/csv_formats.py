@@ -182,15 +182,22 @@ def _detect(columns, src):
 
 
 def _service_columns(columns, src) -> dict:
-    """Service column -> its name in the file, for those present."""
+    """Service column -> its name in the file, for those present (and the per-request
+    columns an executor reads, `EXECUTOR_COLUMNS`)."""
     found = _names(columns, src)
-    return {k: found[k] for k in SERVICE_DEFAULTS if k in found}
+    return {k: found[k] for k in (*SERVICE_DEFAULTS, *EXECUTOR_COLUMNS) if k in found}
+
+
+#: optional per-request columns kept for the executor, not the request: the simulator's
+#: speculative decoding reads each request's draft acceptance rate (executor.acceptance=trace)
+EXECUTOR_COLUMNS = {"acceptance_rate": "a probability in [0, 1] (a draft token's acceptance)"}
 
 
 def _names(columns, src) -> dict:
     """Normalised name -> name, for the names this module reads; one of them twice is an
     error, since either column could be meant."""
-    known = {c.lower() for _, *cs in _CSV_FORMATS for c in cs if c} | set(SERVICE_DEFAULTS)
+    known = {c.lower() for _, *cs in _CSV_FORMATS for c in cs if c} | set(SERVICE_DEFAULTS) \
+        | set(EXECUTOR_COLUMNS)
     found = {}
     for c in columns:
         key = str(c).strip().lower()
@@ -232,6 +239,9 @@ def _lengths(col: pd.Series, name, src, offset) -> np.ndarray:
 
 def _service_values(key, col: pd.Series, name, src, offset) -> np.ndarray:
     """One service column of a CSV chunk, validated; empty cells get the default."""
+    if key in EXECUTOR_COLUMNS:
+        return _numbers(col, name, src, offset, EXECUTOR_COLUMNS[key],
+                        lambda v: (v >= 0) & (v <= 1))
     what = SERVICE_WHAT[key]
     if key == "priority":
         return _numbers(col, name, src, offset, what,

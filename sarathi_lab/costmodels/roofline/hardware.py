@@ -125,6 +125,15 @@ class RooflineConfig(CostModelConfig):
                    "false")
     kv_cache_dtype: str | None = setting(None, help="the KV cache: null (model.dtype) | bfloat16 "
                                                     "| float16 | fp8: bytes read, written, held")
+    # mixture-of-experts models (costmodels/roofline/moe.py)
+    expert_parallel: int | None = setting(
+        None, ge=1, le=64, help="expert-parallel groups of tensor_parallel GPUs per stage (GPUs: "
+        "their product): each group holds 1/expert_parallel of the experts and runs attention "
+        "data-parallel; all-to-all dispatch and combine between groups; null: 1, every expert on "
+        "every GPU (> 1: MoE models only)")
+    moe_imbalance: float | None = setting(
+        None, ge=1, help="the busiest expert-parallel group's routed tokens over the mean "
+        "(expert_parallel > 1); null: 1, balanced")
 
     def validate(self) -> None:
         for key, allowed in (("weight_dtype", _WEIGHT_DTYPES), ("kv_cache_dtype", _KV_DTYPES)):

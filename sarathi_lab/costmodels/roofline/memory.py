@@ -1,6 +1,8 @@
 """What a GPU holds: the weights, the activations of a forward and the KV cache it leaves room for,
-with and without pipeline stages (a mixin of `RooflineCostModel`, which sets model, hw, tp,
-linear_params, weight_bytes and kv_bytes_per_token)."""
+with and without pipeline stages (a mixin of `RooflineCostModel`, which sets model, hw, tp, ep,
+linear_params, expert_params, weight_bytes and kv_bytes_per_token). Under expert parallelism a
+GPU holds its layers' attention and dense weights (/tp), 1/ep of the routed experts (/tp), and
+the KV of its group's requests: the engine's KV pool is ep times one GPU's blocks."""
 from __future__ import annotations
 
 # vLLM's default max_num_seqs: its memory profile holds this many rows of fp32 full-vocab logits.
@@ -28,8 +30,11 @@ class RooflineMemory:
         """Transient memory of one forward over num_tokens tokens: residual and normed input,
         QKV, the MLP's gate/up output and activation, plus sampled logits in fp32."""
         m = self.model
+        mlp = m.intermediate_size if not m.is_moe else max(
+            m.intermediate_size if m.first_dense_layers else 0,
+            m.num_experts_per_tok * m.moe_intermediate_size + m.shared_expert_intermediate_size)
         per_tok = 2 * m.hidden_size + (self.heads + 2 * self.kv_heads) * m.head_dim \
-            + 3 * m.intermediate_size / self.tp
+            + 3 * mlp / self.tp
         return num_tokens * m.dtype_bytes * per_tok + _MAX_SAMPLED_ROWS * m.vocab_size * 4
 
     @property
@@ -49,14 +54,20 @@ class RooflineMemory:
             need_tp = self.tp
             while need_tp < 64 and self.weight_bytes * self.tp / need_tp + reserve >= usable:
                 need_tp *= 2
+            layout = f"tensor_parallel={self.tp}" + (
+                f" expert_parallel={self.ep}" if self.ep > 1 else "")
+            # a MoE model's experts can also be split over expert-parallel groups
+            hint = f"try tensor_parallel={need_tp}" + (
+                ", or executor.expert_parallel (parallel=tp1ep2, tp1ep4, tp1ep8, tp2ep4)"
+                if m.is_moe else "")
             raise ValueError(
-                f"{m.name} does not fit on {hw.name} at tensor_parallel={self.tp}: weights take "
+                f"{m.name} does not fit on {hw.name} at {layout}: weights take "
                 f"{self.weight_bytes / gib:.1f} GiB per GPU plus {reserve / gib:.1f} GiB of "
                 f"activations/workspace, but gpu_memory_utilization={gpu_memory_utilization} "
-                f"of {hw.memory_bytes / gib:.1f} GiB leaves {usable / gib:.1f} GiB "
-                f"(try tensor_parallel={need_tp})")
+                f"of {hw.memory_bytes / gib:.1f} GiB leaves {usable / gib:.1f} GiB ({hint})")
+        # with expert parallelism each of the ep groups keeps its own requests' KV
         blocks = int((usable - self.weight_bytes - reserve)
-                     // (block_size * self.kv_bytes_per_token))
+                     // (block_size * self.kv_bytes_per_token)) * self.ep
         if blocks < 1:
             raise ValueError(f"{m.name} on {hw.name} at tensor_parallel={self.tp}: no room for "
                              f"one KV block of {block_size} tokens")
@@ -74,7 +85,8 @@ class RooflineMemory:
         m, hw = self.model, self.hw
         L, P, h = m.num_layers, len(layers), m.hidden_size
         assert P > 1 and sum(layers) == L, (layers, L)
-        per_layer = self.linear_params + 2 * h
+        # a MoE model's layers averaged (DeepSeek's first dense layer is taken as any other)
+        per_layer = self.linear_params + self.expert_params / L + 2 * h
         vocab = m.vocab_size * h / self.tp
         # bytes per weight element: the whole model's weights over its elements (its dtypes)
         per_param = self.weight_bytes / (L * per_layer + h
@@ -95,7 +107,7 @@ class RooflineMemory:
                     f"{hw.memory_bytes / gib:.1f} GiB leaves {usable / gib:.1f} GiB (try more "
                     "pipeline stages or a larger tensor_parallel)")
             blocks = int((usable - weights - reserve)
-                         // (block_size * self.kv_bytes_per_token * n / L))
+                         // (block_size * self.kv_bytes_per_token * n / L)) * self.ep
             fewest = blocks if fewest is None else min(fewest, blocks)
         if fewest < 1:
             raise ValueError(f"{m.name} on {hw.name} at tensor_parallel={self.tp} "

@@ -56,6 +56,13 @@ is linear in L) and its LM head; `send_recv_terms` prices handing the activation
 stage, `gather_terms` the receiving TP group's all-gather, and `pipeline_kv_blocks` the KV cache
 that every stage's GPUs hold beside their layers' weights (memory.py).
 
+Mixture-of-experts models (moe.py: the formulas and their sources): the router, shared experts
+and dense MLPs join P above; the routed experts add experts(T), priced by the tokens each expert
+gets and the weights of the experts the batch touches, and with expert parallelism
+(executor.expert_parallel = ep) the all-to-all dispatch and combine; the ep groups run attention
+data-parallel, so every per-token term above is that of 1/ep of the batch, and the KV pool is the
+groups' sum.
+
 Not modelled (small, or properties of the serving stack rather than the GPU): the embedding lookup
 and its all-reduce, the final norm, the gather of TP-sharded logits, sampling kernels, tile and
 wave quantisation (the soft roofline averages it), kernel floors that vary with the batch (the
@@ -74,6 +81,7 @@ from sarathi_lab.costmodels.roofline.communication import (allreduce_terms, gath
                                                            send_recv_terms)
 from sarathi_lab.costmodels.roofline.hardware import HardwareSpec, RooflineConfig, gemm_peak
 from sarathi_lab.costmodels.roofline.memory import RooflineMemory
+from sarathi_lab.costmodels.roofline.moe import MoeCost, check_layout
 from sarathi_lab.models.dtypes import dtype_bytes
 from sarathi_lab.models.shape import ModelShape
 
@@ -100,10 +108,12 @@ class RooflineCostModel(RooflineMemory, CostModel):
             raise ValueError(f"{m.name}: tensor_parallel={tp} must divide "
                              f"num_kv_heads={m.num_kv_heads}")
         self.model, self.hw, self.tp = m, hw, tp
+        q = cfg if isinstance(cfg, RooflineConfig) else RooflineConfig()
+        ep = self.ep = int(q.expert_parallel or 1)
+        check_layout(m, ep, q.moe_imbalance)
         h, d, b, L = m.hidden_size, m.head_dim, m.dtype_bytes, m.num_layers
         # quantization: the linear layers' weight bytes (b_w) and GEMM peak, the KV bytes (b_kv);
         # activations, norms, embeddings and the LM head stay in model.dtype (b)
-        q = cfg if isinstance(cfg, RooflineConfig) else RooflineConfig()
         self.weight_dtype = q.weight_dtype or m.dtype
         self.kv_cache_dtype = q.kv_cache_dtype or m.dtype
         b_w, b_kv = dtype_bytes(self.weight_dtype), dtype_bytes(self.kv_cache_dtype)
@@ -118,10 +128,33 @@ class RooflineCostModel(RooflineMemory, CostModel):
         # -- weights and KV per GPU
         self.linear_params = h * (self.heads + 2 * self.kv_heads) * d + self.heads * d * h \
             + 3 * h * inter                                    # per layer
+        # the MLP read per token (ew_bytes): a dense model's, or a MoE layer's share below
+        mlp_width = 3 * inter
+        self.moe = None
+        if m.is_moe:
+            # per layer, averaged over the layers: the attention, the dense MLPs of the first
+            # layers, and each MoE layer's router (replicated: every GPU routes its tokens),
+            # shared experts (sharded like a dense MLP) and their gate; the routed experts are
+            # the MoeCost's
+            shared = m.shared_expert_intermediate_size / tp
+            moe_dense = h * m.num_experts + 3 * h * shared + h * m.shared_expert_gate
+            dense = m.first_dense_layers
+            self.linear_params = h * (self.heads + 2 * self.kv_heads) * d \
+                + self.heads * d * h + (dense * 3 * h * inter + m.moe_layers * moe_dense) / L
+            self.moe = MoeCost(m, hw, tp, ep, q.moe_imbalance or 1.0, b, b_w,
+                               gemm_peak(hw, self.weight_dtype, bool(q.weight_only)))
+            # SiLU x mul of the k experts each token visits, the shared ones, the dense MLPs;
+            # and the permute / unpermute of each assignment's hidden state (read + write, in
+            # and out: 4 h)
+            e_width = m.num_experts_per_tok * m.moe_intermediate_size / tp
+            mlp_width = (dense * 3 * inter + m.moe_layers * (3 * (e_width + shared)
+                         + 4 * h * m.num_experts_per_tok)) / L
+        #: routed experts' weights on one GPU, all layers (0: dense)
+        self.expert_params = self.moe.params if self.moe else 0
         vocab_params = m.vocab_size * h / tp                   # vocab-parallel embedding, LM head
         # per-channel or per-tensor scales of 8-bit weights (<= 4 bytes a row of >= 4096) left
         # out: under 0.1% of the weight bytes
-        self.weight_bytes = b_w * L * self.linear_params \
+        self.weight_bytes = b_w * (L * self.linear_params + self.expert_params) \
             + b * (L * 2 * h + h + vocab_params * (1 if m.tie_word_embeddings else 2))
         self.kv_bytes_per_token = L * 2 * self.kv_heads * d * b_kv   # all layers
 
@@ -135,7 +168,7 @@ class RooflineCostModel(RooflineMemory, CostModel):
         # norms (read+write h, x2), residual adds (read 2h write h, x2) are replicated per rank;
         # RoPE (read+write q, k), SiLU*mul (read 2I write I), KV write (in kv_cache_dtype) are
         # sharded.
-        ew_bytes = b * (10 * h + 2 * (self.heads + self.kv_heads) * d + 3 * inter) \
+        ew_bytes = b * (10 * h + 2 * (self.heads + self.kv_heads) * d + mlp_width) \
             + b_kv * 2 * self.kv_heads * d
         if w8a8:
             # each GEMM's input quantized to 8 bits on the fly by its own kernel (read in
@@ -159,6 +192,13 @@ class RooflineCostModel(RooflineMemory, CostModel):
         self.overhead = hw.iteration_overhead_s
         self.req_overhead = hw.request_overhead_s
         self.layer_floors = L * hw.layer_overhead_s
+        if ep > 1:
+            # attention data-parallel over the ep groups: each group runs 1/ep of the batch's
+            # tokens, pairs, KV reads and sampled rows (weights are read by every group)
+            for name in ("lin_per_token", "ew_per_token", "attn_per_pair", "attn_per_self_pair",
+                         "attn_per_kv_token", "decode_per_kv_token", "lm_per_row",
+                         "ar_per_token", "far_per_token"):
+                setattr(self, name, getattr(self, name) / ep)
         self._by_tokens: dict[int, float] = {}             # memo of _fixed's terms of T
         self._by_rows: dict[int, float] = {}                # ... and of S
 
@@ -214,8 +254,11 @@ class RooflineCostModel(RooflineMemory, CostModel):
             return self.overhead
         by_t = self._by_tokens.get(T)
         if by_t is None:
-            by_t = self._by_tokens[T] = self.layer_floors + self.linear_time(T) \
-                + T * self.ew_per_token + self.allreduce_time(T)
+            by_t = self.layer_floors + self.linear_time(T) + T * self.ew_per_token \
+                + self.allreduce_time(T)
+            if self.moe is not None:
+                by_t += self.moe.experts_time(T) + self.moe.all_to_all_time(T)
+            self._by_tokens[T] = by_t
         by_s = self._by_rows.get(S)
         if by_s is None:
             by_s = self._by_rows[S] = self.lm_head_time(S)
@@ -244,6 +287,9 @@ class RooflineCostModel(RooflineMemory, CostModel):
             "lm_head": self.lm_head_time(S),
             "allreduce": self.allreduce_time(T),
         }
+        if self.moe is not None:
+            parts["experts"] = self.moe.experts_time(T)
+            parts["all_to_all"] = self.moe.all_to_all_time(T)
         parts["total"] = sum(parts.values())
         return parts
 
@@ -361,7 +407,10 @@ class RooflineCostModel(RooflineMemory, CostModel):
         TP rank its 1/tp slice to its peer of the next stage, all pairs at once (send-allgather):
         2 h b / tp bytes per token over NVLink within a node, over a NIC across nodes."""
         m = self.model
-        return send_recv_terms(self.hw, 2 * m.hidden_size * m.dtype_bytes / self.tp, across_nodes)
+        # with expert parallelism each group hands on its own 1/ep of the tokens, all at once
+        lat, per_token = send_recv_terms(self.hw, 2 * m.hidden_size * m.dtype_bytes / self.tp,
+                                         across_nodes)
+        return lat, per_token / self.ep
 
     def send_recv_time(self, num_tokens: int, across_nodes: bool = False) -> float:
         lat, per_token = self.send_recv_terms(across_nodes)
@@ -372,4 +421,5 @@ class RooflineCostModel(RooflineMemory, CostModel):
         within its TP group (tp > 1; none at tp 1): a ring all-gather, (tp-1)/tp of the 2 h b
         bytes per token (communication.gather_terms)."""
         m = self.model
-        return gather_terms(self.hw, self.tp, 2 * m.hidden_size * m.dtype_bytes)
+        lat, per_token = gather_terms(self.hw, self.tp, 2 * m.hidden_size * m.dtype_bytes)
+        return lat, per_token / self.ep

@@ -158,7 +158,18 @@ class Preemption:
 
     def schedule_decodes(self, out: SchedulerOutput, decodes: list[Request]) -> None:
         """One decode for each of `decodes` (running requests), as the batch's first entries;
-        when KV runs short, one by one, preempting as `allocate_or_preempt` does."""
+        when KV runs short, one by one, preempting as `allocate_or_preempt` does. With
+        scheduler.num_speculative_tokens = k > 0, each gets 1 + k tokens (its drafts,
+        `speculative_lens`, within the policy's `token_limit()`: the decodes come first) where
+        the free KV blocks hold them all, else one token each."""
+        k = self.cfg.num_speculative_tokens
+        if k:
+            spec = speculative_lens(decodes, k, self.token_limit(), self.max_model_len)
+            if any(spec) and self.kv.allocate_decodes(decodes, [1 + s for s in spec]):
+                out.add_decodes(decodes, spec)
+                return
+            # drafts never preempt a request: short of KV (or with prefix caching, whose
+            # blocks are hashed one request at a time), this iteration decodes one token each
         if not self.kv.allocate_decodes(decodes):
             granted: list[Request] = []
             for r in decodes:
@@ -166,3 +177,20 @@ class Preemption:
                     granted.append(r)
             decodes = granted
         out.add_decodes(decodes)
+
+
+def speculative_lens(decodes: list[Request], k: int, budget: int | None,
+                     max_model_len: int) -> list[int]:
+    """The draft tokens of each decode: k, fewer where the token budget left after one token
+    for every decode runs out (in the decodes' order), where max_model_len leaves less room, or
+    where the request's max_tokens (its user's cap, which a real scheduler sees) does."""
+    room = len(decodes) * k if budget is None else budget - len(decodes)
+    spec = []
+    for r in decodes:
+        s = min(k, room, max_model_len - r.num_computed_tokens - 1)
+        if r.max_tokens is not None:
+            s = min(s, r.max_tokens - r.num_output_tokens - 1)
+        s = max(s, 0)
+        room -= s
+        spec.append(s)
+    return spec

@@ -31,6 +31,18 @@ class Progress:
         requests the executor ended, free their KV. Returns the requests that finished."""
         if self.admission is not None:
             self.admission.observe(out.split_counts()[0], start, end)
+        if step.accepted is not None:
+            done = self._update_speculative(out, step, start, end)
+        else:
+            done = self._update_entries(out, step, start, end)
+        if done:
+            self.running = [r for r in self.running if r.status is Status.RUNNING]
+        if out.swapped_out or out.swapped_in:
+            self._charge_swap_time(out, step.swap_s)
+        return done
+
+    def _update_entries(self, out: SchedulerOutput, step, start: float, end: float) -> list:
+        """`update` of a batch without speculation: each entry that catches up emits one token."""
         done = []
         sampled = step.sampled
         ended = set(step.finished) if step.finished else ()
@@ -50,10 +62,38 @@ class Progress:
                     req.finish_time = end
                     self.kv.free(req)
                     done.append(req)
-        if done:
-            self.running = [r for r in self.running if r.status is Status.RUNNING]
-        if out.swapped_out or out.swapped_in:
-            self._charge_swap_time(out, step.swap_s)
+        return done
+
+    def _update_speculative(self, out: SchedulerOutput, step, start: float, end: float) -> list:
+        """`update` of a batch with speculative decodes: entry i advances by and emits
+        step.emitted[i] tokens (1 + its accepted drafts, cut at its stop), all at the end of
+        the iteration; the KV slots of the drafts it did not keep are released."""
+        done = []
+        sampled, ids, emitted = step.sampled, step.accepted_ids, step.emitted
+        accepted, spec = step.accepted, out.spec_lens or [0] * len(out.reqs)
+        ended = set(step.finished) if step.finished else ()
+        for i, (req, n) in enumerate(zip(out.reqs, out.num_new_tokens)):
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = start
+            m, s = emitted[i], spec[i]
+            if s:
+                req.spec_proposed += s
+                req.spec_accepted += accepted[i]
+                req.num_computed_tokens += m
+                self.kv.release_slots(req, n - m)
+            else:
+                req.num_computed_tokens += n
+            if m:
+                req.num_output_tokens += m
+                req.token_times.extend([end] * m)
+                if sampled is not None:
+                    toks = (ids[i] if ids is not None else []) + [sampled[i]]
+                    req.output_token_ids.extend(toks[:m])
+                if i in ended:
+                    req.status = Status.FINISHED
+                    req.finish_time = end
+                    self.kv.free(req)
+                    done.append(req)
         return done
 
     @staticmethod

@@ -1,5 +1,6 @@
-"""One candidate's evaluation: its capacity on one unit, the fewest units that serve the load
-within the SLO, and that deployment's capacity. Runs in a worker (joblib or Ray) from a
+"""One candidate's evaluation: the fewest units that serve the load within the SLO (one unit
+at the load first; when it fails, one unit's coarse capacity bounds the count), and that
+deployment's capacity. Runs in a worker (joblib or Ray) from a
 picklable job; every step leaves its file in the candidate's directory, so that a rerun after an
 interruption redoes nothing already done (result.json last: the marker of a finished one)."""
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Planner speed: configurations evaluated (each with its capacity) per wall-clock minute.
 
 The target (issue 26): >= 200 configurations with their capacities in <= 15 minutes on a 2-core
-machine, in-process (no start-up per run). The space: Llama-3-8B on A100 / H100 / H200 x TP 1/2/4
-x PP 1/2 x colocated / disaggregated 1:1 / 1:2 x sarathi (budgets 256, 512, 1024) / vllm = 216
-configurations, each searched for its capacity on one unit, the fewest units that serve the load
-and that deployment's capacity, on Azure-conversation lengths at 20 req/s under Llama-3-8B's
-strict SLO. Prints the tally, the wall time, the time per configuration and the load average
+machine, in-process (no start-up per run). The space: Llama-3-8B on A100 / H100 / H200 x TP
+1/2/4/8 x colocated / disaggregated 1:1, 1:2, 2:1 x sarathi (budgets 256, 512, 1024, 2048) / vllm
+= 240 configurations (no pipeline stages: disaggregated pools run none, so half a PP 1/2 space
+would be pruned unrun), each searched for the fewest units that serve the load and that
+deployment's capacity, on Azure-conversation lengths at 20 req/s under Llama-3-8B's strict SLO. Prints the tally, the wall time, the time per configuration and the load average
 (this machine is shared: say so beside any figure).
 
     python experiments/bench_plan.py [--requests 300] [--n-jobs 2] [--out DIR] [--small]
@@ -30,15 +30,15 @@ def main():
     ap.add_argument("--load", type=float, default=20.0, help="req/s to serve")
     ap.add_argument("--n-jobs", type=int, default=2, help="joblib processes")
     ap.add_argument("--out", default=None, help="the plan's directory (default: a fresh temp one)")
-    ap.add_argument("--small", action="store_true", help="one hardware, colocated: 24 configs")
+    ap.add_argument("--small", action="store_true", help="one hardware, colocated: 20 configs")
     args = ap.parse_args()
     base = ["model=llama-3-8b", "trace=azure_conv", f"trace.num_requests={args.requests}"]
     p = compose_config(base, "plan")["plan"]
     p["space"].update(
         hardware=["a100-80gb"] if args.small else ["a100-80gb", "h100-sxm", "h200"],
-        layout={"tensor_parallel": [1, 2, 4], "pipeline_parallel": [1, 2]},
-        split=["colocated"] if args.small else ["colocated", "1:1", "1:2"],
-        policy=["sarathi", "vllm"], token_budget=[256, 512, 1024], max_replicas=32)
+        layout={"tensor_parallel": [1, 2, 4, 8]},
+        split=["colocated"] if args.small else ["colocated", "1:1", "1:2", "2:1"],
+        policy=["sarathi", "vllm"], token_budget=[256, 512, 1024, 2048], max_replicas=32)
     p.update(load_qps=args.load, backend="joblib", n_jobs=args.n_jobs)
     out = Path(args.out or tempfile.mkdtemp(prefix="bench_plan_"))
     load0 = os.getloadavg()
@@ -47,6 +47,7 @@ def main():
     wall = time.perf_counter() - t0
     load1 = os.getloadavg()
     df = table.ranked(rows)
+    table.write(df, out)
     n = collections.Counter(df["status"])
     evaluated = n["feasible"] + n["infeasible"]
     sims = int(df["simulations"].fillna(0).sum())

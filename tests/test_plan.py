@@ -23,7 +23,7 @@ from sarathi_lab.sweeps import compose_config
 BASE = ["model=llama-3-8b", "trace=synthetic", "trace.num_requests=60", "slo.ttft=0.5"]
 LOAD = 30.0
 # columns that depend on the run (where, how long, whether resumed), not on the plan's answer
-RUN_COLUMNS = ["dir", "wall_s", "resumed", "simulations"]
+RUN_COLUMNS = ["dir", "wall_s", "cpu_s", "resumed", "simulations"]
 
 
 def toy_plan(**space_over) -> dict:

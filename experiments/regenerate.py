@@ -82,6 +82,8 @@ STUDIES = (
     Study("capacity_grid", (_py("capacity_grid/run.py"),), 23, ("results/capacity_grid",)),
     Study("ablation", (_py("ablation/run.py"),), 5, ("results/ablation",)),
     Study("paging", (_py("paging/run.py"),), 4, ("results/paging",)),
+    Study("adaptive_chunking", (_py("adaptive_chunking/run.py", "--toy"),), 0.5,
+          ("results/adaptive_chunking",)),
     # real runs of the torch executor on this CPU
     Study("chunk_overhead", (_py("chunk_overhead/run.py"),), 4, ("results/chunk_overhead",)),
     Study("fidelity", (_py("fidelity/run.py"),), 10, ("results/fidelity",)),

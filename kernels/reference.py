@@ -74,7 +74,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     return out.transpose(1, 2)
 
 
-def _decode_batch(q, k_cache, v_cache, block_tables, seq_lens, scale):
+def _decode_batch(q, k_cache, v_cache, block_tables, seq_lens, scale, window=None):
     """Attention for sequences that each have exactly one new token, batched with padding.
 
     q [B, H, D]; block_tables [B, max_blocks]; seq_lens [B] (host list of ints).
@@ -82,7 +82,10 @@ def _decode_batch(q, k_cache, v_cache, block_tables, seq_lens, scale):
     max_len = max(seq_lens)
     k, v = _gather(k_cache, block_tables, max_len), _gather(v_cache, block_tables, max_len)
     lens = torch.tensor(seq_lens, device=q.device)
-    mask = torch.arange(max_len, device=q.device)[None, :] < lens[:, None]  # [B, L]
+    key_pos = torch.arange(max_len, device=q.device)[None, :]
+    mask = key_pos < lens[:, None]  # [B, L]
+    if window is not None:   # the query (at lens - 1) sees its last `window` keys
+        mask &= key_pos >= lens[:, None] - window
     return _attend(q[:, None], k, v, mask[:, None, :], scale)[:, 0]
 
 
@@ -118,6 +121,7 @@ def paged_attention_torch(
     seq_lens: torch.Tensor,
     scale: float,
     sequence_kv=None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of a flattened batch of prefill chunks and decodes over a paged cache.
 
@@ -126,10 +130,11 @@ def paged_attention_torch(
 
     With `sequence_kv` (a `sequence_kv.StepPlan` for this batch) attention reads each sequence's
     contiguous copy, which the plan first brings up to date from the cache, instead of gathering
-    its blocks.
+    its blocks. With `window` (Mistral's sliding window) a query at position p attends to the
+    keys at positions p - window + 1 .. p only, as Hugging Face's mask has it.
     """
     if sequence_kv is not None:
-        return sequence_kv.attention(q, k_cache, v_cache, scale)
+        return sequence_kv.attention(q, k_cache, v_cache, scale, window)
     out = torch.empty_like(q)
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
@@ -140,7 +145,8 @@ def paged_attention_torch(
     for group in _decode_groups(decodes, lens, k_cache.shape[2] * k_cache.shape[3]):
         idx = torch.tensor(group, device=q.device)
         rows = torch.tensor([starts[j] for j in group], device=q.device)
-        res = _decode_batch(q[rows], k_cache, v_cache, block_tables[idx], [lens[j] for j in group], scale)
+        res = _decode_batch(q[rows], k_cache, v_cache, block_tables[idx], [lens[j] for j in group],
+                            scale, window)
         out[rows] = res.to(q.dtype)
 
     # Prefill chunks (and whole prompts): one masked attention per sequence.
@@ -151,7 +157,10 @@ def paged_attention_torch(
         table = block_tables[i : i + 1]
         k, v = _gather(k_cache, table, length), _gather(v_cache, table, length)
         q_pos = torch.arange(length - n, length, device=q.device)
-        mask = torch.arange(length, device=q.device)[None, :] <= q_pos[:, None]
+        key_pos = torch.arange(length, device=q.device)[None, :]
+        mask = key_pos <= q_pos[:, None]
+        if window is not None:
+            mask &= key_pos > q_pos[:, None] - window
         res = _attend(q[None, starts[i] : starts[i + 1]], k, v, mask[None], scale)[0]
         out[starts[i] : starts[i + 1]] = res.to(q.dtype)
     return out

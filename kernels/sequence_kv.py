@@ -66,10 +66,12 @@ class SequenceKV:
         return StepPlan(seqs, list(starts), list(num_new), fill_from,
                         [len(t) * block_size for t in block_tables], slots)
 
-    def commit(self, plan: "StepPlan") -> None:
-        """The forward ran through every layer: the new tokens are in the buffers."""
-        for seq, s, n in zip(plan.seqs, plan.starts, plan.num_new):
-            seq.length = s + n
+    def commit(self, plan: "StepPlan", kept: dict | None = None) -> None:
+        """The forward ran through every layer: the new tokens are in the buffers. `kept`: batch
+        index -> how many of its new tokens stay (a speculative entry keeps its last token and
+        its accepted drafts; the rejected drafts' KV is past its length, refilled when read)."""
+        for i, (seq, s, n) in enumerate(zip(plan.seqs, plan.starts, plan.num_new)):
+            seq.length = s + (n if kept is None else kept.get(i, n))
 
     def drop(self, keys) -> None:
         for k in keys:
@@ -112,9 +114,11 @@ class StepPlan:
             out.append(kv.narrow(2, 0, end))
         return out
 
-    def attention(self, q, k_cache, v_cache, scale: float) -> torch.Tensor:
+    def attention(self, q, k_cache, v_cache, scale: float, window: int | None = None
+                  ) -> torch.Tensor:
         """Causal attention of the flattened batch q [T, H, D] (sequence i owns the next
-        num_new[i] rows) over each sequence's buffer; fp32 inside, q's dtype out."""
+        num_new[i] rows) over each sequence's buffer; fp32 inside, q's dtype out. With `window`
+        a query at position p sees the keys at p - window + 1 .. p only."""
         bufs = self._buffers(k_cache.data_ptr(), k_cache, v_cache)
         T, H, D = q.shape
         hkv = k_cache.shape[2]
@@ -131,13 +135,15 @@ class StepPlan:
                 kv = kv.float()
             k, v = kv.unbind()
             if n == 1:
+                if window is not None and s + 1 > window:   # the last `window` keys only
+                    k, v = k.narrow(1, s + 1 - window, window), v.narrow(1, s + 1 - window, window)
                 # two batched matmuls and an exact softmax: for one query row per head this
                 # costs a CPU about two thirds of what scaled_dot_product_attention does
                 torch.bmm(torch.bmm(qd[row], k.transpose(1, 2)).softmax(-1), v, out=out[row])
             else:
                 end = s + n
                 qi = qf[row:row + n].transpose(0, 1)[None]
-                if s == 0:   # a first chunk: square causal
+                if s == 0 and (window is None or end <= window):   # a first chunk: square causal
                     o = F.scaled_dot_product_attention(qi, k[None], v[None], is_causal=True,
                                                        scale=scale, enable_gqa=True)
                 else:
@@ -145,6 +151,8 @@ class StepPlan:
                     if mask is None:
                         mask = self.masks[i] = torch.ones(n, end, dtype=torch.bool,
                                                           device=q.device).tril_(s)
+                        if window is not None:   # row r is position s + r: keys > s + r - window
+                            mask.triu_(s - window + 1)
                     o = F.scaled_dot_product_attention(qi, k[None], v[None], attn_mask=mask,
                                                        scale=scale, enable_gqa=True)
                 out[row:row + n] = o[0].transpose(0, 1).view(n, hkv, H // hkv, D)

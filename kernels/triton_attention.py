@@ -29,6 +29,7 @@ def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     block_tables_ptr, query_start_loc_ptr, seq_lens_ptr,
     scale_log2,  # softmax scale * log2(e): the softmax runs on exp2
+    window,  # a query at p sees keys p - window + 1 .. p (a sliding window; huge: none)
     stride_qt, stride_qh, stride_qd,
     stride_ot, stride_oh, stride_od,
     stride_kb, stride_ko, stride_kh, stride_kd,
@@ -79,9 +80,12 @@ def _paged_attention_kernel(
 
     # Causality: nothing in this tile sees past its last token.
     kv_end = tl.minimum(seq_len, ctx_len + (tile + 1) * BLOCK_Q)
+    # Sliding window: nothing in this tile sees before its first token's window (whole key tiles
+    # from there, so the loop's tiles stay aligned to BLOCK_N).
+    kv_start = tl.maximum(ctx_len + tile * BLOCK_Q - window + 1, 0) // BLOCK_N * BLOCK_N
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
     n = tl.arange(0, BLOCK_N)
-    for start in range(0, kv_end, BLOCK_N):
+    for start in range(kv_start, kv_end, BLOCK_N):
         pos = start + n
         pos_ok = pos < kv_end
         blk = tl.load(table + pos // BLOCK_SIZE, mask=pos_ok, other=0).to(tl.int64)
@@ -99,7 +103,8 @@ def _paged_attention_kernel(
 
         s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2
         # pos <= q_pos also implies pos < kv_end for every real row.
-        s = tl.where(pos[None, :] <= q_pos[:, None], s, float("-inf"))
+        s = tl.where((pos[None, :] <= q_pos[:, None]) & (pos[None, :] > q_pos[:, None] - window),
+                     s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
@@ -167,8 +172,10 @@ def paged_attention_triton(
     max_query_len: int | None = None,
     block_q: int | None = None,
     block_n: int | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Causal attention of a flattened batch over a paged cache; see reference.paged_attention_torch.
+    """Causal attention of a flattened batch over a paged cache; see reference.paged_attention_torch
+    (`window`: a sliding window, as there).
 
     `max_query_len` (the longest chunk of the batch) sizes the grid; pass it when the caller knows
     it, to spare a device-to-host sync. `block_q`/`block_n` override the tile shape (for tests).
@@ -195,6 +202,8 @@ def paged_attention_triton(
         q, k_cache, v_cache, out,
         block_tables, query_start_loc, seq_lens,
         scale * _LOG2E,
+        # no window: one wider than any context (an int32 the kernel compares positions with)
+        window if window is not None else 2**30,
         *q.stride(), *out.stride(), *k_cache.stride(), *v_cache.stride(),
         block_tables.stride(0),
         **params,

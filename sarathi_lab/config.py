@@ -283,8 +283,8 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
         policy_cls = registry.policy_class(p_name)
     except ValueError as e:
         raise ConfigError(f"scheduler.name: {e}") from None
-    _drop_unread_knobs(p_node, policy_cls.config_class, "scheduler", f"policy {p_name!r}",
-                       user, notes if drop_unread else None)
+    _drop_unread_knobs(p_node, policy_cls.setting_classes(p_node), "scheduler",
+                       f"policy {p_name!r}", user, notes if drop_unread else None)
     policy_cfg = policy_cls.parse_config(p_node, "scheduler")
     defaults = {f.name: f.default for f in dataclasses.fields(policy_cfg)}
     for k, why in policy_cls.unread_settings(policy_cfg).items():   # read only with others
@@ -307,6 +307,9 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
     executor_cfg = executor_cls.parse_config(e_node, "executor")
     pp = getattr(executor_cfg, "pipeline_parallel", 1)
     _check_speculation(policy_cfg.num_speculative_tokens, executor_cls, executor_cfg, user, unread)
+    if (needs := policy_cls.needs_predictor(policy_cfg)) and not executor_cls.offers_predictor:
+        raise ConfigError(f"{needs}: needs a predictor of iteration time, and executor "
+                          f"{e_name!r} offers none (a simulator's cost model does: executor=sim)")
 
     hardware = c.get("hardware") or None
     if hardware is not None and executor_cls.uses_hardware:
@@ -320,7 +323,6 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
         hardware = None
 
     slo = parse(SLOConfig, _node(c, "slo"), "slo") if c.get("slo") else None
-    _check_slo_model(slo, _node(c, "model").get("name"), user)
     capacity = None
     if run.mode == "capacity":
         capacity = parse(CapacityConfig, _node(c, "capacity"), "capacity")
@@ -342,6 +344,7 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
         model = resolve_model(model)
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError(str(e)) from None
+    _check_slo_model(slo, model.get("name"), user)   # after the shape: model=hf names it
     for k in user:
         if k.startswith("model.") and not executor_cls.reads_model_key(k.split(".")[1]):
             unread(k, f"executor {e_name!r} does not read it (it reads the model's shape)")
@@ -393,18 +396,18 @@ def _cluster(c: dict, user: list[str], unread, notes: list[str] | None
         router_cls = registry.router_class(cluster.router)
     except ValueError as e:
         raise ConfigError(f"cluster.router: {e}") from None
-    _drop_unread_knobs(node, router_cls.config_class, "cluster", f"router {cluster.router!r}",
-                       user, notes)
+    _drop_unread_knobs(node, (router_cls.config_class,), "cluster",
+                       f"router {cluster.router!r}", user, notes)
     return cluster, router_cls, router_cls.parse_config(node, "cluster")
 
 
-def _drop_unread_knobs(node: dict, config_class: type, where: str, who: str, user: list[str],
-                       notes: list[str] | None) -> None:
+def _drop_unread_knobs(node: dict, config_classes: tuple[type, ...], where: str, who: str,
+                       user: list[str], notes: list[str] | None) -> None:
     """Edit a plug-in's node (scheduler, cluster) before parsing. A null is a placeholder (as
     in configs/scheduler/common.yaml): another plug-in's knob, or (for a setting that takes no
     null) this one's own default, and is dropped. With `notes` (a multirun), a setting the user
     made that the plug-in does not read is noted and dropped; without, parsing will refuse it."""
-    fields = {f.name: f for f in dataclasses.fields(config_class)}
+    fields = {f.name: f for c in config_classes for f in dataclasses.fields(c)}
     for k, v in list(node.items()):
         if v is None and (k not in fields or fields[k].default is not None):
             if k in fields and f"{where}.{k}" in user:
@@ -447,6 +450,13 @@ def _check_slo_model(slo: SLOConfig | None, model: str | None, user: list[str]) 
     but an experiment's or a sweep's fixed SLO would otherwise judge another model silently.
     A model of the user's own (a `model.name` that is no preset) has no SLO of its own to offer
     instead, and is judged by the one composed."""
+    if slo is not None and slo.model == "hf" and "slo" not in user:
+        # model=hf is any config.json: no limits were set for it, so none is taken unasked
+        raise ConfigError(
+            f"slo={slo.name}: model=hf (a shape from any config.json) has no SLO of its own; "
+            "choose one for this model's size with slo=<option> (configs/slo: e.g. "
+            "slo=mistral-7b-strict for a ~7B dense model, slo=llama-2-70b-strict for ~70B), or "
+            f"name slo={slo.name} on the command line to judge it by Mistral-7B's limits")
     if slo is None or slo.model is None or model is None or slo.model == model or "slo" in user:
         return
     if model not in _presets("model"):   # a model of the user's own: no SLO of its own to offer

@@ -1,5 +1,5 @@
-"""Find a plug-in class -- policy, executor, cost model, queue, router -- by registered name or by
-dotted path.
+"""Find a plug-in class -- policy, executor, cost model, queue, router, budget controller -- by
+registered name or by dotted path.
 
 Names come from the entry-point groups below (a plug-in package registers its classes in its own
 ``pyproject.toml``) and, when the package runs from a source tree without its entry points
@@ -18,6 +18,7 @@ GROUPS = {
     "cost model": "sarathi_lab.cost_models",
     "queue": "sarathi_lab.queues",
     "router": "sarathi_lab.routers",
+    "controller": "sarathi_lab.controllers",
 }
 
 # The contract each kind of plug-in must subclass, named by dotted path like the plug-ins
@@ -30,6 +31,7 @@ CONTRACTS = {
     "cost model": "sarathi_lab.costmodels.base:CostModel",
     "queue": "sarathi_lab.schedulers.queues:RequestQueue",
     "router": "sarathi_lab.routers:Router",
+    "controller": "sarathi_lab.schedulers.controllers.base:BudgetController",
 }
 
 BUILTIN = {
@@ -61,6 +63,12 @@ BUILTIN = {
         "least_loaded": "sarathi_lab.routers:LeastLoaded",
         "power_of_two": "sarathi_lab.routers:PowerOfTwo",
         "prefix_affinity": "sarathi_lab.routers:PrefixAffinity",
+    },
+    "sarathi_lab.controllers": {
+        "static": "sarathi_lab.schedulers.controllers.static:Static",
+        "tbt_target": "sarathi_lab.schedulers.controllers.tbt_target:TBTTarget",
+        "slack": "sarathi_lab.schedulers.controllers.slack:Slack",
+        "slo_dp": "sarathi_lab.schedulers.controllers.slo_dp:SLODP",
     },
 }
 
@@ -135,3 +143,7 @@ def queue_class(name: str):
 
 def router_class(name: str):
     return resolve("router", name, _contract("router"))
+
+
+def controller_class(name: str):
+    return resolve("controller", name, _contract("controller"))

@@ -71,6 +71,7 @@ def build(cfg, resolved: Resolved | None = None):
         policy = cls(pc, kv, r.queue_cls())
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    policy.bind_predictor(executor.predictor(), r.slo)   # for a budget controller
     return policy, executor
 
 

@@ -7,6 +7,7 @@ from sarathi_lab.costmodels.base import CostModel, CostModelConfig
 from sarathi_lab.costmodels.roofline import RooflineConfig, RooflineCostModel
 from sarathi_lab.executors.base import Executor, ExecutorConfig, StepResult
 from sarathi_lab.routers import Router
+from sarathi_lab.schedulers.controllers.base import BudgetController, ControllerConfig, Decision
 from sarathi_lab.schedulers.sarathi import Sarathi
 from sarathi_lab.settings import setting
 
@@ -125,3 +126,44 @@ class ToNowhere(Router):
 
     def route(self, req, replicas, now):
         return len(replicas)
+
+
+@dataclass
+class FractionConfig(ControllerConfig):
+    divisor: int = setting(2, ge=1, help="the budget is token_budget // divisor")
+
+
+class Fraction(BudgetController):
+    """A share of the cap every iteration (a controller as a user writes one)."""
+    config_class = FractionConfig
+
+    def decide(self, view, predict):
+        return Decision(max(1, view.max_budget // self.cfg.divisor))
+
+
+class FullBudget(BudgetController):
+    """The cap every iteration, consulted (so the policy is stepped): must equal `static`."""
+
+    def decide(self, view, predict):
+        return Decision(view.max_budget)
+
+
+class ZeroBudget(BudgetController):
+    """Breaks the rule budget >= 1."""
+
+    def decide(self, view, predict):
+        return Decision(0)
+
+
+class ReturnsInt(BudgetController):
+    """Returns a number, not a Decision."""
+
+    def decide(self, view, predict):
+        return view.max_budget
+
+
+class OneDraft(BudgetController):
+    """The cap every iteration and one draft per decode, whatever the run's k."""
+
+    def decide(self, view, predict):
+        return Decision(view.max_budget, spec_len=min(1, view.max_spec_len))

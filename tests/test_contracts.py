@@ -17,7 +17,8 @@ from helpers import composed, defaults, random_requests
 from sarathi_lab.config import CapacityConfig, RunConfig, SLOConfig
 from sarathi_lab.engine import Engine
 from sarathi_lab.executors.base import Executor
-from sarathi_lab.registry import BUILTIN, cost_model_class, executor_class, policy_class
+from sarathi_lab.registry import (BUILTIN, controller_class, cost_model_class, executor_class,
+                                  policy_class)
 from sarathi_lab.request import Request, Status
 from sarathi_lab.schedulers.base import SchedulerConfig
 from sarathi_lab.schedulers.mechanics.fast_forward import FastForward
@@ -406,8 +407,11 @@ def test_scheduler_files_mirror_the_policy_config(option):
             assert v == own[k], f"scheduler.{k}: {v!r} in the files, {own[k]!r} in {cls.__name__}"
         else:   # another policy's knob: null, which the policy does not read
             assert v is None, f"scheduler.{k}={v!r}: {option} does not read it"
-    # common.yaml holds the shared settings and every built-in policy's own knob, nothing else
-    knobs = set().union(*(defaults(policy_class(n).config_class) for n in POLICIES))
+    # common.yaml holds the shared settings, every built-in policy's own knob and every built-in
+    # budget controller's (schedulers/controllers/), nothing else
+    knobs = set().union(*(defaults(policy_class(n).config_class) for n in POLICIES),
+                        *(defaults(controller_class(n).config_class)
+                          for n in BUILTIN["sarathi_lab.controllers"]))
     assert set(node) == knobs
     assert defaults(SchedulerConfig).keys() <= knobs
 

@@ -73,7 +73,7 @@ def cli(plugins: Path, run_dir: Path, *args):
 
 def test_plugin_page_marks_every_plugin_example():
     assert set(examples()) == {"pyproject.toml", "my_policy.py", "my_fair.py", "my_costs.py",
-                               "my_executor.py", "my_router.py"}
+                               "my_executor.py", "my_router.py", "my_controller.py"}
     # all of them on the plug-in page, where a plug-in author looks
     assert {name for name, _, _ in EXAMPLE.findall(PLUGINS_PAGE.read_text())} == set(examples())
     text = PLUGINS_PAGE.read_text()
@@ -81,7 +81,7 @@ def test_plugin_page_marks_every_plugin_example():
     for cmd in ("scheduler.name=my_policy:DecodeFirst", "scheduler.name=my_fair:LeastServedTenant",
                 "scheduler.queue=my_fair:LongestPromptFirst",
                 "executor.cost_model=my_costs:LinearCost", "executor.name=my_executor:TokenRate",
-                "cluster.router=my_router:Sticky"):
+                "cluster.router=my_router:Sticky", "scheduler.controller=my_controller:StepCap"):
         assert cmd in text, cmd
 
 
@@ -191,6 +191,17 @@ def test_page_entry_points_register_the_examples(plugins, tmp_path):
     s, _, it = cli(plugins, tmp_path / "run2", "executor=custom", "executor.name=token_rate",
                    *SMALL)
     assert s["settings"]["executor"]["class"] == "my_executor:TokenRate"
+
+
+@pytest.mark.slow    # a CLI subprocess
+def test_controller_example_caps_every_iteration_it_prices(plugins, tmp_path):
+    s, _, it = cli(plugins, tmp_path / "run", "scheduler.controller=my_controller:StepCap",
+                   "+scheduler.max_step_s=0.04", *SMALL)
+    assert s["num_finished"] == 20 and s["settings"]["scheduler"]["controller_settings"] == \
+        {"max_step_s": 0.04}
+    # budgets in steps of 64 (or the decodes alone) and every priced batch within 40 ms
+    assert ((it["prefill_tokens"] + it["decode_tokens"]) <= 512).all()
+    assert (it.loc[it["prefill_tokens"] > 0, "duration"] <= 0.04 + 1e-12).all()
 
 
 @pytest.mark.slow    # a CLI subprocess (issue 21: those are the slow tier)

@@ -160,16 +160,28 @@ def test_a_config_json_gives_the_run_its_shape(tmp_path):
     d = tmp_path / "Llama-3-8B"
     d.mkdir()
     (d / "config.json").write_text((SHIPPED / "llama-3-8b" / "config.json").read_text())
-    nodes = [{k: v for k, v in _check("model=hf", f"model.hf_config={ref}",
-                                      "model.name=l3").model.items() if k != "hf_config"}
+    nodes = [{k: v for k, v in _check("model=hf", f"model.hf_config={ref}", "model.name=l3",
+                                      "slo=llama-3-8b-strict").model.items()
+              if k != "hf_config"}
              for ref in ("llama-3-8b", d, d / "config.json")]
     assert nodes[0] == nodes[1] == nodes[2]
     assert ModelShape.from_config(nodes[0]) == \
         dataclasses.replace(hand_preset("llama-3-8b"), name="l3")
     # unnamed: the config.json's folder names the model
-    assert _check("model=hf", f"model.hf_config={d}").model["name"] == "Llama-3-8B"
+    assert _check("model=hf", f"model.hf_config={d}",
+                  "slo=hf-strict").model["name"] == "Llama-3-8B"
     r = _check("model=mixtral-8x7b", "executor.tensor_parallel=2")
     assert r.model["num_experts"] == 8 and r.model["hf_config"] == "mixtral-8x7b"
+
+
+def test_model_hf_takes_no_slo_unasked():
+    # its default SLO (hf-strict, Mistral-7B's limits) would judge any config.json's model
+    from sarathi_lab.settings import ConfigError
+    with pytest.raises(ConfigError, match=r"^slo=hf-strict: model=hf .* has no SLO of its own; "
+                                          r"choose one for this model's size with slo="):
+        _check("model=hf", "model.hf_config=qwen2.5-72b")
+    assert _check("model=hf", "model.hf_config=qwen2.5-72b",
+                  "slo=llama-2-70b-strict").slo.p99_tbt == 1.0
 
 
 def test_serving_choices_override_the_config_json():

@@ -58,8 +58,9 @@ def make_case(specs, num_heads, num_kv_heads, head_dim, block_size, dtype=torch.
     return args, (qs, dense_k, dense_v)
 
 
-def dense_attention(qs, ks, vs, scale):
-    """Textbook causal attention per sequence, from contiguous K/V, in fp32."""
+def dense_attention(qs, ks, vs, scale, window=None):
+    """Textbook causal attention per sequence, from contiguous K/V, in fp32 (with `window`: a
+    query at p sees keys p - window + 1 .. p)."""
     outs = []
     for q, k, v in zip(qs, ks, vs):
         q, k, v = q.float(), k.float(), v.float()
@@ -69,7 +70,10 @@ def dense_attention(qs, ks, vs, scale):
         seq_len, q_len = k.shape[0], q.shape[0]
         scores = torch.einsum("qhd,khd->hqk", q, k) * scale
         q_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
-        scores = scores.masked_fill(torch.arange(seq_len)[None, :] > q_pos, float("-inf"))
+        key_pos = torch.arange(seq_len)[None, :]
+        scores = scores.masked_fill(key_pos > q_pos, float("-inf"))
+        if window is not None:
+            scores = scores.masked_fill(key_pos <= q_pos - window, float("-inf"))
         outs.append(torch.einsum("hqk,khd->qhd", scores.softmax(-1), v))
     return torch.cat(outs)
 
@@ -81,11 +85,11 @@ def attention_impl(name, tiles="auto"):
     if tiles == "auto":
         return fn
 
-    def small_tiles(q, k_cache, *rest):
+    def small_tiles(q, k_cache, *rest, **kw):
         # Smallest tiles tl.dot allows: many query tiles per chunk and many key steps per tile.
         group = q.shape[1] // k_cache.shape[2]
         g = 1 << (group - 1).bit_length()
-        return fn(q, k_cache, *rest, block_q=max(1, 16 // g), block_n=16)
+        return fn(q, k_cache, *rest, block_q=max(1, 16 // g), block_n=16, **kw)
 
     return small_tiles
 
@@ -109,6 +113,26 @@ def test_triton_small_tiles(batch, heads):
     args, dense = make_case(BATCHES[batch], *heads, head_dim=32, block_size=4, seed=1)
     out = attention_impl("triton", tiles="small")(*args, 0.2)
     torch.testing.assert_close(out, dense_attention(*dense, 0.2), atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton", "triton-small", "sequence_kv"])
+@pytest.mark.parametrize("batch", ["chunks", "mixed"])
+@pytest.mark.parametrize("window", [1, 7, 20])
+def test_sliding_window(impl, batch, window):
+    """Mistral's sliding window: a query sees its last `window` keys only, in every path (a
+    window of 20 spans whole and partial key tiles of 16 in the small-tile kernel)."""
+    from sarathi_lab.kernels.sequence_kv import SequenceKV
+    specs = BATCHES[batch]
+    args, dense = make_case(specs, 4, 2, 32, 4, seed=4)
+    kw = {"window": window}
+    if impl == "sequence_kv":
+        kw["sequence_kv"] = _plan(SequenceKV(), specs, args[3], 4)
+    fn = attention_impl(impl.split("-")[0] if impl != "triton-small" else "triton",
+                        tiles="small" if impl == "triton-small" else "auto")
+    out = (K.paged_attention_torch if impl == "sequence_kv" else fn)(*args, 0.2, **kw)
+    want = dense_attention(*dense, 0.2, window=window)
+    torch.testing.assert_close(out, want, atol=2e-5, rtol=1e-4)
+    assert not torch.allclose(want, dense_attention(*dense, 0.2), atol=1e-3)   # it bites
 
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])
@@ -265,7 +289,7 @@ def _compile_for_hopper(kernel, constexprs: dict, ptr_types: dict, options: dict
             sig[name] = "constexpr"
             continue
         sig[name] = ptr_types.get(name, "fp32" if name == "scale_log2" else "i32")
-        if name not in ("scale_log2", "stride_bt"):
+        if name not in ("scale_log2", "stride_bt", "window"):
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(kernel, sig, constexprs=consts, attrs=attrs)
     triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)

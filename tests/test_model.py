@@ -67,6 +67,8 @@ VARIANTS = {
                                   "tie_word_embeddings": True}),
     "qwen2-tied": ("qwen2", {"tie_word_embeddings": True}),
     "mistral-mha": ("mistral", {"num_key_value_heads": 4, "head_dim": 32}),
+    # a window shorter than the sequences and than a chunk: it must bite
+    "mistral-window": ("mistral", {"sliding_window": 8}),
 }
 
 

@@ -81,6 +81,8 @@ class Executor(abc.ABC):
     #: its settings read only with scheduler.num_speculative_tokens > 0 (one the user set
     #: without it is an error)
     speculation_settings: ClassVar[tuple[str, ...]] = ()
+    #: True when `predictor` returns one (a budget controller that prices batches needs it)
+    offers_predictor: ClassVar[bool] = False
 
     @classmethod
     def parse_config(cls, values: dict, where: str = "executor"):
@@ -118,6 +120,12 @@ class Executor(abc.ABC):
     def kv_block_bytes(self, block_size: int) -> int | None:
         """Bytes of one KV block of `block_size` tokens on one GPU (None: unknown). Sizes the
         host swap space (scheduler.swap_space_gib) and the swap traffic."""
+        return None
+
+    def predictor(self):
+        """A predictor of iteration time for a policy's budget controller: (prefill chunks as
+        (tokens, tokens in KV) pairs, decode contexts) -> seconds, as this executor would
+        price such a batch; None: it offers none (a real executor measures time)."""
         return None
 
     def cost_model_record(self) -> dict | None:

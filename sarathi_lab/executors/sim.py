@@ -89,6 +89,7 @@ class SimExecutor(Executor):
     supports_pipeline = True
     supports_speculation = True    # with pipeline_parallel 1 (executors/speculation.py)
     speculation_settings = speculation.SETTINGS
+    offers_predictor = True
 
     @classmethod
     def reads_model_key(cls, key: str) -> bool:
@@ -193,6 +194,10 @@ class SimExecutor(Executor):
         if self.cfg.acceptance == "trace":
             self._spec.read_trace(df)
         return df
+
+    def predictor(self):
+        # the cost model's own price (without step_jitter: the controller plans on the median)
+        return self.cost_model.iteration_time
 
     def cost_model_record(self) -> dict:
         """Which cost model priced the run, and from what (the summary's ``cost_model``)."""
@@ -349,8 +354,9 @@ class SimExecutor(Executor):
         return self.cost_model.max_model_len
 
 
-def model_preset(name: str) -> dict:
-    """A shipped model preset (configs/model/<name>.yaml) as a dict: a draft model by name."""
+def model_preset(name: str, key: str = "executor.draft_model") -> dict:
+    """A shipped model preset (configs/model/<name>.yaml) as a dict: a draft model by name
+    (`key`: the setting that names it, for the error)."""
     from importlib.resources import files
 
     import yaml
@@ -358,6 +364,6 @@ def model_preset(name: str) -> dict:
     path = root.joinpath(f"{name}.yaml")
     if not path.is_file():
         names = sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
-        raise ConfigError(f"executor.draft_model={name}: no such model preset; the presets: "
+        raise ConfigError(f"{key}={name}: no such model preset; the presets: "
                           f"{', '.join(names)}")
     return yaml.safe_load(path.read_text())

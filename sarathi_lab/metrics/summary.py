@@ -132,6 +132,10 @@ def summarize(req_df: pd.DataFrame, it_df: pd.DataFrame, *, slo: dict | None = N
         out["prefix_cache"] = {"hit_tokens": hit, "query_tokens": query,
                                "hit_rate": hit / query if query else None}
     out["queue"] = queue_stats(req_df, it_df, span)
+    if "relegated_at" in req_df:   # a budget controller relegated some (requests table)
+        rel = req_df["relegated_at"].notna()
+        out["relegated"] = {"num_relegated": int(rel.sum()),
+                            "num_finished": int((rel & (req_df["status"] == "finished")).sum())}
     if swap_space:
         out["swap"] = swap_stats(req_df, it_df, **swap_space)
     if "spec_proposed" in it_df:

@@ -8,6 +8,7 @@ import pandas as pd
 
 from sarathi_lab.engine import FLOAT_COLUMNS, HOST_COLUMN, ITER_COLUMNS, SPEC_COLUMNS
 from sarathi_lab.request import Request
+from sarathi_lab.schedulers.controllers.consult import RELEGATED
 
 
 def requests_table(reqs: list[Request], output_lens: dict | None = None) -> pd.DataFrame:
@@ -67,6 +68,11 @@ def requests_table(reqs: list[Request], output_lens: dict | None = None) -> pd.D
     if any(r.prompt_token_ids is not None for r in reqs):
         df["prompt_token_ids"] = [r.prompt_token_ids for r in reqs]
         df["output_token_ids"] = [r.output_token_ids for r in reqs]
+    # when a budget controller relegated a request (schedulers/controllers/slack.py): a column
+    # only in runs where one was relegated
+    relegated = [r.extra.get(RELEGATED) for r in reqs]
+    if any(t is not None for t in relegated):
+        df[RELEGATED] = np.array([np.nan if t is None else t for t in relegated], float)
     return df
 
 

@@ -1,4 +1,5 @@
-"""Paged-KV forward of Llama-family decoders (Llama, Mistral, Qwen2) over a flattened batch.
+"""Paged-KV forward of Llama-family decoders (Llama, Mistral, Qwen2, and the mixture-of-experts
+Mixtral and Qwen2-MoE, whose MLP is models/moe.py's) over a flattened batch.
 
 The batch is one row per scheduled token, no padding: sequence i owns rows
 ``query_start_loc[i]:query_start_loc[i+1]``, which are its last tokens out of ``seq_lens[i]``.
@@ -14,9 +15,9 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from sarathi_lab.models.moe import SparseMoE, SwiGLU, is_moe_layer
 from sarathi_lab.models.shape import ModelShape
 
 
@@ -78,6 +79,7 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(a.hidden_size, self.q_size + 2 * self.kv_size, bias=a.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, a.hidden_size, bias=a.o_bias)
         self.scale = self.d ** -0.5
+        self.window = a.sliding_window   # Mistral's; None: every earlier key
         self.k_cache = self.v_cache = None   # set by the executor's bind()
 
     def forward(self, x, cos, sin, meta: AttnMetadata, kernels):
@@ -90,29 +92,19 @@ class Attention(nn.Module):
         v = qkv[:, self.q_size + self.kv_size:].view(-1, self.nkv, self.d)
         write_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         o = paged_attention(q, self.k_cache, self.v_cache, meta.block_tables,
-                            meta.query_start_loc, meta.seq_lens, self.scale, **meta.attn_kwargs)
+                            meta.query_start_loc, meta.seq_lens, self.scale, window=self.window,
+                            **meta.attn_kwargs)
         return self.o_proj(o.reshape(-1, self.q_size))
 
 
-class MLP(nn.Module):
-    def __init__(self, a: ModelShape):
-        super().__init__()
-        self.inter = a.intermediate_size
-        self.gate_up_proj = nn.Linear(a.hidden_size, 2 * a.intermediate_size, bias=a.mlp_bias)
-        self.down_proj = nn.Linear(a.intermediate_size, a.hidden_size, bias=a.mlp_bias)
-
-    def forward(self, x):
-        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
-
-
 class DecoderLayer(nn.Module):
-    def __init__(self, a: ModelShape):
+    def __init__(self, a: ModelShape, index: int):
         super().__init__()
         self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.self_attn = Attention(a)
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
-        self.mlp = MLP(a)
+        self.mlp = (SparseMoE.from_shape(a) if is_moe_layer(a, index)
+                    else SwiGLU(a.hidden_size, a.intermediate_size, a.mlp_bias))
 
     def forward(self, x, cos, sin, meta, kernels, keep=None):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, kernels)
@@ -125,7 +117,7 @@ class LlamaModel(nn.Module):
     def __init__(self, a: ModelShape):
         super().__init__()
         self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(a) for _ in range(a.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(a, i) for i in range(a.num_layers))
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
 
 

@@ -21,15 +21,24 @@ from pathlib import Path
 import torch
 
 from sarathi_lab.models.dtypes import torch_dtype
-from sarathi_lab.models.hf_config import read_shape
+from sarathi_lab.models.hf_config import config_file, read_shape
 from sarathi_lab.models.llama import LlamaForCausalLM
 from sarathi_lab.models.shape import ModelShape
 
 log = logging.getLogger(__name__)
 
-# checkpoint name -> (our fused parameter, shard index); shards are concatenated in this order
+# checkpoint name -> (our fused parameter, shard index); shards are concatenated in this order.
+# Mixtral's expert projections: w1 gate, w3 up, w2 down.
 _FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+          "w1": ("gate_up_proj", 0), "w3": ("gate_up_proj", 1), "w2": ("down_proj", None),
+          "down_proj": ("down_proj", None)}
+# the config.json model types whose weights this loader reads and whose forward llama.py computes
+# (tests/test_moe_torch.py and test_model.py check each against transformers); the simulator reads
+# more (models/shape.py's SUPPORTED_TYPES), e.g. DeepSeek-MoE, whose checkpoints need remote code
+REAL_TYPES = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe")
+# Mixtral's MoE block is named block_sparse_moe in its checkpoints; ours is mlp, as Qwen2-MoE's
+_RENAMED = {"block_sparse_moe": "mlp"}
 
 
 def _model_dir(path) -> Path:
@@ -45,9 +54,12 @@ def _model_dir(path) -> Path:
 def model_shape(model_cfg: dict) -> ModelShape:
     """The shape in ``model.path``'s config.json, or else the preset's own (or its
     ``hf_config``'s, which must then agree with the weights' config.json)."""
+    if model_cfg.get("hf_config"):
+        _check_real_type(config_file(model_cfg["hf_config"]), "model.hf_config")
     if not model_cfg.get("path"):
         return ModelShape.from_config(model_cfg)
     d = _model_dir(model_cfg["path"])
+    _check_real_type(d / "config.json", "model.path")
     shape = read_shape(d, model_cfg.get("name"), "model.path")
     if model_cfg.get("hf_config"):
         named = ModelShape.from_config(model_cfg)
@@ -56,6 +68,20 @@ def model_shape(model_cfg: dict) -> ModelShape:
                              f"{model_cfg['path']}: their config.json files describe different "
                              "models (set one)")
     return shape
+
+
+def _check_real_type(f: Path, where: str) -> None:
+    """Refuse a config.json whose model type the real executor does not run (the simulator may:
+    models/shape.py's SUPPORTED_TYPES), naming what it runs."""
+    try:
+        mtype = json.loads(f.read_text()).get("model_type", "llama")
+    except (ValueError, AttributeError):
+        return   # not a JSON object: read_shape says so, naming the file
+    if mtype not in REAL_TYPES:
+        raise ValueError(f"{where}: {f}: model_type {mtype!r} does not run on the real executor "
+                         f"(executor=torch runs {', '.join(REAL_TYPES)}: the architectures whose "
+                         "forward it computes and whose checkpoints it reads; the simulator "
+                         "prices more)")
 
 
 def _empty_model(args: ModelShape, device, dtype) -> LlamaForCausalLM:
@@ -104,13 +130,34 @@ def _checkpoint_files(d: Path) -> list[Path]:
     return files
 
 
+def _target(key: str) -> tuple[str, int | None, int | None]:
+    """Our parameter for checkpoint tensor `key`, the expert it is one slice of (a stacked
+    ``experts.*`` parameter) or None, and its shard of a fused projection or None."""
+    parts = [_RENAMED.get(p, p) for p in key.split(".")]
+    if len(parts) >= 4 and parts[-4] == "experts" and parts[-3].isdigit() \
+            and parts[-2] in _FUSED and parts[-1] == "weight":
+        # experts.{i}.{proj}.weight -> experts.{gate_up_proj|down_proj}[i]
+        name, shard = _FUSED[parts[-2]]
+        return ".".join(parts[:-3] + [name]), int(parts[-3]), shard
+    fused = _FUSED.get(parts[-2]) if len(parts) >= 2 else None
+    if fused and fused[1] is not None:
+        parts[-2] = fused[0]
+        return ".".join(parts), None, fused[1]
+    return ".".join(parts), None, None
+
+
 def load_weights(model: LlamaForCausalLM, d: Path) -> None:
     from safetensors import safe_open
     params = dict(model.named_parameters())
     a = model.args
     q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
-    splits = {"qkv_proj": [q, kv, kv], "gate_up_proj": [a.intermediate_size] * 2}
-    todo = {n: len(splits.get(n.split(".")[-2], [0])) for n in params}  # shards still missing
+    # each parameter's pieces: (expert, shard) pairs, all of which the checkpoint must hold
+    todo = {}
+    for n, p in params.items():
+        last = n.split(".")[-1 if ".experts." in n else -2]
+        experts = range(p.shape[0]) if ".experts." in n else [None]
+        shards = {"qkv_proj": range(3), "gate_up_proj": range(2)}.get(last, [None])
+        todo[n] = {(e, s) for e in experts for s in shards}
     for f in _checkpoint_files(d):
         try:
             st_file = safe_open(str(f), framework="pt", device="cpu")
@@ -120,29 +167,36 @@ def load_weights(model: LlamaForCausalLM, d: Path) -> None:
             for key in st.keys():
                 if "rotary_emb" in key or (a.tie_word_embeddings and key == "lm_head.weight"):
                     continue   # derived buffers, or a tied head saved anyway
-                parts = key.split(".")
-                fused = _FUSED.get(parts[-2]) if len(parts) >= 2 else None
-                if fused:
-                    parts[-2], shard = fused
-                name = ".".join(parts)
+                name, expert, shard = _target(key)
                 if name not in params:
                     raise ValueError(f"{f}: unexpected tensor {key!r} for a {a.num_layers}-layer "
-                                     "Llama-family model")
+                                     f"{_kind(a)} model")
                 dst = params[name].data
-                if fused:
-                    sizes = splits[parts[-2]]
+                if expert is not None:
+                    if expert >= dst.shape[0]:
+                        raise ValueError(f"{f}: {key} is expert {expert}, the config says "
+                                         f"{dst.shape[0]} experts")
+                    dst = dst[expert]
+                if shard is not None:
+                    # qkv: q, k, v rows; gate_up: gate then up, halves
+                    sizes = [q, kv, kv] if ".qkv_proj." in name else [dst.shape[0] // 2] * 2
                     dst = dst.narrow(0, sum(sizes[:shard]), sizes[shard])
                 t = st.get_tensor(key)
                 if t.shape != dst.shape:
                     raise ValueError(f"{f}: {key} has shape {tuple(t.shape)}, the config says "
                                      f"{tuple(dst.shape)}")
                 dst.copy_(t)
-                todo[name] -= 1
-    missing = [n for n, left in todo.items() if left > 0]
+                if expert is None and shard is None and ".experts." in name:
+                    todo[name].clear()   # a stacked tensor saved whole (transformers 5 layout)
+                todo[name].discard((expert, shard))
+    missing = [n for n, left in todo.items() if left]
     if missing:
         raise ValueError(f"model.path={str(d)!r}: checkpoint lacks {', '.join(missing[:5])}"
                          + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
 
+
+def _kind(a: ModelShape) -> str:
+    return f"mixture-of-experts ({a.num_experts} experts)" if a.is_moe else "Llama-family"
 
 # Random weights by default only up to this size: test models (tiny-llama, 0.1M parameters; the
 # fidelity and chunk-overhead studies' random Llamas, about 5M). A real model's shape without
@@ -151,7 +205,9 @@ TEST_SIZED_PARAMS = 100_000_000
 
 # The activations of the largest step, estimated for this many tokens at once (as the
 # simulator's executor.activation_tokens, after vLLM's max-size profiling forward): per token the
-# residual stream, q/k/v/o, the MLP's gate, up and product, and one row of logits.
+# residual stream, q/k/v/o, the MLP's gate, up and product, and one row of logits; an MoE layer's
+# MLP holds that for each of a token's k experts and the shared expert, plus its router's scores
+# and the token's gathered copy per expert.
 ACTIVATION_TOKENS = 8192
 
 
@@ -175,8 +231,14 @@ def check_weights(model_cfg: dict, args: ModelShape) -> None:
 
 def memory_estimate(args: ModelShape, itemsize: int) -> dict[str, int]:
     """Bytes of the weights and of the largest step's activations (`ACTIVATION_TOKENS`)."""
-    per_token = (4 * args.hidden_size + 2 * args.num_heads * args.head_dim
-                 + 3 * args.intermediate_size + args.vocab_size)
+    mlp = 3 * args.intermediate_size
+    if args.is_moe:
+        k = args.num_experts_per_tok
+        moe = (3 * (k * args.moe_intermediate_size + args.shared_expert_intermediate_size)
+               + 2 * args.num_experts + 2 * k * args.hidden_size)
+        mlp = max(mlp if args.first_dense_layers else 0, moe)
+    per_token = (4 * args.hidden_size + 2 * args.num_heads * args.head_dim + mlp
+                 + args.vocab_size)
     return {"weights": args.num_params() * itemsize,
             "activations": ACTIVATION_TOKENS * per_token * itemsize}
 

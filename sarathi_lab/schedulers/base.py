@@ -111,8 +111,9 @@ class Policy(Admission, Preemption, Progress, abc.ABC):
 
     The engine calls: `add_request`, `schedule`, `update`, `has_work`, `reject`, `adopt` (a
     disaggregated decode replica), `abort` (a served request whose client went away),
-    `swap_in_possible` and the `fast_forward` declaration; the
-    run layer `parse_config`, `unread_settings` and `swap_blocks`.
+    `swap_in_possible` and the `fast_forward` declaration; the run layer `parse_config`,
+    `setting_classes`, `needs_predictor`, `unread_settings`, `swap_blocks` and, once,
+    `bind_predictor`.
     """
 
     name: ClassVar[str] = "base"
@@ -152,6 +153,24 @@ class Policy(Admission, Preemption, Progress, abc.ABC):
     def parse_config(cls, values: dict, where: str = "scheduler") -> SchedulerConfig:
         """Typed settings from the ``scheduler`` config node (without its ``name``)."""
         return parse(cls.config_class, values, where, f"policy {cls.name!r}")
+
+    @classmethod
+    def setting_classes(cls, values: dict) -> tuple[type, ...]:
+        """The settings classes whose fields the ``scheduler`` node `values` may set: the
+        policy's, and those of the components it names there (a chunking policy's budget
+        controller)."""
+        return (cls.config_class,)
+
+    @classmethod
+    def needs_predictor(cls, cfg: SchedulerConfig) -> str | None:
+        """The setting that makes this policy need a predictor of iteration time (a budget
+        controller that prices batches), or None; checked against the executor at start-up."""
+        return None
+
+    def bind_predictor(self, predictor, slo=None) -> None:
+        """Called once by the run layer: the executor's predictor of iteration time
+        (`Executor.predictor`; None if it offers none) and the run's SLO settings (None: none).
+        The policies that consult a budget controller hand them to it; others read neither."""
 
     @classmethod
     def unread_settings(cls, cfg: SchedulerConfig) -> dict[str, str]:

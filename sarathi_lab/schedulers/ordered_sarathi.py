@@ -22,6 +22,7 @@ class OrderedSarathi(Sarathi):
 
     name = "ordered_sarathi"
     fast_forward = steady.ORDERED_SARATHI   # its steady decode runs (schedulers/steady.py)
+    follows_prefill_order = False   # prompts go by the queue's key (a controller's order refused)
 
     def __init__(self, cfg, kv, queue=None):
         super().__init__(cfg, kv, queue)
@@ -34,11 +35,11 @@ class OrderedSarathi(Sarathi):
         return self.waiting.key(req), req.arrival_time
 
     def schedule(self, now):
-        return self.fill(SchedulerOutput())
+        return self.fill(SchedulerOutput(), self.iteration_budget(now))
 
-    def fill(self, out: SchedulerOutput) -> SchedulerOutput:
-        """Add this iteration's decodes, then prefill chunks in rank order, to `out`."""
-        budget = self.cfg.token_budget
+    def fill(self, out: SchedulerOutput, budget: int) -> SchedulerOutput:
+        """Add this iteration's decodes, then prefill chunks in rank order, to `out`, within
+        `budget` tokens."""
         decodes, prefills = split_running(self.running)
         self.schedule_decodes(out, decodes[:budget])
         budget -= out.total_tokens if out.spec_lens else len(out)

@@ -1,9 +1,15 @@
-"""Sarathi-Serve (OSDI'24): stall-free batching with chunked prefills under a token budget."""
-from dataclasses import dataclass
+"""Sarathi-Serve (OSDI'24): stall-free batching with chunked prefills under a token budget.
+
+The budget of each iteration is its controller's (`scheduler.controller`,
+schedulers/controllers/): `static` (the default) is `token_budget` every iteration; the others
+choose one up to it, from the batch's predicted time and the requests' SLOs.
+"""
+from dataclasses import dataclass, field, fields
 
 from sarathi_lab.request import Status
 from sarathi_lab.schedulers import steady
 from sarathi_lab.schedulers.base import Policy, SchedulerConfig
+from sarathi_lab.schedulers.controllers.consult import Consulting, split_settings
 from sarathi_lab.schedulers.mechanics.progress import split_running
 from sarathi_lab.schedulers.output import SchedulerOutput
 from sarathi_lab.settings import setting
@@ -11,18 +17,54 @@ from sarathi_lab.settings import setting
 
 @dataclass
 class SarathiConfig(SchedulerConfig):
-    token_budget: int = setting(512, ge=1, help="tokens per iteration (the chunk size)")
+    token_budget: int = setting(512, ge=1, help="tokens per iteration (the chunk size); the "
+                                "cap of a controller's budget")
+    controller: str = setting("static", help="who sets each iteration's budget: static | "
+                              "tbt_target | slack | slo_dp | a dotted path "
+                              "(schedulers/controllers/)")
+    # the controller's typed settings, filled by parse_config from the same node
+    controller_settings: object = field(default=None, metadata={"internal": True})
 
 
-class Sarathi(Policy):
+class Sarathi(Consulting, Policy):
     name = "sarathi"
     config_class = SarathiConfig
     fast_forward = steady.SARATHI   # its steady decode and chunk runs (schedulers/steady.py)
     speculates = True
 
+    def __init__(self, cfg, kv, queue=None):
+        super().__init__(cfg, kv, queue)
+        self.init_controller()
+
+    @classmethod
+    def parse_config(cls, values, where="scheduler"):
+        """The policy's settings and, from the same node, its controller's."""
+        own = {f.name for f in fields(cls.config_class) if not f.metadata.get("internal")}
+        mine, ctl = split_settings(values, own, where, f"policy {cls.name!r}")
+        cfg = super().parse_config(mine, where)
+        cfg.controller_settings = ctl
+        return cfg
+
+    @classmethod
+    def setting_classes(cls, values):
+        from sarathi_lab.schedulers.controllers.consult import controller_class
+        try:
+            return (cls.config_class,
+                    controller_class(values.get("controller") or "static").config_class)
+        except ValueError:   # an unknown controller: parse_config names it
+            return (cls.config_class,)
+
+    @classmethod
+    def needs_predictor(cls, cfg):
+        from sarathi_lab.schedulers.controllers.consult import controller_class
+        if controller_class(cfg.controller).needs_predictor:
+            return f"scheduler.controller={cfg.controller}"
+        return None
+
     def schedule(self, now):
-        out, budget = SchedulerOutput(), self.cfg.token_budget
+        out, budget = SchedulerOutput(), self.iteration_budget(now)
         decodes, prefills = split_running(self.running)
+        prefills = self.chunk_order(prefills)
         # decodes first: a running decode is never stalled by a prefill
         self.schedule_decodes(out, decodes if len(decodes) <= budget else decodes[:budget])
         # speculative decodes take 1 + k tokens of the budget each

@@ -58,7 +58,7 @@ class SarathiPriority(OrderedSarathi):
         out = SchedulerOutput()
         if self.cfg.priority_preemption:
             self.make_room(out)
-        return self.fill(out)
+        return self.fill(out, self.iteration_budget(now))
 
     def victims(self, head) -> list:
         """The running requests `head` may preempt (strictly less urgent class, larger key),

@@ -156,15 +156,25 @@ class Preemption:
                 return False
         return True
 
+    def speculation_length(self) -> int:
+        """k, the draft tokens of this iteration's decodes: scheduler.num_speculative_tokens (a
+        budget controller may choose fewer per iteration: controllers/consult.py)."""
+        return self.cfg.num_speculative_tokens
+
+    def iteration_token_limit(self) -> int | None:
+        """The tokens this iteration's batch may hold: `token_limit()` (a budget controller's
+        budget for the iteration where one is consulted)."""
+        return self.token_limit()
+
     def schedule_decodes(self, out: SchedulerOutput, decodes: list[Request]) -> None:
         """One decode for each of `decodes` (running requests), as the batch's first entries;
         when KV runs short, one by one, preempting as `allocate_or_preempt` does. With
-        scheduler.num_speculative_tokens = k > 0, each gets 1 + k tokens (its drafts,
-        `speculative_lens`, within the policy's `token_limit()`: the decodes come first) where
+        k = `speculation_length()` > 0, each gets 1 + k tokens (its drafts, `speculative_lens`,
+        within the iteration's `iteration_token_limit()`: the decodes come first) where
         the free KV blocks hold them all, else one token each."""
-        k = self.cfg.num_speculative_tokens
+        k = self.speculation_length()
         if k:
-            spec = speculative_lens(decodes, k, self.token_limit(), self.max_model_len)
+            spec = speculative_lens(decodes, k, self.iteration_token_limit(), self.max_model_len)
             if any(spec) and self.kv.allocate_decodes(decodes, [1 + s for s in spec]):
                 out.add_decodes(decodes, spec)
                 return

@@ -80,6 +80,7 @@ STUDIES = (
                              _py("disaggregation/run.py", "--steady", "2000")), 20,
           ("results/disaggregation",)),
     Study("capacity_grid", (_py("capacity_grid/run.py"),), 23, ("results/capacity_grid",)),
+    Study("planning", (_py("planning/run.py"),), 22, ("results/planning",)),
     Study("ablation", (_py("ablation/run.py"),), 5, ("results/ablation",)),
     Study("paging", (_py("paging/run.py"),), 4, ("results/paging",)),
     Study("adaptive_chunking", (_py("adaptive_chunking/run.py", "--toy"),), 0.5,

@@ -2,7 +2,7 @@
 and a summarization workload, under each model's strict and relaxed SLO (issue 26, item 5;
 experiments/planning/README.md).
 
-    python experiments/planning/run.py                       # ~10-20 min on 2 shared cores
+    python experiments/planning/run.py                       # ~15-20 min on 2 shared cores
     python experiments/planning/run.py --requests 40 --models mixtral-8x7b --workloads chat \
         --slos strict --hardware a100-80gb --out /tmp/p/out --root /tmp/p/plans   # toy scale
 
@@ -17,8 +17,9 @@ expert parallel with TP 1 or 2), so its space is the union of two plans. In `--o
   infeasible and pruned with the reason), with the `sarathi-lab` command of each feasible row;
   `<case>/pareto.png`: cost against P99 TTFT and P99 TBT at the load (the planner's plot);
 - `cheapest.csv`: per case and hardware (and `any`), the cheapest deployment: GPUs, layout,
-  colocated or disaggregated, policy, budget, $/1M output tokens, $/h, capacity, binding
-  criterion;
+  colocated or disaggregated, policy, budget, $/1M output tokens, $/h, capacity (a lower bound
+  where `capacity_bracketed` is false: no probe failed), binding criterion, P99 TTFT and TBT at
+  the load;
 - `policy.csv`: per case, the cheapest row of each policy/budget and of each split, and the
   cheapest vllm row's cost over the cheapest sarathi row's;
 - `summary.md`: both tables as Markdown; `run_info.json` (commit, load, wall time).
@@ -54,12 +55,14 @@ HARDWARE = ("a100-80gb", "h100-sxm")
 POLICIES = ("sarathi", "vllm")
 BUDGETS = (512, 2048)
 SPLITS = ("colocated", "1:1")
-# Llama-3-70B's context is 8,192 tokens; a few arXiv requests are longer: both models get the
-# same requests (dropped ones are counted in ranked.csv's `trace_dropped`)
+# Llama-3-70B's context is 8,192 tokens: none of the first 250 requests of either trace is
+# longer (arXiv's longest is 4,074), but a larger --requests may reach longer ones; the cap gives
+# both models the same requests (the capacity search logs how many it dropped)
 MAX_TOTAL_TOKENS = 8192
 CASE = ["model", "workload", "slo"]
 SHOWN = ["hardware", "gpus", "replicas", "layout", "split", "policy", "token_budget",
-         "usd_per_1m_output_tokens", "usd_per_hour", "capacity_qps", "binds"]
+         "usd_per_1m_output_tokens", "usd_per_hour", "capacity_qps", "capacity_bracketed",
+         "binds", "binds_missed", "ttft_p99", "tbt_p99"]
 
 
 def case_name(model: str, workload: str, slo: str) -> str:
@@ -193,7 +196,7 @@ def run_study(args) -> tuple:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=250, help="requests per probe")
+    ap.add_argument("--requests", type=int, default=600, help="requests per probe")
     ap.add_argument("--precision", type=float, default=0.1,
                     help="capacity searches stop within this fraction (capacity.precision)")
     ap.add_argument("--models", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))

@@ -31,7 +31,7 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "experiments"))
-from studies import compose, seed_spread  # noqa: E402
+from studies import compose, mean_range as mr, seed_spread  # noqa: E402
 
 TBT = 0.1
 BASE = ["model=qwen2.5-7b", "hardware=a100-80gb", "trace=mix", "slo=chat-batch",
@@ -120,13 +120,6 @@ def study(out: Path, scale_name: str = "full", log=print) -> pd.DataFrame:
     return runs
 
 
-def _fmt(r, m: str, scale: float = 1.0, digits: int = 2) -> str:
-    v, lo, hi = r[f"{m}_mean"] * scale, r[f"{m}_min"] * scale, r[f"{m}_max"] * scale
-    if r[f"{m}_seeds"] > 1 and abs(hi - lo) > 10 ** -digits:
-        return f"{v:.{digits}f} [{lo:.{digits}f}-{hi:.{digits}f}]"
-    return f"{v:.{digits}f}"
-
-
 def report(cells: pd.DataFrame, scale: str, wall: float) -> str:
     lines = [f"Scale `{scale}`; {int(cells['attainment_seeds'].max())} seed(s), mean "
              f"[min-max]; wall time {wall:.0f} s on a shared 2-core machine (load average "
@@ -136,12 +129,12 @@ def report(cells: pd.DataFrame, scale: str, wall: float) -> str:
              "long P99 TBT met | chunk while KV > 64k | long prompts |", "|" + " --- |" * 12]
     for _, r in cells.iterrows():
         lines.append(
-            f"| {r['long_qps']:g} | {r['config']} | {_fmt(r, 'chat_ttft_p50')} | "
-            f"{_fmt(r, 'chat_ttft_p99')} | {_fmt(r, 'chat_tbt_p99', 1e3, 0)} | "
-            f"{_fmt(r, 'chat_gaps_over', 100, 1)}% | {_fmt(r, 'chat_tbt_met', 100, 0)}% | "
-            f"{_fmt(r, 'long_ttft_p50', 1, 1)} | {_fmt(r, 'long_ttft_max', 1, 1)} | "
-            f"{_fmt(r, 'long_tbt_met', 100, 0)}% | {_fmt(r, 'chunk_at_long_ctx', 1, 0)} | "
-            f"{_fmt(r, 'num_long', 1, 1)} |")
+            f"| {r['long_qps']:g} | {r['config']} | {mr(r, 'chat_ttft_p50')} | "
+            f"{mr(r, 'chat_ttft_p99')} | {mr(r, 'chat_tbt_p99', 1e3, 0)} | "
+            f"{mr(r, 'chat_gaps_over', 100, 1)}% | {mr(r, 'chat_tbt_met', 100, 0)}% | "
+            f"{mr(r, 'long_ttft_p50', 1, 1)} | {mr(r, 'long_ttft_max', 1, 1)} | "
+            f"{mr(r, 'long_tbt_met', 100, 0)}% | {mr(r, 'chunk_at_long_ctx', 1, 0)} | "
+            f"{mr(r, 'num_long', 1, 1)} |")
     return "\n".join(lines) + "\n"
 
 

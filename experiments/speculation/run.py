@@ -31,7 +31,7 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "experiments"))
-from studies import compose, seed_spread  # noqa: E402
+from studies import compose, mean_range as mr, seed_spread  # noqa: E402
 
 BASE = ["model=mistral-7b", "hardware=a100-80gb", "trace=sharegpt", "slo=mistral-7b-strict",
         "progress=false"]
@@ -46,7 +46,8 @@ SCALES = {"test": dict(requests=40, loads=(3.5,), budgets=(512,), rates=(0.7,), 
                                  (0.9, "slo_dp")))}
 METRICS = ["ttft_p50", "ttft_p99", "tpot_p50", "e2e_p50", "tbt_p99", "sched_delay_p50",
            "attainment", "goodput_rps", "throughput_tok_s", "prefill_tok_per_iter",
-           "decode_tok_per_iter", "prefill_tok_backlog", "acceptance", "tokens_per_step", "drafts_per_step"]
+           "decode_tok_per_iter", "prefill_tok_backlog", "acceptance", "tokens_per_step",
+           "drafts_per_step"]
 KEYS = ["qps", "budget", "draft", "p", "config"]
 
 
@@ -84,7 +85,8 @@ def one(overrides: list[str], run_dir: Path) -> dict:
             "decode_tok_per_iter": it["decode_tokens"].mean(),
             # the chunk a prompt gets while others queue: what verification tokens crowd out
             "prefill_tok_backlog": backlog["prefill_tokens"].mean() if len(backlog) else None,
-            "acceptance": spec.get("acceptance_rate"), "tokens_per_step": spec.get("tokens_per_step"),
+            "acceptance": spec.get("acceptance_rate"),
+            "tokens_per_step": spec.get("tokens_per_step"),
             "drafts_per_step": spec.get("drafts_per_step")}
 
 
@@ -139,16 +141,9 @@ def study(out: Path, scale_name: str = "full", log=print) -> pd.DataFrame:
     return runs
 
 
-def _fmt(r, m: str, scale: float = 1.0, digits: int = 2) -> str:
-    v, lo, hi = r[f"{m}_mean"] * scale, r[f"{m}_min"] * scale, r[f"{m}_max"] * scale
-    if r[f"{m}_seeds"] > 1 and abs(hi - lo) > 10 ** -digits:
-        return f"{v:.{digits}f} [{lo:.{digits}f}-{hi:.{digits}f}]"
-    return f"{v:.{digits}f}"
-
-
 def _backlog(r) -> str:
     """Prefill tokens per iteration while prompts queue (the chunk verification crowds)."""
-    return "" if pd.isna(r["prefill_tok_backlog_mean"]) else _fmt(r, "prefill_tok_backlog", 1, 0)
+    return "" if pd.isna(r["prefill_tok_backlog_mean"]) else mr(r, "prefill_tok_backlog", 1, 0)
 
 
 def report(cells: pd.DataFrame, caps: pd.DataFrame, scale: str, wall: float) -> str:
@@ -163,16 +158,16 @@ def report(cells: pd.DataFrame, caps: pd.DataFrame, scale: str, wall: float) -> 
         for _, r in gb.iterrows():
             lines.append(
                 f"| {r['qps']:g} | {r['draft']} | {'' if pd.isna(r['p']) else r['p']} | "
-                f"{r['config']} | {_fmt(r, 'tpot_p50', 1e3, 1)} | {_fmt(r, 'e2e_p50')} | "
-                f"{_fmt(r, 'ttft_p50')} | {_fmt(r, 'ttft_p99')} | {_fmt(r, 'tbt_p99', 1e3, 0)} | "
-                f"{_fmt(r, 'attainment')} | {_backlog(r)} | "
+                f"{r['config']} | {mr(r, 'tpot_p50', 1e3, 1)} | {mr(r, 'e2e_p50')} | "
+                f"{mr(r, 'ttft_p50')} | {mr(r, 'ttft_p99')} | {mr(r, 'tbt_p99', 1e3, 0)} | "
+                f"{mr(r, 'attainment')} | {_backlog(r)} | "
                 f"{'' if pd.isna(r['drafts_per_step_mean']) else f'{r.drafts_per_step_mean:.2f}'}"
                 " |")
         lines.append("")
     if len(caps):
         lines += ["### capacity at budget 512 (strict: P99 TBT <= 100 ms, median scheduling "
-                  "delay <= 2 s; seed 0; draft ratio 0.05)", "", "| p | config | capacity (req/s) |",
-                  "| --- | --- | --- |"]
+                  "delay <= 2 s; seed 0; draft ratio 0.05)", "",
+                  "| p | config | capacity (req/s) |", "| --- | --- | --- |"]
         lines += [f"| {'' if pd.isna(r['p']) else r['p']} | {r['config']} | "
                   f"{r['capacity_qps']:.2f} |" for _, r in caps.iterrows()]
     return "\n".join(lines) + "\n"

@@ -50,7 +50,7 @@ SCALES = {"test": dict(requests=60, chat_qps=1.0, long_qps=(0.05,), seeds=(0,),
                        static=STATIC)}
 METRICS = ["chat_ttft_p50", "chat_ttft_p99", "chat_tbt_p99", "chat_gaps_over", "chat_tbt_met",
            "long_ttft_p50", "long_ttft_max", "long_tbt_met", "num_long", "chunk_at_long_ctx",
-           "attainment"]
+           "relegated", "attainment"]
 
 
 def configs(static):
@@ -95,6 +95,7 @@ def one(c: dict, run_dir: Path) -> dict:
             # the mean chunk while the KV cache holds > 64k tokens (a long prompt well under way)
             "chunk_at_long_ctx": it.loc[(it["kv_tokens_stored"] > 65536)
                                         & (it["prefill_tokens"] > 0), "prefill_tokens"].mean(),
+            "relegated": s.get("relegated", {}).get("num_relegated", 0),
             "attainment": s["slo"]["attainment"]}
 
 
@@ -126,7 +127,8 @@ def report(cells: pd.DataFrame, scale: str, wall: float) -> str:
              f"{os.getloadavg()[0]:.1f} at the end).", "",
              "| long req/s | config | chat TTFT p50 (s) | chat TTFT p99 (s) | chat P99 TBT (ms) | "
              "chat gaps > 100 ms | chat P99 TBT met | long TTFT p50 (s) | long TTFT max (s) | "
-             "long P99 TBT met | chunk while KV > 64k | long prompts |", "|" + " --- |" * 12]
+             "long P99 TBT met | chunk while KV > 64k | long prompts | relegated |",
+             "|" + " --- |" * 13]
     for _, r in cells.iterrows():
         lines.append(
             f"| {r['long_qps']:g} | {r['config']} | {mr(r, 'chat_ttft_p50')} | "
@@ -134,7 +136,7 @@ def report(cells: pd.DataFrame, scale: str, wall: float) -> str:
             f"{mr(r, 'chat_gaps_over', 100, 1)}% | {mr(r, 'chat_tbt_met', 100, 0)}% | "
             f"{mr(r, 'long_ttft_p50', 1, 1)} | {mr(r, 'long_ttft_max', 1, 1)} | "
             f"{mr(r, 'long_tbt_met', 100, 0)}% | {mr(r, 'chunk_at_long_ctx', 1, 0)} | "
-            f"{mr(r, 'num_long', 1, 1)} |")
+            f"{mr(r, 'num_long', 1, 1)} | {mr(r, 'relegated', 1, 1)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -66,10 +66,12 @@ class SequenceKV:
         return StepPlan(seqs, list(starts), list(num_new), fill_from,
                         [len(t) * block_size for t in block_tables], slots)
 
-    def commit(self, plan: "StepPlan") -> None:
-        """The forward ran through every layer: the new tokens are in the buffers."""
-        for seq, s, n in zip(plan.seqs, plan.starts, plan.num_new):
-            seq.length = s + n
+    def commit(self, plan: "StepPlan", kept: dict | None = None) -> None:
+        """The forward ran through every layer: the new tokens are in the buffers. `kept`: batch
+        index -> how many of its new tokens stay (a speculative entry keeps its last token and
+        its accepted drafts; the rejected drafts' KV is past its length, refilled when read)."""
+        for i, (seq, s, n) in enumerate(zip(plan.seqs, plan.starts, plan.num_new)):
+            seq.length = s + (n if kept is None else kept.get(i, n))
 
     def drop(self, keys) -> None:
         for k in keys:

@@ -27,14 +27,14 @@ class Request:
         "rejection_reason", "block_hashes", "extra", "finish_reason",
         "priority", "tenant", "deadline", "slo_class",
         "num_swap_outs", "num_swap_ins", "num_swap_fallbacks", "num_swapped_blocks", "swap_time_s",
-        "spec_proposed", "spec_accepted",
+        "spec_proposed", "spec_accepted", "_planned_ids",
     )
 
     def __init__(self, request_id, arrival_time: float, num_prompt_tokens: int,
                  output_len: int | None = None,
                  prompt_token_ids: list[int] | None = None, max_tokens: int | None = None, *,
                  priority: int = 0, tenant: str = "default", deadline: float | None = None,
-                 slo_class: str = "default"):
+                 slo_class: str = "default", planned_output_ids: list[int] | None = None):
         self.request_id = request_id
         self.arrival_time = float(arrival_time)
         self.num_prompt_tokens = int(num_prompt_tokens)
@@ -47,6 +47,16 @@ class Request:
         self._output_len = None if output_len is None else int(output_len)
         self.num_output_tokens = 0
         self.output_token_ids: list[int] = []
+        # The workload's answer as token ids (a session's, which the next turn's prompt repeats):
+        # where the executor samples none (the simulator), the request emits these, so the KV
+        # blocks its decodes fill are hashed like prompt blocks and a later prompt that repeats
+        # them hits the prefix cache (`emit_planned`). A real executor's own tokens go first.
+        # Private like `_output_len`: no policy may read it (its length is the output length).
+        if planned_output_ids is not None and output_len is not None \
+                and len(planned_output_ids) < output_len:
+            raise ValueError(f"request {request_id!r}: {len(planned_output_ids)} planned output "
+                             f"token ids for an output of {output_len} tokens")
+        self._planned_ids = planned_output_ids
         self.num_computed_tokens = 0
         self.status = Status.WAITING
         self.first_scheduled_time: float | None = None
@@ -98,6 +108,14 @@ class Request:
         """The workload's output length, handed over once (by the engine, to the executor)."""
         n, self._output_len = self._output_len, None
         return n
+
+    def emit_planned(self, n: int) -> None:
+        """The next `n` output tokens are the planned ones (a simulated step that emits `n`
+        tokens; nothing without planned ids): called where a request's tokens are emitted,
+        before the KV blocks of the step are hashed."""
+        if self._planned_ids is not None:
+            out = self.output_token_ids
+            out += self._planned_ids[len(out):len(out) + n]
 
     def all_token_ids(self) -> list[int]:
         assert self.prompt_token_ids is not None

@@ -100,3 +100,16 @@ def run_engine(path, specs, *, backend="torch", kv_cache_gib=0.01, executor=None
     engine.run(reqs)
     assert all(r.status is Status.FINISHED for r in reqs), reqs
     return reqs, engine
+
+
+def with_eos(path, tmp_path, eos):
+    """A copy of the model directory whose checkpoint declares `eos` its EOS id."""
+    import json
+    import shutil
+    d = tmp_path / "eos-model"
+    shutil.copytree(path, d)
+    for name in ("config.json", "generation_config.json"):
+        f = d / name
+        if f.is_file():
+            f.write_text(json.dumps({**json.loads(f.read_text()), "eos_token_id": eos}))
+    return d

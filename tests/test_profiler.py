@@ -217,8 +217,8 @@ def test_a_measured_step_reads_only_its_new_tokens_out_of_the_paged_cache(one_th
     copied = []
     prepare = ex.prepare
 
-    def spy(out):
-        res = prepare(out)
+    def spy(out, *drafts):
+        res = prepare(out, *drafts)
         copied.append((list(out.num_new_tokens), len(res[2].attn_kwargs["sequence_kv"].slots)))
         return res
     ex.prepare = spy

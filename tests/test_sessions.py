@@ -25,11 +25,11 @@ def node(**kw):
             "answer_len": ANS, **kw}
 
 
-def serve(frame, think, block_size=16, base=1.0):
+def serve(frame, think, block_size=16, base=1.0, caching=True, fast_forward=True):
     """Serve the sessions of `frame` on one engine whose iterations take `base` s each."""
     policy = make_policy("sarathi", token_budget=512, block_size=block_size, num_blocks=400,
-                         max_model_len=1024, enable_prefix_caching=True)
-    engine = Engine(policy, LinearCost(base, 0.0))
+                         max_model_len=1024, enable_prefix_caching=caching)
+    engine = Engine(policy, LinearCost(base, 0.0), fast_forward=fast_forward)
     reqs = to_requests(frame)
     load = Sessions(reqs, frame["session"], frame["turn"], think)
     drive(Single(engine), load)
@@ -60,14 +60,63 @@ def test_sessions_share_the_system_prompt_and_nothing_else():
 
 
 def test_prefix_cache_hit_rate_of_a_three_turn_session_by_hand():
-    """Block size 16; prompts 20, 52, 84 tokens. The cache holds a turn's full prompt blocks
-    (its answer's ids are the trace's, not the model's: no later prompt can hit them), so turn 2
-    hits floor(20/16) = 1 block of turn 1, turn 3 floor(52/16) = 3 blocks of turn 2:
-    (16 + 48) / (20 + 52 + 84) of the prompt tokens."""
-    engine, reqs, _ = serve(build_trace(node()), ThinkTime("constant", 0.5))
+    """Block size 16, messages of 20 tokens, answers of 13: prompts P1 = 20, P2 = 20 + 13 + 20
+    = 53, P3 = 53 + 13 + 20 = 86. The simulator emits each turn's planned answer, so the blocks
+    its decodes fill are cached too; a turn computes P + A - 1 tokens (its last token is never
+    run), so it leaves floor((P + A - 1) / 16) full blocks, here = floor((P + A) / 16) as
+    P + A = 33, 66 is no multiple of 16. Turn 2 hits floor(33 / 16) = 2 blocks (32 tokens:
+    turn 1's prompt and 12 of its answer), turn 3 floor(66 / 16) = 4 blocks (64 tokens); the
+    prompts alone would give floor(20/16) + floor(53/16) = 1 + 3 blocks (64 tokens)."""
+    engine, reqs, _ = serve(build_trace(node(answer_len=ANS + 1)), ThinkTime("constant", 0.5))
     stats = engine.kv.prefix_cache_stats()
-    assert stats == {"hit_tokens": 16 + 48, "query_tokens": 20 + 52 + 84}
+    assert [r.num_prompt_tokens for r in reqs] == [20, 53, 86]
+    assert stats == {"hit_tokens": 32 + 64, "query_tokens": 20 + 53 + 86}
     assert all(r.finish_time is not None for r in reqs)
+
+
+def test_a_turn_emits_its_planned_answer_which_the_next_prompt_repeats():
+    """The requests table's output ids are the trace's planned answer, token for token, with
+    prefix caching on or off (off: nothing is looked up, so no hit), and the next turn's prompt
+    holds them right after the previous prompt."""
+    df = build_trace(node(answer_len=ANS + 1))
+    from sarathi_lab.metrics.tables import requests_table
+    for caching in (True, False):
+        engine, reqs, _ = serve(df, ThinkTime("constant", 0.5), caching=caching)
+        table = requests_table(reqs)
+        assert [list(x) for x in table["output_token_ids"]] == df["output_token_ids"].tolist()
+        for prev, nxt in zip(reqs, reqs[1:]):
+            assert nxt.prompt_token_ids[:prev.num_tokens] == prev.all_token_ids()
+    assert engine.kv.prefix_cache_stats() is None   # caching off: no hit, none looked up
+    assert engine.kv.pool.cached == {}
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_fast_forward_emits_and_caches_the_same_answer_blocks(caching):
+    """Six sessions whose turns overlap: fast-forward on (it skips decode runs, and with
+    caching off chunk runs too) and off give the same times, output ids and cache hits."""
+    df = build_trace(node(sessions=6, session_rate=0.5, answer_len={"dist": "uniform",
+                                                                     "low": 5, "high": 60},
+                          turns={"dist": "uniform", "low": 2, "high": 4}, seed=5))
+    runs = [serve(df, ThinkTime("constant", 0.5), base=0.05, caching=caching, fast_forward=ff)
+            for ff in (True, False)]
+    (on, a, _), (off, b, _) = runs
+    assert on._n_skipped > 0 and off._n_skipped == 0   # the skip did run
+    assert [r.token_times for r in a] == [r.token_times for r in b]
+    assert [r.output_token_ids for r in a] == [r.output_token_ids for r in b] \
+        == df["output_token_ids"].tolist()
+    assert on.kv.prefix_cache_stats() == off.kv.prefix_cache_stats()
+    if caching:   # the answers' blocks were hit: without planned ids, fewer hits
+        unplanned, _, _ = serve(df.drop(columns="output_token_ids"),
+                                ThinkTime("constant", 0.5), base=0.05)
+        assert unplanned.kv.prefix_cache_stats()["hit_tokens"] \
+            < on.kv.prefix_cache_stats()["hit_tokens"]
+
+
+def test_planned_ids_of_another_length_than_the_output_are_refused():
+    df = build_trace(node())
+    df.loc[1, "output_token_ids"] = [1, 2, 3]   # an answer of 3 ids for 12 output tokens
+    with pytest.raises(ValueError, match="row 1: 3 output_token_ids but num_output_tokens=12"):
+        to_requests(df)
 
 
 def test_send_times_are_the_previous_finish_plus_the_think_time():
@@ -155,6 +204,11 @@ def test_cli_multi_turn(tmp_path):
         np.testing.assert_allclose(mine["arrival_time"].to_numpy()[1:],
                                    mine["arrival_time"].to_numpy()[:-1]
                                    + mine["e2e"].to_numpy()[:-1] + 0.5)
+        # each turn emitted the answer its successor's prompt repeats
+        turns = list(zip(mine["prompt_token_ids"], mine["output_token_ids"]))
+        for (prompt, answer), (nxt, _) in zip(turns, turns[1:]):
+            assert len(answer) > 0
+            assert list(nxt[:len(prompt) + len(answer)]) == list(prompt) + list(answer)
     assert s["prefix_cache"]["hit_tokens"] > 0
 
 

@@ -68,6 +68,15 @@ def test_accepted_tokens_advance_a_decode_and_a_stop_cuts_them():
     assert cols["decode_tokens"].tolist() == [0, 4, 4, 4]   # 1 + k verified tokens each
 
 
+def test_a_speculative_step_emits_the_planned_ids_it_keeps():
+    # as above (steps of 3, 1 and 4 cut to 2 tokens), with the answer planned: the request's
+    # output ids are exactly its planned ones, none of the 2 dropped past its stop
+    planned = list(range(100, 107))
+    r = Request(0, 0.0, 4, 7, prompt_token_ids=[1, 2, 3, 4], planned_output_ids=planned)
+    run(Scripted({0: [2, 0, 3]}), [r], token_budget=64, num_speculative_tokens=3)
+    assert r.output_token_ids == planned and r.all_token_ids() == [1, 2, 3, 4] + planned
+
+
 def test_rejected_drafts_release_their_kv_slots():
     # block_size 4, prompt 4: a step of 1 + 3 tokens needs slots 4..7 (a second block); none
     # accepted, the request holds 5 tokens, so 2 blocks, and 5 stored tokens, not 8

@@ -15,7 +15,7 @@ from sarathi_lab.request import Request
 
 # one_thread and oracle are fixtures: imported, they apply here (one_thread is autouse)
 from hf_oracle import (hf_generate, make_hf_model, make_specs, one_thread, oracle,  # noqa: F401
-                       run_engine)
+                       run_engine, with_eos)
 
 transformers = pytest.importorskip("transformers")
 
@@ -188,19 +188,6 @@ def test_requests_without_token_ids_are_refused():
 
 
 # --- EOS ---------------------------------------------------------------------------------------
-
-def with_eos(path, tmp_path, eos):
-    """A copy of the model directory whose checkpoint declares `eos` its EOS id."""
-    import json
-    import shutil
-    d = tmp_path / "eos-model"
-    shutil.copytree(path, d)
-    for name in ("config.json", "generation_config.json"):
-        f = d / name
-        if f.is_file():
-            f.write_text(json.dumps({**json.loads(f.read_text()), "eos_token_id": eos}))
-    return d
-
 
 @pytest.fixture(scope="module")
 def eos_case(oracle, tmp_path_factory):

@@ -354,8 +354,9 @@ class SimExecutor(Executor):
         return self.cost_model.max_model_len
 
 
-def model_preset(name: str) -> dict:
-    """A shipped model preset (configs/model/<name>.yaml) as a dict: a draft model by name."""
+def model_preset(name: str, key: str = "executor.draft_model") -> dict:
+    """A shipped model preset (configs/model/<name>.yaml) as a dict: a draft model by name
+    (`key`: the setting that names it, for the error)."""
     from importlib.resources import files
 
     import yaml
@@ -363,6 +364,6 @@ def model_preset(name: str) -> dict:
     path = root.joinpath(f"{name}.yaml")
     if not path.is_file():
         names = sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
-        raise ConfigError(f"executor.draft_model={name}: no such model preset; the presets: "
+        raise ConfigError(f"{key}={name}: no such model preset; the presets: "
                           f"{', '.join(names)}")
     return yaml.safe_load(path.read_text())

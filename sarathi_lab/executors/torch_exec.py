@@ -24,7 +24,6 @@ for the requests it catches up. Sampling with temperature > 0 draws from a gener
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from dataclasses import dataclass
@@ -32,7 +31,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from sarathi_lab.executors import spec_step
 from sarathi_lab.executors.base import Executor, ExecutorConfig, StepResult
+from sarathi_lab.executors.draft import check_draft, make_draft, require_draft
+from sarathi_lab.executors.sampling import draw, eos_token_ids, stream_seed
 from sarathi_lab.kernels.sequence_kv import SequenceKV
 from sarathi_lab.models.llama import AttnMetadata
 from sarathi_lab.models.dtypes import torch_dtype
@@ -79,43 +81,29 @@ class TorchConfig(ExecutorConfig):
              "it through shared caches and memory), and the engine's clock advances by the step "
              "alone (host_s recorded, not counted). cpu needs executor.device=cpu and one torch "
              "thread (num_threads=1)")
+    draft: str | None = setting(
+        None, help="speculative decoding's draft model (with scheduler.num_speculative_tokens "
+                   "> 0; null: none): layers:N, the target's first N layers with its final norm "
+                   "and LM head, sharing the target's KV; or a model preset of the target's "
+                   "vocabulary (e.g. tiny-llama), with a KV cache of its own (executors/draft.py)")
 
     def validate(self) -> None:
         if self.top_p < 1 and self.temperature == 0:
             raise ValueError(f"top_p={self.top_p}: read only with executor.temperature > 0 "
                              "(temperature 0 decodes greedily, from no sampled nucleus)")
-
-
-def eos_token_ids(model_cfg: dict) -> tuple[int, ...]:
-    """The EOS ids of ``model.path``'s checkpoint, as `generate` reads them: generation_config.json,
-    else config.json (an int or a list). None for a preset with random weights."""
-    import json
-    from pathlib import Path
-    if not model_cfg.get("path"):
-        return ()
-    d = Path(str(model_cfg["path"])).expanduser()
-    for name in ("generation_config.json", "config.json"):
-        f = d / name
-        if not f.is_file():
-            continue
-        try:
-            eos = json.loads(f.read_text()).get("eos_token_id")
-        except (ValueError, AttributeError) as e:
-            raise ValueError(f"{f}: not a JSON object ({e})") from None
-        if eos is None:
-            continue
-        ids = eos if isinstance(eos, list) else [eos]
-        if not ids or not all(type(i) is int and i >= 0 for i in ids):
-            raise ValueError(f"{f}: eos_token_id={eos!r} is not a token id or a list of them")
-        return tuple(ids)
-    return ()
-
-
+        if self.draft is not None:
+            check_draft(self.draft, self.temperature)
 
 
 class TorchExecutor(Executor):
     config_class = TorchConfig
     supports_swap = True
+    supports_speculation = True   # with executor.draft: executors/spec_step.py
+    speculation_settings = ("draft",)
+
+    @classmethod
+    def check_speculation_settings(cls, cfg: TorchConfig, k: int) -> None:
+        require_draft(cfg.draft, k)
 
     @classmethod
     def parse_config(cls, values: dict, where: str = "executor") -> TorchConfig:
@@ -192,19 +180,32 @@ class TorchExecutor(Executor):
             raise ValueError(f"model.path: eos_token_id {sorted(self.eos_ids)} outside the "
                              f"vocabulary of {self.args.vocab_size}")
         self.model.setup(kernels, self.device)
+        self.draft = make_draft(cfg.draft, self.model, self.device, self.dtype, kernels) \
+            if cfg.draft else None
         self.kv = None
         # request id -> (temperature, top_p, seed or None, ignore_eos): `set_sampling`
         self.request_sampling: dict = {}
         # seconds spent per phase, summed over steps (read by benchmarks)
-        self.timers = {"swap": 0.0, "prepare": 0.0, "forward": 0.0, "sample": 0.0, "steps": 0}
+        self.timers = {"swap": 0.0, "draft": 0.0, "prepare": 0.0, "forward": 0.0, "sample": 0.0,
+                       "steps": 0}
+
+    @property
+    def greedy_only(self) -> bool:   # drafts are verified greedily: the server reads it
+        return self.draft is not None
 
     # -- sizing ---------------------------------------------------------------------------------
     def block_bytes(self, block_size: int) -> int:
         a = self.args
         return 2 * a.num_layers * block_size * a.num_kv_heads * a.head_dim * self.dtype.itemsize
 
+    def cache_bytes(self, block_size: int) -> int:
+        """Bytes of one block of every KV cache: the target's, and a draft model's own."""
+        d = self.draft
+        own = d.block_bytes(block_size, self.dtype.itemsize) if d and d.own_cache else 0
+        return self.block_bytes(block_size) + own
+
     def num_kv_blocks(self, block_size: int) -> int:
-        per_block = self.block_bytes(block_size)
+        per_block = self.cache_bytes(block_size)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
             free, _ = torch.cuda.mem_get_info(self.device)
@@ -251,6 +252,7 @@ class TorchExecutor(Executor):
             # the slots their block tables hold: at most the cache again
             need *= 2
             copies = " (with the torch backend's contiguous copies of it)"
+        need += num_blocks * (self.cache_bytes(block_size) - self.block_bytes(block_size))
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             source = "free on the GPU"
@@ -280,6 +282,8 @@ class TorchExecutor(Executor):
                                           a.num_kv_heads, a.head_dim, dtype=self.dtype,
                                           pin_memory=self.device.type == "cuda")
         self.sequence_kv = SequenceKV() if self.backend == "torch" else None
+        if self.draft is not None and self.draft.own_cache:
+            self.draft.bind(kv.num_blocks, kv.block_size, self.dtype, self.device)
         self._eos_ended: set = set()
 
     def prepare_trace(self, df, trace_cfg=None):
@@ -300,12 +304,14 @@ class TorchExecutor(Executor):
                                  shared_prefix_len=self.shared_prefix_len)
 
     # -- one step -------------------------------------------------------------------------------
-    def prepare(self, out):
-        """Flattened inputs of a scheduled batch: (input_ids, positions, metadata, sample rows)."""
+    def prepare(self, out, drafts: dict | None = None):
+        """Flattened inputs of a scheduled batch: (input_ids, positions, metadata, the indices of
+        the entries that sample, their logits rows). `drafts`: entry index -> the draft tokens of
+        a speculative entry, its inputs after its last token; all its rows are logits rows."""
         reqs, ns = out.reqs, out.num_new_tokens
-        bs = self.kv.block_size
         starts = [r.num_computed_tokens for r in reqs]
-        ids, tables, sample = [], [], []
+        drafts = drafts or {}
+        ids, sample = [], []
         for i, (r, s, n) in enumerate(zip(reqs, starts, ns)):
             P = r.num_prompt_tokens
             if r.prompt_token_ids is None:
@@ -319,10 +325,27 @@ class TorchExecutor(Executor):
             else:
                 ids += r.prompt_token_ids[s:]
                 ids += r.output_token_ids[:s + n - P]
-            tables.append(self.kv.block_table(r))
-            if s + n == P + r.num_output_tokens:
+            spec = drafts.get(i)
+            if spec is not None:
+                ids += spec
+            if s + n - len(spec or ()) == P + r.num_output_tokens:
                 sample.append(i)
-        B, T = len(reqs), len(ids)
+        positions, meta, cu = self.batch_metadata(reqs, starts, ns)
+        ends = cu[1:].tolist()
+        rows = []
+        for i in sample:
+            k = len(drafts.get(i, ()))
+            rows.extend(range(ends[i] - 1 - k, ends[i]))
+        logits_rows = torch.tensor(rows, dtype=torch.int64, device=self.device)
+        return torch.tensor(ids, device=self.device), positions, meta, sample, logits_rows
+
+    def batch_metadata(self, reqs, starts, ns, sequence_kv: bool = True):
+        """(positions, attention metadata, query_start_loc on the host) of a flattened batch:
+        entry i computes the ns[i] tokens of reqs[i] after its first starts[i]. `sequence_kv`:
+        attend through the target's contiguous copies (False: a draft model's own cache)."""
+        bs = self.kv.block_size
+        tables = [self.kv.block_table(r) for r in reqs]
+        B, T = len(reqs), sum(ns)
         n_t = torch.tensor(ns, dtype=torch.int64)
         s_t = torch.tensor(starts, dtype=torch.int64)
         cu = torch.zeros(B + 1, dtype=torch.int64)
@@ -341,11 +364,10 @@ class TorchExecutor(Executor):
                             seq_lens=(s_t + n_t).to(dev, torch.int32))
         if self.backend == "triton":   # spares the kernel a device-to-host sync per layer
             meta.attn_kwargs = {"max_query_len": max(ns)}
-        elif self.sequence_kv is not None:
+        elif self.sequence_kv is not None and sequence_kv:
             meta.attn_kwargs = {"sequence_kv": self.sequence_kv.plan(
                 [r.request_id for r in reqs], starts, ns, tables, bs)}
-        logits_rows = (cu[1:][sample] - 1).to(dev)
-        return torch.tensor(ids, device=dev), positions.to(dev), meta, sample, logits_rows
+        return positions.to(dev), meta, cu
 
     def swap(self, out) -> None:
         """Copy the batch's swapped KV blocks: device to host for its swap-outs, then host to
@@ -368,42 +390,64 @@ class TorchExecutor(Executor):
             self.swap(out)
             sync()
             tp = now()
-        input_ids, positions, meta, sample, rows = self.prepare(out)
+        lens = spec_step.spec_lens(out)
+        drafts, td = None, tp
+        if lens:
+            spec_step.check_entries(self, out, lens)
+            drafts = spec_step.propose(self, out, lens)
+            sync()
+            td = now()
+        input_ids, positions, meta, sample, rows = self.prepare(out, drafts)
         t1 = now()
         logits = self.model(input_ids, positions, meta, rows)
         sync()
         t2 = now()
         reqs = out.reqs
-        sampled = [-1] * len(reqs)
-        if sample:
-            toks = self.sample(logits, [reqs[i] for i in sample])
-            for i, tok in zip(sample, toks):
-                sampled[i] = tok
-        finished = self.finished(out)
-        if self.stop_at_eos and sample:
-            ends = set(finished)
-            for i in sample:
-                if sampled[i] in self.eos_ids and not self._ignores_eos(reqs[i]):
-                    self._eos_ended.add(reqs[i].request_id)
-                    if i not in ends:
-                        finished.append(i)
-            finished.sort()
+        kept = None
+        if drafts is not None:
+            result, kept = spec_step.finish_step(self, out, lens, logits, sample, drafts)
+        else:
+            result = StepResult(duration=0.0, sampled=[-1] * len(reqs),
+                                finished=self.finished(out))
+            if sample:
+                self.sample_entries(out, logits, sample, result)
+        finished = result.finished
         if self.request_sampling:
             for i in finished:
                 self.request_sampling.pop(reqs[i].request_id, None)
         seq_kv = self.sequence_kv
         if seq_kv is not None:
-            seq_kv.commit(meta.attn_kwargs["sequence_kv"])
+            seq_kv.commit(meta.attn_kwargs["sequence_kv"], kept)
             seq_kv.drop([reqs[i].request_id for i in finished])
             seq_kv.drop([r.request_id for r in out.preempted])
+            seq_kv.drop([r.request_id for r in out.rejected])   # outgrew the cache mid-run
+        if self.draft is not None:
+            self.draft.drop([reqs[i].request_id for i in finished] +
+                            [r.request_id for r in out.preempted + out.rejected])
         t3 = now()
         tm = self.timers
         tm["swap"] += tp - t0
-        tm["prepare"] += t1 - tp
+        tm["draft"] += td - tp
+        tm["prepare"] += t1 - td
         tm["forward"] += t2 - t1
         tm["sample"] += t3 - t2
         tm["steps"] += 1
-        return StepResult(duration=t3 - t0, sampled=sampled, finished=finished, swap_s=tp - t0)
+        result.duration, result.swap_s = t3 - t0, tp - t0
+        return result
+
+    def sample_entries(self, out, logits, idx, result: StepResult) -> None:
+        """Sample the entries `idx` of the batch, one logits row each (in that order), into
+        `result.sampled`; an entry that samples an EOS joins `result.finished`."""
+        reqs = out.reqs
+        for i, tok in zip(idx, self.sample(logits, [reqs[i] for i in idx])):
+            result.sampled[i] = tok
+        if self.stop_at_eos:
+            ends = set(result.finished)
+            for i in idx:
+                if result.sampled[i] in self.eos_ids and not self._ignores_eos(reqs[i]):
+                    self._eos_ended.add(reqs[i].request_id)
+                    ends.add(i)
+            result.finished = sorted(ends)
 
     def add_request(self, req, output_len):
         reason = super().add_request(req, output_len)
@@ -428,6 +472,8 @@ class TorchExecutor(Executor):
         self.request_sampling.pop(req.request_id, None)
         if self.sequence_kv is not None:   # its contiguous KV copy
             self.sequence_kv.drop([req.request_id])
+        if self.draft is not None:
+            self.draft.drop([req.request_id])
 
     def finish_reason(self, req) -> str:
         if req.request_id in self._eos_ended:
@@ -441,7 +487,7 @@ class TorchExecutor(Executor):
         if self.temperature <= 0:
             return logits.argmax(dim=-1).tolist()
         probs = torch.softmax(logits / self.temperature, dim=-1).cpu()
-        return [self._draw(p, self.top_p, self._stream(r.request_id, r.num_output_tokens))
+        return [draw(p, self.top_p, stream_seed(self.seed, r.request_id, r.num_output_tokens))
                 for p, r in zip(probs, reqs)]
 
     def _sample_each(self, logits: torch.Tensor, reqs) -> list[int]:
@@ -457,21 +503,7 @@ class TorchExecutor(Executor):
                 continue
             p = torch.softmax(logits[i] / temp, dim=-1).cpu()
             # a request's own seed: its stream depends on nothing else (same seed, same tokens)
-            stream = self._stream(r.request_id, r.num_output_tokens) if seed is None else \
-                self._stream(None, r.num_output_tokens, seed)
-            toks.append(self._draw(p, top_p, stream))
+            stream = stream_seed(self.seed, r.request_id, r.num_output_tokens) \
+                if seed is None else stream_seed(seed, None, r.num_output_tokens)
+            toks.append(draw(p, top_p, stream))
         return toks
-
-    @staticmethod
-    def _draw(p: torch.Tensor, top_p: float, stream: int) -> int:
-        g = torch.Generator().manual_seed(stream)
-        if top_p < 1.0:
-            p_sorted, idx = p.sort(descending=True)
-            # keep the smallest head whose mass reaches top_p (always the top token)
-            p_sorted[(p_sorted.cumsum(0) - p_sorted) >= top_p] = 0.0
-            return int(idx[torch.multinomial(p_sorted, 1, generator=g)])
-        return int(torch.multinomial(p, 1, generator=g))
-
-    def _stream(self, request_id, index: int, seed: int | None = None) -> int:
-        key = f"{self.seed if seed is None else seed}/{request_id!r}/{index}".encode()
-        return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1

@@ -101,6 +101,10 @@ class Server:
             raise ApiError(400, f"temperature/top_p/seed/ignore_eos: executor "
                            f"{type(self.worker.executor).__name__} samples only with its "
                            f"settings {self.defaults}", "temperature")
+        if g.temperature > 0 and getattr(self.worker.executor, "greedy_only", False):
+            raise ApiError(400, f"temperature={g.temperature}: this server decodes "
+                           "speculatively (executor.draft) and verifies the drafts greedily; "
+                           "send temperature 0", "temperature")
         n = len(g.prompt_ids)
         if n + 1 > self.max_model_len:
             raise ApiError(413, f"the prompt has {n} tokens; max_model_len={self.max_model_len} "

@@ -285,6 +285,10 @@ class Single(Fleet):
 
     def __init__(self, engine: Engine, progress=None):
         super().__init__([engine], None, progress)
+        # `earliest` below finds no engine (there is one): watched, Fleet.advance steps
+        # engine 0, and `_bound` must not take it for another engine whose clock stops the
+        # fast-forward (with -1 it did: a closed loop on one engine never skipped)
+        self._next = 0
 
     @property
     def engine(self) -> Engine:

@@ -59,6 +59,8 @@ def to_requests(df: pd.DataFrame, max_tokens=None) -> list[Request]:
                     df.attrs.get("source", "trace"), int((output < 1).sum()))
         output = np.maximum(output, 1)
     ids = df["prompt_token_ids"].tolist() if "prompt_token_ids" in df else [None] * len(df)
+    # the answers' ids, where the trace plans them (sessions): the simulator emits them
+    planned = df["output_token_ids"].tolist() if "output_token_ids" in df else [None] * len(df)
     service = {k: df[k].tolist() for k in SERVICE_DEFAULTS if k in df}
     if "deadline" in service:
         service["deadline"] = [None if missing(d) else a + d
@@ -66,13 +68,18 @@ def to_requests(df: pd.DataFrame, max_tokens=None) -> list[Request]:
     # rows as Python values, zipped: indexing numpy arrays element by element costs more than
     # building the requests themselves
     keys = list(service)
-    rows = zip(arrival.tolist(), prompt.tolist(), output.tolist(), ids,
+    rows = zip(arrival.tolist(), prompt.tolist(), output.tolist(), ids, planned,
                *(service[k] for k in keys))
     requests = []
-    for i, (a, p, o, row_ids, *extra) in enumerate(rows):
+    for i, (a, p, o, row_ids, row_out, *extra) in enumerate(rows):
         tokens = None if missing(row_ids) else [int(t) for t in row_ids]
         if tokens is not None and len(tokens) != p:
             raise ValueError(f"row {i}: {len(tokens)} prompt_token_ids but "
                              f"num_prompt_tokens={p}")
-        requests.append(Request(i, a, p, o, tokens, max_tokens, **dict(zip(keys, extra))))
+        answer = None if missing(row_out) else [int(t) for t in row_out]
+        if answer is not None and len(answer) != o:
+            raise ValueError(f"row {i}: {len(answer)} output_token_ids but "
+                             f"num_output_tokens={o} (a request emits at least one token)")
+        requests.append(Request(i, a, p, o, tokens, max_tokens, planned_output_ids=answer,
+                                **dict(zip(keys, extra))))
     return requests

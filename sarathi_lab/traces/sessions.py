@@ -4,9 +4,11 @@ A session of N turns opens at its start time (sessions start as a Poisson proces
 ``session_rate``) with an optional system prompt shared by every session; turn k's prompt is the
 system prompt, every earlier turn's message and answer, and turn k's new message, carried as
 token ids so that prefix caching and the ``prefix_affinity`` router see the reuse. The answers'
-ids are drawn here, as the history the next turn sends back: a model's own answer (the real
-executor's) is other tokens, so a turn reuses its predecessor's prompt, never its answer (in the
-simulator, which samples no tokens, the same holds).
+ids are drawn here, as the history the next turn sends back, and planned as each turn's output
+(the frame's ``output_token_ids``): the simulator emits them, so the KV blocks a turn's decodes
+fill are cached and the next turn hits its predecessor's prompt and answer. A real model's own
+answer is other tokens (the real executor samples its own), so there a turn reuses its
+predecessor's prompt only.
 
 The frame has one row per turn, sessions in start order and their turns in order, with the
 session's start as every turn's ``arrival_time`` (a lower bound: a later turn is sent, at run
@@ -90,8 +92,9 @@ def build_sessions(cfg: SessionConfig) -> pd.DataFrame:
                 cut += int(turns[s]) - k
                 break
             prompt = history + ids.integers(0, cfg.vocab_size, m).tolist()
-            rows.append((float(starts[s]), len(prompt), a, prompt, s, k))
-            history = prompt + ids.integers(0, cfg.vocab_size, a).tolist()
+            answer = ids.integers(0, cfg.vocab_size, a).tolist()
+            rows.append((float(starts[s]), len(prompt), a, prompt, s, k, answer))
+            history = prompt + answer
             kept += 1
         j += int(turns[s])
         empty += kept == 0
@@ -109,6 +112,7 @@ def build_sessions(cfg: SessionConfig) -> pd.DataFrame:
         "num_prompt_tokens": np.array([r[1] for r in rows], dtype=np.int64),
         "num_output_tokens": np.array([r[2] for r in rows], dtype=np.int64),
         "prompt_token_ids": pd.Series([r[3] for r in rows], dtype=object),
+        "output_token_ids": pd.Series([r[6] for r in rows], dtype=object),
         "session": session.astype(np.int64),
         "turn": np.array([r[5] for r in rows], dtype=np.int64),
     })

@@ -63,6 +63,9 @@ def advance_decodes(policy, times: list[float], ended: list[Request] = ()) -> li
     if policy.admission is not None:
         policy.admission.clock = times[-1]
     kv = policy.kv
+    for r in running:   # the tokens the run emits, before its full blocks are hashed
+        if r._planned_ids is not None:
+            r.emit_planned(k)
     if not kv.allocate_decodes(running, k):
         for r in running:   # prefix caching hashes full blocks one request at a time
             ok = kv.allocate_slots(r, k)
@@ -93,6 +96,7 @@ def advance_chunks(policy, times: list[float], req: Request, chunks: list[int]) 
     ok = kv.allocate_decodes(decodes, k)
     assert ok, "fast-forward checked the KV blocks first"
     for r in decodes:
+        r.emit_planned(k)
         r.num_computed_tokens += k
         r.num_output_tokens += k
         r.token_times.extend(times)
@@ -101,6 +105,7 @@ def advance_chunks(policy, times: list[float], req: Request, chunks: list[int]) 
         assert new == [], "prompt blocks are held from admission"
         req.num_computed_tokens += c
     if req.num_computed_tokens == req.num_prompt_tokens + req.num_output_tokens:
+        req.emit_planned(1)
         req.num_output_tokens += 1
         req.token_times.append(times[-1])
 

@@ -57,6 +57,8 @@ class Progress:
                 req.token_times.append(end)
                 if sampled is not None:
                     req.output_token_ids.append(sampled[i])
+                elif req._planned_ids is not None:   # simulated: its planned answer
+                    req.emit_planned(1)
                 if i in ended:
                     req.status = Status.FINISHED
                     req.finish_time = end
@@ -89,6 +91,8 @@ class Progress:
                 if sampled is not None:
                     toks = (ids[i] if ids is not None else []) + [sampled[i]]
                     req.output_token_ids.extend(toks[:m])
+                else:
+                    req.emit_planned(m)
                 if i in ended:
                     req.status = Status.FINISHED
                     req.finish_time = end

@@ -344,7 +344,11 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
         model = resolve_model(model)
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError(str(e)) from None
-    _check_slo_model(slo, model.get("name"), user)   # after the shape: model=hf names it
+    if overrides is not None:
+        # what the user chose is known only with the command line's overrides: a run resolved
+        # again in-process (a capacity probe, a planned deployment) was checked with them
+        # before, and its SLO may be one the user named for another model
+        _check_slo_model(slo, model.get("name"), user)   # after the shape: model=hf names it
     for k in user:
         if k.startswith("model.") and not executor_cls.reads_model_key(k.split(".")[1]):
             unread(k, f"executor {e_name!r} does not read it (it reads the model's shape)")

@@ -334,3 +334,15 @@ def test_a_setting_that_cannot_act_is_refused_by_name(overrides, message):
     with pytest.raises(ConfigError) as e:
         _check(*overrides)
     assert str(e.value).startswith(message), str(e.value)
+
+
+def test_a_capacity_search_keeps_the_slo_the_user_named_for_another_model(tmp_path):
+    # checked once with the command line's overrides; the search's probes resolve the run
+    # again without them, and refused the SLO the user had named (slo=... on the command line)
+    from sarathi_lab.capacity import search
+    ov = ["model=llama-2-7b", "slo=mistral-7b-strict", "mode=capacity", "trace=synthetic",
+          "trace.num_requests=30", "capacity.precision=0.25", "capacity.max_probes=6"]
+    c, r = _check(*ov)
+    assert r.slo.name == "mistral-7b-strict"
+    result = search(c, tmp_path)
+    assert result["config"]["slo"]["name"] == "mistral-7b-strict"

@@ -307,7 +307,9 @@ def test_stage_boundary_across_nodes_is_priced_on_the_nic():
     assert links("executor.tensor_parallel=4") == [cm.send_recv_terms(False)]
     assert links("executor.tensor_parallel=4", "hardware.gpus_per_node=4") == \
         [cm.send_recv_terms(True)]
-    with pytest.raises(ConfigError, match="tensor_parallel must divide"):
+    with pytest.raises(ConfigError, match=r"a stage.s GPUs must share a node of "
+                                          r"hardware.gpus_per_node=6 \(their product must "
+                                          r"divide it\)"):
         links("executor.tensor_parallel=4", "hardware.gpus_per_node=6")
 
 

@@ -97,6 +97,16 @@ def study(out: Path, scale: str = "toy", log=print) -> pd.DataFrame:
     return df
 
 
+def best_static_then_controllers(g: pd.DataFrame, by: list[str]):
+    """(label, row) of the best static budget of `g` (by the columns `by`, highest first), then
+    of each controller, in `g`'s order."""
+    static = g["config"].str.startswith("static")
+    best = g[static].sort_values(by, ascending=False).iloc[:1]
+    for _, r in pd.concat([best, g[~static]]).iterrows():
+        yield (f"best static ({r['config'].split()[1]})" if r["config"].startswith("static")
+               else r["config"]), r
+
+
 def seed_table(df: pd.DataFrame) -> str:
     """Per workload and load: the best static budget (by mean goodput over seeds), then each
     controller; mean [min-max] over seeds."""
@@ -104,11 +114,7 @@ def seed_table(df: pd.DataFrame) -> str:
     lines = ["| workload | load (req/s) | config | goodput (req/s) | attainment | P99 TBT (ms) | "
              "P99 TTFT (s) | relegated |", "|" + " --- |" * 8]
     for (wl, qps), g in cells.groupby(["workload", "qps"], sort=False):
-        static = g[g["config"].str.startswith("static")]
-        best = static.sort_values(["goodput_rps_mean", "attainment_mean"], ascending=False)
-        for _, r in pd.concat([best.iloc[:1], g[~g["config"].str.startswith("static")]]).iterrows():
-            name = f"best static ({r['config'].split()[1]})" if r["config"].startswith("static") \
-                else r["config"]
+        for name, r in best_static_then_controllers(g, ["goodput_rps_mean", "attainment_mean"]):
             lines.append(f"| {wl} | {qps:g} | {name} | {mr(r, 'goodput_rps')} | "
                          f"{mr(r, 'attainment', 100, 0)}% | {mr(r, 'p99_tbt_s', 1e3, 0)} | "
                          f"{mr(r, 'p99_ttft_s', 1, 1)} | {mr(r, 'relegated', 1, 1)} |")
@@ -120,11 +126,7 @@ def table(df: pd.DataFrame) -> str:
     lines = ["| load (req/s) | config | goodput (req/s) | attainment | P99 TBT | P99 TTFT | "
              "relegated |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for qps, g in df.groupby("qps"):
-        static = g[g["config"].str.startswith("static")]
-        best = static.sort_values(["goodput_rps", "attainment"], ascending=False).iloc[:1]
-        for _, r in pd.concat([best, g[~g["config"].str.startswith("static")]]).iterrows():
-            name = f"best static ({r['config'].split()[1]})" if r["config"].startswith("static") \
-                else r["config"]
+        for name, r in best_static_then_controllers(g, ["goodput_rps", "attainment"]):
             lines.append(f"| {qps:g} | {name} | {r['goodput_rps']:.2f} | {r['attainment']:.1%} | "
                          f"{r['p99_tbt_s'] * 1e3:.0f} ms | {r['p99_ttft_s']:.2f} s | "
                          f"{r['relegated']} |")

@@ -41,6 +41,13 @@ class SkipRuns:
         (not including) the first that ends a request. For a watched engine (`skip_after`: a
         fleet, closed-loop clients, disaggregated pools): every request still ends in a
         `step` the topology sees."""
+        rows = self.rows
+        if rows and next_arrival - self.now < 2 * rows[-1][1]:
+            # a run is at least 2 steps before the bound, and the next decode step takes about
+            # the last step's time or more: not worth pricing. Engines of a fleet that watches
+            # answers are bounded by each other's clocks, a step or so ahead, and their attempts
+            # cost more than stepping did. (Stepping instead is exact: this saves time only.)
+            return
         policy = self.policy
         if policy.running and not out.preempted \
                 and (n_pre == 0 and n_dec == len(out) == len(policy.running) + len(done)
@@ -66,6 +73,24 @@ class SkipRuns:
             if t >= next_arrival:
                 break
         return times
+
+    def _priced(self, ctx: np.ndarray, k: int, next_arrival: float) -> list[float]:
+        """decode_run's durations of the run's first steps, up to k: priced in pieces that
+        double, until the steps priced end at or after `next_arrival` (where `_ends` stops the
+        run). Where events come a few steps apart (a fleet, sessions), pricing all k steps --
+        a request's whole remaining output -- at every attempt cost more than stepping did.
+        Exact: step j is priced at contexts ctx + j whichever piece holds it."""
+        ex = self.executor
+        durs: list[float] = []
+        t, n = self.now, min(k, 2)   # a run of fewer than 2 steps is not taken
+        while True:
+            part = ex.decode_run(ctx + len(durs) if durs else ctx, n).tolist()
+            durs += part
+            for d in part:   # as `_ends` adds them
+                t += d
+            if len(durs) >= k or t >= next_arrival:
+                return durs
+            n = min(2 * n, k - len(durs))
 
     def _skip_chunks(self, next_arrival: float) -> bool:
         """Run k batches at once of one decode of every running request but one and a chunk of
@@ -161,7 +186,7 @@ class SkipRuns:
         ctx = np.fromiter(map(_COMPUTED, running), np.int64, B)
         # a run is a few dozen steps of a few dozen requests: past the executor's prices, it is
         # counted in lists, where numpy's per-call cost would be most of the work
-        durs = ex.decode_run(ctx, k).tolist()
+        durs = self._priced(ctx, k, next_arrival)
         times = self._ends(durs, next_arrival)
         k = len(times)
         # blocks beyond today's after each step (non-decreasing)

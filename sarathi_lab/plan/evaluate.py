@@ -1,0 +1,148 @@
+"""One candidate's evaluation: the fewest units that serve the load within the SLO (one unit
+at the load first; when it fails, one unit's coarse capacity bounds the count), and that
+deployment's capacity. Runs in a worker (joblib or Ray) from a
+picklable job; every step leaves its file in the candidate's directory, so that a rerun after an
+interruption redoes nothing already done (result.json last: the marker of a finished one)."""
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import time
+from pathlib import Path
+
+from sarathi_lab import capacity, rundir
+from sarathi_lab.metrics import cost_at_rate
+from sarathi_lab.plan.space import with_settings
+from sarathi_lab.settings import ConfigError
+
+RESULT = "result.json"
+
+
+class _Eval:
+    def __init__(self, job: dict):
+        self.job, self.dir = job, Path(job["dir"])
+        self.load, self.sims = float(job["load"]), 0
+
+    def config(self, units: int, extra=()):
+        settings = [(k, per * units) for k, per in self.job["replica_keys"]] + list(extra)
+        return with_settings(self.job["c"], self.job["overrides"], settings)
+
+    def search(self, sub: str, units: int, extra=()) -> dict:
+        """capacity.search of `units` units (capacity.json reused when there)."""
+        done = self.dir / sub / rundir.CAPACITY
+        if done.exists():
+            return json.loads(done.read_text())
+        c, _ = self.config(units, extra)
+        r = capacity.search({**c, "progress": False}, self.dir / sub)
+        self.sims += len(r["probes"])
+        return r
+
+    def passes(self, units: int) -> bool:
+        """Whether `units` units serve the load within every criterion (one simulation)."""
+        path = self.dir / f"units={units}.json"
+        if path.exists():
+            return json.loads(path.read_text())["passes"]
+        c, _ = self.config(units)
+        row = capacity.Prober({**c, "progress": False}, self.dir / f"units={units}")(
+            self.load, "plan")
+        self.sims += 1
+        ok = all(row[capacity.CRITERIA[k][0]] for k in self.job["criteria"])
+        self.dir.mkdir(parents=True, exist_ok=True)
+        rundir.write_json(path, {"passes": ok, "probe": row})
+        return ok
+
+
+def binding(result: dict) -> tuple[float, str, str]:
+    """(capacity, criterion, what it missed at the rate where it failed): the criterion with the
+    lowest capacity is the one that binds ("" missed: the search never saw it fail)."""
+    crit, r = min(result["criteria"].items(), key=lambda kv: kv[1]["capacity_qps"])
+    row = next((p for p in result["probes"] if r["fails_at_qps"] is not None
+                and round(p["qps"], 9) == round(r["fails_at_qps"], 9)), {})
+    return r["capacity_qps"], crit, row.get(f"{crit}_missed", "")
+
+
+UNIT_PRECISION = 0.1   # one unit's capacity only sets where the replica search starts
+
+
+def _units(e: _Eval, method: str, most: int) -> tuple[int | None, dict | None]:
+    """(the fewest units whose probe at the load passes, or None when `most` do not; one unit's
+    capacity search, when it ran). bisect: more units never lower the capacity, and one unit's
+    capacity bounds how many are needed, so the search starts at ceil(load / capacity), doubles
+    until a count passes and bisects below it."""
+    if method == "exhaustive":
+        return next((k for k in range(1, most + 1) if e.passes(k)), None), None
+    if e.passes(1):
+        return 1, None
+    # it fails at the load: its capacity lies below (a bracket widened by the search if not)
+    unit = e.search("unit", 1, [("capacity.qps_low", e.load / 8), ("capacity.qps_high", e.load / 2),
+                               ("capacity.precision", UNIT_PRECISION)])
+    cap = binding(unit)[0]
+    if not cap:   # it fails even at a small share of the load: a latency no replica count meets
+        return None, unit
+    lo, hi = 1, min(most, max(2, math.ceil(e.load / cap)))
+    while not e.passes(hi):
+        if hi >= most:
+            return None, unit
+        lo, hi = hi, min(most, hi * 2)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if e.passes(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi, unit
+
+
+def evaluate(job: dict) -> dict:
+    """The candidate's row of the plan (see `sarathi_lab.plan.table.COLUMNS`)."""
+    e = _Eval(job)
+    done = e.dir / RESULT
+    if done.exists():
+        return {**json.loads(done.read_text()), "resumed": True}
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    row = {**job["row"], "load_qps": e.load, "dir": str(e.dir), "resumed": False}
+    try:
+        row.update(_evaluate(e, job))
+    except ConfigError as err:   # e.g. a layout that cannot run as a fleet of several replicas
+        row.update(status="infeasible", reason=str(err))
+    row.update(simulations=e.sims, wall_s=time.perf_counter() - t0,
+               cpu_s=time.process_time() - cpu0)
+    rundir.write_json(done, row)
+    return row
+
+
+def _evaluate(e: _Eval, job: dict) -> dict:
+    k, unit = _units(e, job["method"], job["max_units"])
+    out = {} if unit is None else {"unit_capacity_qps": binding(unit)[0]}
+    if k is None:
+        why = ""
+        if unit is not None:
+            cap, crit, missed = binding(unit)
+            why = f"; one unit's capacity {cap:.4g} req/s ({crit}" + \
+                (f": {missed})" if missed else ")")
+        return {**out, "status": "infeasible",
+                "reason": f"{job['max_units']} units (plan.space.max_replicas) do not serve "
+                          f"{e.load:.4g} req/s within the SLO" + why}
+    hi = 2 * e.load if k == 1 else e.load * k / (k - 1)
+    extra = [("capacity.qps_low", e.load), ("capacity.qps_high", float(hi))]
+    deploy = e.search(f"deploy_units={k}", k, extra)
+    cap, crit, missed = binding(deploy)
+    if k == 1:
+        out["unit_capacity_qps"] = cap
+    at_load = next(p for p in deploy["probes"] if round(p["qps"], 9) == round(e.load, 9))
+    if cap < e.load:   # cannot happen: the deployment's first probe is the one that passed
+        return {**out, "status": "infeasible",
+                "reason": f"{k} units failed their own search at {e.load:.4g} req/s"}
+    gpus = int(at_load["num_gpus"])
+    _, overrides = e.config(k, extra)
+    cost = cost_at_rate(e.load, job["mean_output_tokens"], job["price"], gpus)
+    return {**out, "status": "feasible", "reason": "", "units": k,
+            "replicas": k * job["replicas_per_unit"], "gpus": gpus, "capacity_qps": cap,
+            "capacity_bracketed": bool(deploy["criteria"][crit]["bracketed"]),
+            "binds": crit, "binds_missed": missed,
+            "usd_per_1m_output_tokens": cost["usd_per_1m_output_tokens"],
+            "usd_per_hour": job["price"] * gpus,
+            "ttft_p99": at_load["ttft_p99"], "tbt_p99": at_load["tbt_p99"],
+            "tpot_p99": at_load["tpot_p99"], "attainment": at_load["attainment"],
+            "command": "sarathi-lab " + " ".join(shlex.quote(o) for o in overrides)}

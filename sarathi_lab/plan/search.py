@@ -1,0 +1,199 @@
+"""The plan: every candidate of the space checked before it runs (settings, memory, context),
+the rest evaluated in parallel (joblib here, or Ray) and resumable, one row per candidate."""
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from sarathi_lab import capacity
+from sarathi_lab.plan import space as sp
+from sarathi_lab.plan.evaluate import evaluate
+from sarathi_lab.plan.prices import load_prices, price_of
+from sarathi_lab.settings import ConfigError
+
+BACKENDS = ("joblib", "ray", "serial")
+METHODS = ("bisect", "exhaustive")
+
+
+def check_plan(p: dict, user: list[str] = ()) -> None:
+    """The plan's own settings; `user`: the dotted keys set on the command line, for the
+    settings that the chosen backend does not read."""
+    for key, allowed in (("method", METHODS), ("backend", BACKENDS)):
+        if p.get(key) not in allowed:
+            raise ConfigError(f"plan.{key}={p.get(key)!r}: must be one of {', '.join(allowed)}")
+    for key, backend in (("plan.n_jobs", "joblib"), ("plan.ray_address", "ray")):
+        if key in user and p["backend"] != backend:
+            raise ConfigError(f"{key}: read only with plan.backend={backend} (it is "
+                              f"{p['backend']})")
+    top = p.get("top")
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise ConfigError(f"plan.top={top!r}: must be an integer >= 1 (rows printed)")
+    load = p.get("load_qps")
+    if load is not None and (isinstance(load, bool) or not isinstance(load, (int, float))
+                             or load <= 0):
+        raise ConfigError(f"plan.load_qps={load!r}: must be a rate > 0 (req/s), or null for "
+                          "the trace's own")
+
+
+def plan_load(p: dict, c: dict, trace) -> float:
+    """The load to serve: plan.load_qps, else the trace's rate (trace.qps, or a file's own)."""
+    from sarathi_lab.metrics import offered_load
+    if p.get("load_qps") is not None:
+        return float(p["load_qps"])
+    if c["trace"].get("qps"):
+        return float(c["trace"]["qps"])
+    rate = offered_load(trace)["requests_per_s"]
+    if not rate:
+        raise ConfigError("plan.load_qps: the trace has no arrival rate of its own; set one")
+    return float(rate)
+
+
+def _reads_budget(composer: sp.Composer, hardware: str) -> Callable[[str], bool]:
+    import dataclasses
+    from sarathi_lab import registry
+
+    def reads(policy: str) -> bool:
+        c = composer.composed([f"hardware={hardware}", f"scheduler={policy}"])
+        try:
+            cls = registry.policy_class(c["scheduler"]["name"])
+        except ValueError as e:
+            raise ConfigError(f"plan.space.policy: {policy}: {e}") from None
+        return "token_budget" in {f.name for f in dataclasses.fields(cls.config_class)}
+    return reads
+
+
+def _prune(c: dict, overrides: list[str], trace) -> str:
+    """Why the candidate cannot run at all ("" when it can): a setting its components refuse,
+    weights and one request's KV that do not fit the GPU (the simulator's own KV sizing,
+    `runner.build`), or requests longer than its context."""
+    from sarathi_lab.config import follow_the_user, resolve
+    try:
+        follow_the_user(c, overrides)
+        resolve(c, overrides)
+        capacity.check_context(c, trace)   # builds the policy and executor: sizes the KV cache
+    except ValueError as e:   # ConfigError, and the roofline's "does not fit"
+        return str(e)
+    return ""
+
+
+def prepare(p: dict, base: list[str], out_dir: Path, log=print, user: list[str] = ()
+            ) -> tuple[list[dict], list[dict]]:
+    """(jobs to evaluate, rows of the candidates pruned before running). `user`: the plan's
+    keys set on the command line (plan.n_jobs, ...)."""
+    from sarathi_lab.traces import build_trace
+    check_plan(p, user)
+    prices_where = p.get("prices") or "the shipped price table"
+    prices = load_prices(p.get("prices"), p.get("price_overrides") or {})
+    space = p.get("space") or {}
+    composer = sp.Composer(base)
+    hw0 = sp._list(space, "hardware")[0]
+    c0 = composer.composed([f"hardware={hw0}", f"scheduler={sp._list(space, 'policy')[0]}"])
+    reads_budget = _reads_budget(composer, hw0)
+    cands = sp.candidates(space, reads_budget, set(c0["executor"]))
+    if "plan.space.token_budget" in user and not any(map(reads_budget, space["policy"])):
+        raise ConfigError(f"plan.space.token_budget: none of the policies {space['policy']} "
+                          "reads scheduler.token_budget")
+    for hw in dict.fromkeys(c.hardware for c in cands):
+        price_of(prices, hw, prices_where)
+    slo = c0.get("slo") or {}
+    criteria = [k for k in c0["capacity"]["criteria"] if capacity.criterion_defined(slo, k)]
+    if not criteria:
+        raise ConfigError(f"slo={slo.get('name')!r}: defines none of capacity.criteria="
+                          f"{list(c0['capacity']['criteria'])}, so no capacity can be judged")
+    trace = build_trace(c0["trace"])
+    load = plan_load(p, c0, trace)
+    mean_out = float(np.maximum(trace["num_output_tokens"].to_numpy(), 1).mean())
+    settings_keys = {k for c in cands for k, _ in c.settings(1, 1.0)} | {
+        "cluster.prefill.num_replicas", "cluster.decode.num_replicas", "cluster.num_replicas"}
+    for o in base:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if key == "hardware.price_per_gpu_hour":
+            raise ConfigError(f"{o}: the plan prices hardware from its price table "
+                              "(+plan.price_overrides.HARDWARE=USD, or plan.prices=PATH)")
+        if key in settings_keys:
+            raise ConfigError(f"{o}: set by the plan's space (plan.space), not on the command "
+                              "line")
+    jobs, pruned = [], []
+    for cand in cands:
+        price = price_of(prices, cand.hardware, prices_where)
+        c, overrides = composer.config(cand, 1, price)
+        row = {"candidate": cand.label(), "hardware": cand.hardware, **dict(cand.layout),
+               "split": "colocated" if cand.split is None else f"{cand.split[0]}:{cand.split[1]}",
+               "policy": cand.policy, "token_budget": cand.token_budget,
+               "price_per_gpu_hour": price}
+        why = _prune(c, overrides, trace)
+        if why:
+            pruned.append({**row, "status": "pruned", "reason": why, "load_qps": load})
+            continue
+        replica_keys = [(k, v) for k, v in cand.settings(1, price)
+                        if k.endswith("num_replicas")]
+        d = out_dir / "evals" / f"{sp.slug(cand)}-{sp.fingerprint(c, load, p['method'])}"
+        jobs.append({"row": row, "dir": str(d.resolve()), "c": c, "overrides": overrides,
+                     "replica_keys": replica_keys, "replicas_per_unit": cand.replicas(1),
+                     "load": load, "method": p["method"],
+                     "max_units": space["max_replicas"], "criteria": criteria,
+                     "price": price, "mean_output_tokens": mean_out})
+    if not jobs:
+        reasons = collections.Counter(r["reason"] for r in pruned)
+        raise ConfigError(
+            f"plan.space: none of its {len(cands)} configurations can run: "
+            + " | ".join(f"{n} x {why}" for why, n in reasons.most_common(4)))
+    log(f"plan: {len(cands)} configurations, {len(pruned)} pruned before running "
+        f"(memory, context or settings), {len(jobs)} to evaluate at {load:.4g} req/s "
+        f"({', '.join(criteria)}; {p['method']}, {p['backend']})")
+    return jobs, pruned
+
+
+def dispatch(jobs: list[dict], p: dict) -> Iterator[dict]:
+    """Each job's row, as they finish."""
+    backend = p["backend"]
+    if backend == "serial" or len(jobs) == 1:
+        for j in jobs:
+            yield evaluate(j)
+    elif backend == "joblib":
+        from joblib import Parallel, delayed
+        yield from Parallel(n_jobs=p.get("n_jobs", -1), return_as="generator_unordered")(
+            delayed(evaluate)(j) for j in jobs)
+    else:
+        yield from _on_ray(jobs, p.get("ray_address"))
+
+
+def _on_ray(jobs: list[dict], address) -> Iterator[dict]:
+    """On the Ray cluster at `address` (null: a local one), joined as hydra/launcher=ray joins
+    it (`sweeps._start_ray`: its checks and messages); one task per candidate, one CPU each."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("plan.backend=ray: ray is not installed (pip install -e \".[ray]\")") \
+            from None
+    from omegaconf import OmegaConf
+    from sarathi_lab.sweeps import _start_ray
+    _start_ray(OmegaConf.create({"address": address}))
+    task = ray.remote(num_cpus=1, max_retries=0)(evaluate)
+    pending = [task.remote(j) for j in jobs]
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        yield ray.get(done[0])
+
+
+def run_plan(p: dict, base: list[str], out_dir: Path, log=print, user: list[str] = ()
+             ) -> list[dict]:
+    """Every candidate's row (pruned, infeasible or feasible), in no particular order."""
+    out_dir = Path(out_dir)
+    jobs, rows = prepare(p, base, out_dir, log, user)
+    for i, row in enumerate(dispatch(jobs, p), 1):
+        rows.append(row)
+        log(f"  [{i}/{len(jobs)}] {_line(row)}")
+    return rows
+
+
+def _line(r: dict) -> str:
+    what = "(done before) " if r.get("resumed") else ""
+    if r["status"] != "feasible":
+        return f"{r['candidate']}: {what}{r['status']}: {r['reason']}"
+    return (f"{r['candidate']}: {what}{r['replicas']} replicas, {r['gpus']} GPUs, "
+            f"${r['usd_per_1m_output_tokens']:.3g}/1M output tokens, capacity "
+            f"{r['capacity_qps']:.4g} req/s ({r['simulations']} simulations, {r['wall_s']:.1f} s)")

@@ -75,14 +75,18 @@ class SkipRuns:
         return times
 
     def _priced(self, ctx: np.ndarray, k: int, next_arrival: float) -> list[float]:
-        """decode_run's durations of the run's first steps, up to k: priced in pieces that
-        double, until the steps priced end at or after `next_arrival` (where `_ends` stops the
-        run). Where events come a few steps apart (a fleet, sessions), pricing all k steps --
+        """decode_run's durations of the run's first steps, up to k: priced in pieces (the
+        first sized by the last step's time, then doubling) until the steps priced end at or
+        after `next_arrival` (where `_ends` stops the run). Where events come a few steps apart (a fleet, sessions), pricing all k steps --
         a request's whole remaining output -- at every attempt cost more than stepping did.
         Exact: step j is priced at contexts ctx + j whichever piece holds it."""
         ex = self.executor
         durs: list[float] = []
-        t, n = self.now, min(k, 2)   # a run of fewer than 2 steps is not taken
+        # first piece: the steps the last step's time says fit before the bound, and one more
+        # (a decode step takes about as long as the one before it, or a little longer)
+        span, last = next_arrival - self.now, self.rows[-1][1] if self.rows else 0.0
+        n = k if last <= 0 or span >= k * last else min(k, max(2, int(span / last) + 2))
+        t = self.now
         while True:
             part = ex.decode_run(ctx + len(durs) if durs else ctx, n).tolist()
             durs += part

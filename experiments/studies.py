@@ -119,3 +119,12 @@ def seed_spread(df, keys: list[str], values: list[str]):
     out = g.agg(["mean", "std", "min", "max", "count"])
     out.columns = [f"{v}_{stat if stat != 'count' else 'seeds'}" for v, stat in out.columns]
     return out.reset_index()
+
+
+def mean_range(row, value: str, scale: float = 1.0, digits: int = 2) -> str:
+    """A seed_spread row's `value` as "mean [min-max]" (times `scale`), the mean alone for one
+    seed or a range too narrow to show at `digits`."""
+    v, lo, hi = (row[f"{value}_{s}"] * scale for s in ("mean", "min", "max"))
+    if row[f"{value}_seeds"] > 1 and abs(hi - lo) > 10 ** -digits:
+        return f"{v:.{digits}f} [{lo:.{digits}f}-{hi:.{digits}f}]"
+    return f"{v:.{digits}f}"

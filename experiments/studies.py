@@ -40,6 +40,19 @@ def study_args(doc: str, name: str, requests: int):
     return ap
 
 
+def scaled_main(doc: str, name: str, scales, study) -> Path:
+    """The command line of an in-process study with `--scale` (one of `scales`, default full)
+    and `--out` (default results/NAME): runs `study(out, scale)`, returns `out`."""
+    import argparse
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--scale", choices=sorted(scales), default="full")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    out = Path(a.out or Path(__file__).resolve().parents[1] / "results" / name)
+    study(out, a.scale)
+    return out
+
+
 def compose(overrides: list[str]) -> dict:
     """The resolved config of `sarathi-lab OVERRIDES...` as a plain dict (no `hydra` node): for
     scripts that build runs in-process."""

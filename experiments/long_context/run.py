@@ -19,7 +19,6 @@ DIR/long_context.md (the table).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -31,7 +30,7 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "experiments"))
-from studies import compose, mean_range as mr, seed_spread  # noqa: E402
+from studies import compose, mean_range as mr, scaled_main, seed_spread  # noqa: E402
 
 TBT = 0.1
 BASE = ["model=qwen2.5-7b", "hardware=a100-80gb", "trace=mix", "slo=chat-batch",
@@ -141,10 +140,5 @@ def report(cells: pd.DataFrame, scale: str, wall: float) -> str:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--scale", choices=sorted(SCALES), default="full")
-    ap.add_argument("--out", default=None)
-    a = ap.parse_args()
-    out = Path(a.out or ROOT / "results" / "long_context")
-    study(out, a.scale)
+    out = scaled_main(__doc__, "long_context", SCALES, study)
     print((out / "long_context.md").read_text())

@@ -19,7 +19,6 @@ DIR/capacity.csv, DIR/speculation.md (the tables) and DIR/speculation.png.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -31,7 +30,7 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "experiments"))
-from studies import compose, mean_range as mr, seed_spread  # noqa: E402
+from studies import compose, mean_range as mr, scaled_main, seed_spread  # noqa: E402
 
 BASE = ["model=mistral-7b", "hardware=a100-80gb", "trace=sharegpt", "slo=mistral-7b-strict",
         "progress=false"]
@@ -214,11 +213,6 @@ def commit() -> str:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--scale", choices=sorted(SCALES), default="full")
-    ap.add_argument("--out", default=None)
-    a = ap.parse_args()
-    out = Path(a.out or ROOT / "results" / "speculation")
-    study(out, a.scale)
+    out = scaled_main(__doc__, "speculation", SCALES, study)
     print(f"commit {commit()}")
     print((out / "speculation.md").read_text())

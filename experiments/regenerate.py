@@ -83,8 +83,11 @@ STUDIES = (
     Study("planning", (_py("planning/run.py"),), 22, ("results/planning",)),
     Study("ablation", (_py("ablation/run.py"),), 5, ("results/ablation",)),
     Study("paging", (_py("paging/run.py"),), 4, ("results/paging",)),
-    Study("adaptive_chunking", (_py("adaptive_chunking/run.py", "--toy"),), 0.5,
+    Study("adaptive_chunking", (_py("adaptive_chunking/run.py", "--toy"),
+                                _py("adaptive_chunking/run.py", "--medium")), 4,
           ("results/adaptive_chunking",)),
+    Study("speculation", (_py("speculation/run.py"),), 20, ("results/speculation",)),
+    Study("long_context", (_py("long_context/run.py"),), 4, ("results/long_context",)),
     # real runs of the torch executor on this CPU
     Study("chunk_overhead", (_py("chunk_overhead/run.py"),), 4, ("results/chunk_overhead",)),
     Study("fidelity", (_py("fidelity/run.py"),), 10, ("results/fidelity",)),

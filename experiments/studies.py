@@ -40,6 +40,19 @@ def study_args(doc: str, name: str, requests: int):
     return ap
 
 
+def scaled_main(doc: str, name: str, scales, study) -> Path:
+    """The command line of an in-process study with `--scale` (one of `scales`, default full)
+    and `--out` (default results/NAME): runs `study(out, scale)`, returns `out`."""
+    import argparse
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--scale", choices=sorted(scales), default="full")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    out = Path(a.out or Path(__file__).resolve().parents[1] / "results" / name)
+    study(out, a.scale)
+    return out
+
+
 def compose(overrides: list[str]) -> dict:
     """The resolved config of `sarathi-lab OVERRIDES...` as a plain dict (no `hydra` node): for
     scripts that build runs in-process."""
@@ -119,3 +132,12 @@ def seed_spread(df, keys: list[str], values: list[str]):
     out = g.agg(["mean", "std", "min", "max", "count"])
     out.columns = [f"{v}_{stat if stat != 'count' else 'seeds'}" for v, stat in out.columns]
     return out.reset_index()
+
+
+def mean_range(row, value: str, scale: float = 1.0, digits: int = 2) -> str:
+    """A seed_spread row's `value` as "mean [min-max]" (times `scale`), the mean alone for one
+    seed or a range too narrow to show at `digits`."""
+    v, lo, hi = (row[f"{value}_{s}"] * scale for s in ("mean", "min", "max"))
+    if row[f"{value}_seeds"] > 1 and abs(hi - lo) > 10 ** -digits:
+        return f"{v:.{digits}f} [{lo:.{digits}f}-{hi:.{digits}f}]"
+    return f"{v:.{digits}f}"

@@ -144,6 +144,17 @@ def test_slo_dp_chooses_the_speculation_length():
     # acceptance 0.1: k = 1 gives 2.2 / 0.014 = 157, k = 2 2.22 / 0.016 = 139: k = 0 (167)
     d = SLODP(SLODPConfig(chunk_sizes=[0], acceptance_rate=0.1)).decide(v, per_token)
     assert (d.token_budget, d.spec_len) == (2, 0)
+    # the default chunk sizes (up to 2048) with no prompt waiting: a chunk counts only the
+    # prompt tokens there are (none), so k = 2 still wins (found by experiments/speculation:
+    # 2048 phantom tokens made k = 0 the fastest and slo_dp never speculated)
+    d = SLODP(SLODPConfig(acceptance_rate=0.5)).decide(v, per_token)
+    assert (d.token_budget, d.spec_len) == (6, 2)
+    # a 3-token prompt waiting: every chunk > 0 holds its 3 tokens and no more: k = 0 gives
+    # (3 + 2) / 0.015 = 333 tokens/s, k = 1 (3 + 3) / 0.017 = 353, k = 2 (3 + 3.5) / 0.019 = 342:
+    # k = 1, budget 2 * 2 + 3
+    v = view([decode(0, tbt=0.02), decode(1, tbt=0.02)], [], [prompt(0, 3)], spec=2)
+    d = SLODP(SLODPConfig(acceptance_rate=0.5)).decide(v, per_token)
+    assert (d.token_budget, d.spec_len) == (7, 1)
     # without speculation (the run's num_speculative_tokens 0) no spec_len is returned
     d = SLODP(SLODPConfig(chunk_sizes=[0])).decide(view([decode(0)]), per_token)
     assert d.spec_len is None

@@ -42,6 +42,7 @@ def test_shipped_configs_give_the_hand_presets_shapes(name):
     ("qwen2.5-7b", 7.6, 7.6, 1),       # the card says 7.61B: 7.6156B cut, not rounded
     ("qwen2.5-72b", 72.7, 72.7, 1),
     ("llama-3-70b", 70.6, 70.6, 1),
+    ("llama-3.2-1b", 1.24, 1.24, 2),   # the card says 1.23B: 1.2355B, embeddings tied
 ])
 def test_parameter_counts_match_the_published_totals(name, total, active, digits):
     s = shipped(name)

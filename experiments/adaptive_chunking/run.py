@@ -1,7 +1,7 @@
 """Adaptive chunking: the best static token budget against the budget controllers (tbt_target,
-slack, slo_dp) on one workload under a strict SLO (issue 25, item 4, at toy scale).
+slack, slo_dp) (issue 25, item 4, at toy and medium scale).
 
-    python experiments/adaptive_chunking/run.py [--toy] [--out DIR]
+    python experiments/adaptive_chunking/run.py [--toy | --medium] [--out DIR]
                                                 (DIR default: results/adaptive_chunking)
 
 Mistral-7B on one simulated A100-80GB, `trace=mix` (interactive chat, a heavy tenant's long
@@ -9,7 +9,9 @@ prompts, a batch summarization job in bursts), SLO `chat-batch` made strict for 
 class: TTFT 2.5 s and each request's own P99 TBT 0.1 s (in place of a 0.15 s TPOT). Static
 budgets 256 .. 2048; the controllers capped at 2048 (`scheduler.token_budget`), their TBT target
 the SLO's. Writes DIR/adaptive_chunking.csv (every run) and DIR/adaptive_chunking.md (per load:
-the best static budget by goodput, then each controller).
+the best static budget by goodput, then each controller). --medium (and the default, full)
+adds seeds 0-2, `trace=sharegpt` under mistral-7b-strict, and relaxed SLOs (a 0.5 s P99 TBT):
+DIR/adaptive_chunking_medium.csv and .md (mean [min-max] over seeds).
 """
 from __future__ import annotations
 
@@ -22,16 +24,30 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "experiments"))
-from studies import compose  # noqa: E402
+from studies import compose, mean_range as mr, seed_spread  # noqa: E402
 
 STRICT = ["slo=chat-batch", "slo.classes.interactive.tpot=null",
           "slo.classes.interactive.request_p99_tbt=0.1"]
-BASE = ["model=mistral-7b", "hardware=a100-80gb", "trace=mix", "progress=false", *STRICT]
+BASE = ["model=mistral-7b", "hardware=a100-80gb", "progress=false"]
+# workload -> its trace and SLO; relaxed: Sarathi-Serve's 5x the strict P99 TBT
+WORKLOADS = {"mix strict": ["trace=mix", *STRICT],
+             "mix relaxed": ["trace=mix", "slo=chat-batch", "slo.classes.interactive.tpot=null",
+                             "slo.classes.interactive.request_p99_tbt=0.5"],
+             "sharegpt strict": ["trace=sharegpt", "slo=mistral-7b-strict"],
+             "sharegpt relaxed": ["trace=sharegpt", "slo=mistral-7b-relaxed"]}
 STATIC = (256, 512, 1024, 2048)
 CONTROLLERS = ("tbt_target", "slack", "slo_dp")
-SCALES = {"test": dict(requests=40, loads=(3.0,)),   # the suite's check (tests/test_controllers.py)
-          "toy": dict(requests=120, loads=(2.0, 3.0)),
-          "full": dict(requests=1000, loads=(1.0, 2.0, 3.0, 4.0))}
+ONE = dict(workloads=("mix strict",), seeds=(0,))
+SCALES = {"test": dict(requests=40, loads=(3.0,), **ONE),   # tests/test_controllers.py
+          "toy": dict(requests=120, loads=(2.0, 3.0), **ONE),
+          # more seeds, a second trace and relaxed SLOs: still one model and two loads
+          "medium": dict(requests=300, loads=(2.0, 3.0), seeds=(0, 1, 2),
+                         workloads=tuple(WORKLOADS)),
+          "full": dict(requests=1000, loads=(1.0, 2.0, 3.0, 4.0), seeds=(0, 1, 2),
+                       workloads=tuple(WORKLOADS))}
+
+
+METRICS = ["goodput_rps", "attainment", "p99_tbt_s", "p99_ttft_s", "relegated"]
 
 
 def configs():
@@ -55,21 +71,54 @@ def one(overrides: list[str], run_dir: Path) -> dict:
 
 
 def study(out: Path, scale: str = "toy", log=print) -> pd.DataFrame:
-    scale = SCALES[scale]
+    name, scale = scale, SCALES[scale]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for qps in scale["loads"]:
-            for label, ov in configs():
-                ov = [*ov, f"trace.num_requests={scale['requests']}", f"trace.qps={qps}"]
-                row = {"qps": qps, "config": label,
-                       **one(ov, Path(tmp) / f"{qps}_{label.replace(' ', '_')}")}
-                log(row)
-                rows.append(row)
+        n = 0
+        for seed in scale["seeds"]:
+            for wl in scale["workloads"]:
+                for qps in scale["loads"]:
+                    for label, ov in configs():
+                        ov = [*WORKLOADS[wl], *ov, f"trace.num_requests={scale['requests']}",
+                              f"trace.qps={qps}", f"seed={seed}"]
+                        n += 1
+                        row = {"seed": seed, "workload": wl, "qps": qps, "config": label,
+                               **one(ov, Path(tmp) / f"r{n}")}
+                        log(row)
+                        rows.append(row)
     df = pd.DataFrame(rows)
     out.mkdir(parents=True, exist_ok=True)
+    if name in ("medium", "full"):   # seeds and workloads: their own files, the toy's kept
+        df.to_csv(out / f"adaptive_chunking_{name}.csv", index=False)
+        (out / f"adaptive_chunking_{name}.md").write_text(seed_table(df))
+        return df
     df.to_csv(out / "adaptive_chunking.csv", index=False)
     (out / "adaptive_chunking.md").write_text(table(df))
     return df
+
+
+def best_static_then_controllers(g: pd.DataFrame, by: list[str]):
+    """(label, row) of the best static budget of `g` (by the columns `by`, highest first), then
+    of each controller, in `g`'s order."""
+    static = g["config"].str.startswith("static")
+    best = g[static].sort_values(by, ascending=False).iloc[:1]
+    for _, r in pd.concat([best, g[~static]]).iterrows():
+        yield (f"best static ({r['config'].split()[1]})" if r["config"].startswith("static")
+               else r["config"]), r
+
+
+def seed_table(df: pd.DataFrame) -> str:
+    """Per workload and load: the best static budget (by mean goodput over seeds), then each
+    controller; mean [min-max] over seeds."""
+    cells = seed_spread(df, ["workload", "qps", "config"], METRICS)
+    lines = ["| workload | load (req/s) | config | goodput (req/s) | attainment | P99 TBT (ms) | "
+             "P99 TTFT (s) | relegated |", "|" + " --- |" * 8]
+    for (wl, qps), g in cells.groupby(["workload", "qps"], sort=False):
+        for name, r in best_static_then_controllers(g, ["goodput_rps_mean", "attainment_mean"]):
+            lines.append(f"| {wl} | {qps:g} | {name} | {mr(r, 'goodput_rps')} | "
+                         f"{mr(r, 'attainment', 100, 0)}% | {mr(r, 'p99_tbt_s', 1e3, 0)} | "
+                         f"{mr(r, 'p99_ttft_s', 1, 1)} | {mr(r, 'relegated', 1, 1)} |")
+    return "\n".join(lines) + "\n"
 
 
 def table(df: pd.DataFrame) -> str:
@@ -77,11 +126,7 @@ def table(df: pd.DataFrame) -> str:
     lines = ["| load (req/s) | config | goodput (req/s) | attainment | P99 TBT | P99 TTFT | "
              "relegated |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for qps, g in df.groupby("qps"):
-        static = g[g["config"].str.startswith("static")]
-        best = static.sort_values(["goodput_rps", "attainment"], ascending=False).iloc[:1]
-        for _, r in pd.concat([best, g[~g["config"].str.startswith("static")]]).iterrows():
-            name = f"best static ({r['config'].split()[1]})" if r["config"].startswith("static") \
-                else r["config"]
+        for name, r in best_static_then_controllers(g, ["goodput_rps", "attainment"]):
             lines.append(f"| {qps:g} | {name} | {r['goodput_rps']:.2f} | {r['attainment']:.1%} | "
                          f"{r['p99_tbt_s'] * 1e3:.0f} ms | {r['p99_ttft_s']:.2f} s | "
                          f"{r['relegated']} |")
@@ -91,8 +136,12 @@ def table(df: pd.DataFrame) -> str:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--toy", action="store_true", help="120 requests at 2 and 3 req/s")
+    ap.add_argument("--medium", action="store_true", help="300 requests at 2 and 3 req/s, "
+                    "3 seeds, trace=mix and sharegpt, strict and relaxed SLOs")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     out = Path(a.out or ROOT / "results" / "adaptive_chunking")
-    study(out, "toy" if a.toy else "full")
-    print((out / "adaptive_chunking.md").read_text())
+    scale = "toy" if a.toy else "medium" if a.medium else "full"
+    study(out, scale)
+    print((out / ("adaptive_chunking.md" if scale == "toy" else
+                  f"adaptive_chunking_{scale}.md")).read_text())

@@ -4,7 +4,7 @@ a dynamic program over chunk sizes and speculation lengths per iteration, with s
 
 Candidates: every speculation length k in 0 .. scheduler.num_speculative_tokens (0 only when
 speculation is off) and every prefill chunk in `chunk_sizes` (capped by the budget left after
-the decodes' 1 + k tokens each). For each, the batch is priced once (`predict`; a decode
+the decodes' 1 + k tokens each, and by the prompt tokens there are). For each, the batch is priced once (`predict`; a decode
 verifying 1 + k tokens is priced as a chunk of 1 + k tokens at its context) and repeated for
 `horizon` iterations:
 - a decode meets its SLO if its time per token, t / (1 + a + a^2 + ... + a^k) with a =
@@ -68,12 +68,17 @@ class SLODP(NeedsTBTTarget, BudgetController):
         """((met, tokens/s, -budget), budget, k) of one candidate; None if it does not fit."""
         n_dec = len(view.decodes)
         dec_tokens = n_dec * (1 + k)
-        budget = min(dec_tokens + chunk, view.max_budget)
-        prefill = budget - dec_tokens
-        # the decodes alone overflow the budget, an empty batch, or a chunk the cap cut to 0
-        if prefill < 0 or budget < 1 or (chunk > 0 and prefill == 0):
+        room = min(dec_tokens + chunk, view.max_budget) - dec_tokens
+        if room < 0:   # the decodes alone overflow the budget
             return None
-        chunks = view.chunks(prefill)
+        # only the prompt tokens there are: a chunk larger than the prompts left would otherwise
+        # count tokens no batch holds (and beat speculation on tokens/s with none waiting)
+        chunks = view.chunks(room)
+        prefill = sum(n for n, _ in chunks)
+        budget = dec_tokens + prefill
+        # an empty batch, or a chunk the cap (or the prompts left) cut to 0: chunk 0's candidate
+        if budget < 1 or (chunk > 0 and prefill == 0):
+            return None
         if k:
             t = predict([*chunks, *((1 + k, d.context) for d in view.decodes)], [])
         else:

@@ -60,10 +60,7 @@ class Progress:
                 elif req._planned_ids is not None:   # simulated: its planned answer
                     req.emit_planned(1)
                 if i in ended:
-                    req.status = Status.FINISHED
-                    req.finish_time = end
-                    self.kv.free(req)
-                    done.append(req)
+                    done.append(self._finished(req, end))
         return done
 
     def _update_speculative(self, out: SchedulerOutput, step, start: float, end: float) -> list:
@@ -94,11 +91,15 @@ class Progress:
                 else:
                     req.emit_planned(m)
                 if i in ended:
-                    req.status = Status.FINISHED
-                    req.finish_time = end
-                    self.kv.free(req)
-                    done.append(req)
+                    done.append(self._finished(req, end))
         return done
+
+    def _finished(self, req, end: float):
+        """`req` ended at `end` (the executor said so): its KV freed."""
+        req.status = Status.FINISHED
+        req.finish_time = end
+        self.kv.free(req)
+        return req
 
     @staticmethod
     def _charge_swap_time(out: SchedulerOutput, seconds: float) -> None:

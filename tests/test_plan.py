@@ -367,6 +367,9 @@ def test_on_ray_gives_the_serial_rows(tmp_path, monkeypatch):
     ray = pytest.importorskip("ray")
     # Ray takes 127.0.0.1 as the node's address with this (tests/test_ray_launcher.py)
     monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    # a local Ray 2.60 writes an auth token into ~/.ray unless told not to (the user's home is
+    # not the test's to change; tests/test_ray_launcher.py's heads would then refuse sweeps)
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     p = toy_plan(layout={"tensor_parallel": [1]})
     serial = search.run_plan(p, BASE, tmp_path / "serial", log=lambda s: None)
     try:

@@ -37,7 +37,9 @@ LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 def _env(**extra):
-    env = {**os.environ, "WANDB_MODE": "disabled", **LOOPBACK,
+    # RAY_AUTH_MODE: Ray 2.60 turns token authentication on when ~/.ray/auth_token exists (a
+    # local ray.init elsewhere writes one), and then these heads refuse their own sweeps
+    env = {**os.environ, "WANDB_MODE": "disabled", "RAY_AUTH_MODE": "disabled", **LOOPBACK,
            "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent),
                                           os.environ.get("PYTHONPATH", "")]), **extra}
     env.pop("RAY_ADDRESS", None)

@@ -165,6 +165,21 @@ def parse(cls, values, where: str, component: str | None = None):
     return obj
 
 
+def split_node(values: dict, own: set[str], theirs: set[str], where: str, owner: str,
+               plugin: str, listed: list[tuple[str, set[str]]]) -> tuple[dict, dict]:
+    """One flat node that holds a component's settings and its plug-in's (the sim executor and
+    its cost model, a policy and its budget controller): (the component's values, the
+    plug-in's); a key neither declares is a ConfigError that lists the `listed` settings."""
+    unknown = sorted(set(values) - own - theirs)
+    if unknown:
+        names = "; ".join(f"the {label}'s: {', '.join(sorted(keys)) or '(none)'}"
+                          for label, keys in listed)
+        raise ConfigError(f"{where}.{unknown[0]}: not a setting of {owner} nor of its {plugin}; "
+                          f"{names}")
+    return ({k: v for k, v in values.items() if k in own},
+            {k: v for k, v in values.items() if k in theirs})
+
+
 def plain(cfg):
     """A plain dict/list from an OmegaConf config, a copy of a dict, {} for None; any other
     value (an int length spec, a string) unchanged. omegaconf is imported only when needed."""

@@ -29,7 +29,7 @@ import numpy as np
 
 from sarathi_lab.executors import speculation
 from sarathi_lab.executors.base import Executor, ExecutorConfig, StepResult
-from sarathi_lab.settings import ConfigError, parse, setting
+from sarathi_lab.settings import ConfigError, parse, setting, split_node
 
 
 @dataclass
@@ -118,14 +118,10 @@ class SimExecutor(Executor):
             raise ConfigError(f"{where}.profile={values['profile']} with {where}.cost_model=auto: "
                               f"auto looks for a profile under {where}.profile_dirs; to name "
                               f"one, set {where}.cost_model=profiled")
-        unknown = sorted(set(values) - own - theirs)
-        if unknown:
-            raise ConfigError(
-                f"{where}.{unknown[0]}: not a setting of the sim executor nor of its cost model "
-                f"{name!r}; the executor's: {', '.join(sorted(own))}; the cost model's: "
-                f"{', '.join(sorted(theirs)) or '(none)'}")
-        cfg = parse(SimConfig, {k: v for k, v in values.items() if k in own}, where,
-                    "the sim executor")
+        mine, cm_values = split_node(values, own, theirs, where, "the sim executor",
+                                     f"cost model {name!r}",
+                                     [("executor", own), ("cost model", theirs)])
+        cfg = parse(SimConfig, mine, where, "the sim executor")
         if cfg.profile_dirs is not None and cfg.cost_model != "auto":
             raise ConfigError(f"{where}.profile_dirs={cfg.profile_dirs}: read only with "
                               f"{where}.cost_model=auto (cost_model={cfg.cost_model!r})")
@@ -136,9 +132,8 @@ class SimExecutor(Executor):
             raise ConfigError(f"{where}.step_jitter with pipeline_parallel="
                               f"{cfg.pipeline_parallel}: jitter is simulated for one stage only")
         speculation.check_unread(cfg)
-        cfg.cost_model_settings = parse(cm_cls.config_class,
-                                        {k: v for k, v in values.items() if k in theirs},
-                                        where, f"cost model {name!r}")
+        cfg.cost_model_settings = parse(cm_cls.config_class, cm_values, where,
+                                        f"cost model {name!r}")
         return cfg
 
     def __init__(self, cfg: SimConfig, model: dict, hardware: dict | None):

@@ -12,7 +12,7 @@ from sarathi_lab.schedulers.controllers.base import (BudgetController, DecodeVie
 from sarathi_lab.schedulers.controllers.static import Static
 from sarathi_lab.schedulers.mechanics.progress import split_running
 from sarathi_lab.schedulers.queues import RequestQueue
-from sarathi_lab.settings import ConfigError, parse
+from sarathi_lab.settings import ConfigError, parse, split_node
 
 RELEGATED = "relegated_at"   # Request.extra key: when a controller relegated it
 
@@ -35,14 +35,9 @@ def split_settings(values: dict, own: set[str], where: str, who: str):
     if clash:
         raise ConfigError(f"{where}.controller={name}: its setting {clash[0]!r} has the name of "
                           f"a setting of {who}; rename it in {cls.__qualname__}.config_class")
-    unknown = sorted(set(values) - own - theirs)
-    if unknown:
-        raise ConfigError(
-            f"{where}.{unknown[0]}: not a setting of {who} nor of its controller {name!r}; the "
-            f"controller's: {', '.join(sorted(theirs)) or '(none)'}")
-    ctl = parse(cls.config_class, {k: v for k, v in values.items() if k in theirs}, where,
-                f"controller {name!r}")
-    return {k: v for k, v in values.items() if k in own}, ctl
+    mine, ctl_values = split_node(values, own, theirs, where, who, f"controller {name!r}",
+                                  [("controller", theirs)])
+    return mine, parse(cls.config_class, ctl_values, where, f"controller {name!r}")
 
 
 def slo_targets(slo):

@@ -20,7 +20,10 @@ from sarathi_lab.sweeps import compose_config
 
 # A toy workload where the load needs several replicas: 60 requests, DistServe's TTFT target
 # (0.5 s for 90% of requests) beside Sarathi-Serve's TBT criterion, at 30 req/s.
-BASE = ["model=llama-3-8b", "trace=synthetic", "trace.num_requests=60", "slo.ttft=0.5"]
+UNIT_REQUESTS = 60
+BASE = ["model=llama-3-8b", "trace=synthetic", f"trace.num_requests={UNIT_REQUESTS}",
+        "slo.ttft=0.5"]
+UNSIZED = [o for o in BASE if not o.startswith("trace.num_requests=")]
 LOAD = 30.0
 # columns that depend on the run (where, how long, whether resumed), not on the plan's answer
 RUN_COLUMNS = ["dir", "wall_s", "cpu_s", "resumed", "simulations"]
@@ -198,10 +201,58 @@ def test_a_candidates_config_is_what_its_overrides_compose(tmp_path):
     assert len(jobs) == 2 * 2 * 2
     for j in jobs:
         c, overrides = space.with_settings(j["c"], j["overrides"],
-                                           [(k, per * 3) for k, per in j["replica_keys"]])
+                                           [(k, per * 3) for k, per in j["per_unit"]])
+        # three units replay three times one unit's requests, said once in the command
+        assert [o for o in overrides if o.startswith("trace.num_requests")] == \
+            ["trace.num_requests=180"]
         want = compose_config(overrides)
         assert {k: v for k, v in c.items() if k != "name"} == \
             {k: v for k, v in want.items() if k != "name"}
+
+
+def _timed_trace(path: Path, n: int) -> Path:
+    """A trace file of `n` short requests with its own arrival times (10 req/s)."""
+    import numpy as np
+    pd.DataFrame({"arrived_at": np.arange(n) * 0.1, "num_prefill_tokens": np.full(n, 64),
+                  "num_decode_tokens": np.full(n, 8)}).to_csv(path, index=False)
+    return path
+
+
+@pytest.mark.parametrize("args, words", [
+    (["trace.num_requests=20", "plan.space.max_replicas=4"],
+     "holds 50 requests, but plan.space.max_replicas=4 units at trace.num_requests=20 (20 per "
+     "unit) need 80: a deployment of k units replays k x one unit's requests, so that each of "
+     "its replicas sees as many as one alone; lower trace.num_requests to 12 or less, or "
+     "plan.space.max_replicas to 2 or less"),
+    # null: the whole file is one unit's, so no second unit can have as many
+    (["plan.space.max_replicas=2"],
+     "units at trace.num_requests=null: the whole trace (50 per unit) need 100"),
+    (["trace.num_requests=60", "plan.space.max_replicas=1"],
+     "holds 50 requests, but plan.space.max_replicas=1 units at trace.num_requests=60"),
+])
+def test_a_trace_too_short_for_the_units_is_refused(args, words, tmp_path, capsys):
+    """The planner probes k units with k x one unit's requests; a trace file that cannot give
+    the most units the space allows theirs is refused before anything runs (not probed with
+    fewer), saying how to fit."""
+    csv = _timed_trace(tmp_path / "short.csv", 50)
+    argv = ["model=llama-3-8b", "trace=azure_conv", f"trace.path={csv}", "plan.load_qps=5",
+            "plan.space.hardware=[a100-80gb]", "plan.space.layout.tensor_parallel=[1]",
+            "plan.space.policy=[vllm]", f"plan.dir={tmp_path / 'plan'}", *args]
+    assert plan_cli.main(argv) == 2
+    assert words in capsys.readouterr().err
+    assert not (tmp_path / "plan").exists()
+
+
+def test_units_replay_their_share_of_a_file_trace(tmp_path):
+    """A trace that holds them: k units get k x trace.num_requests (the user's per-unit count),
+    and the evaluation's directory depends on that count."""
+    csv = _timed_trace(tmp_path / "t.csv", 50)
+    base = ["model=llama-3-8b", "trace=azure_conv", f"trace.path={csv}"]
+    p = toy_plan(max_replicas=2, layout={"tensor_parallel": [1]}, policy=["vllm"])
+    (job,), _ = search.prepare(p, base + ["trace.num_requests=25"], tmp_path)
+    assert ("trace.num_requests", 25) in job["per_unit"]
+    (other,), _ = search.prepare(p, base + ["trace.num_requests=20"], tmp_path)
+    assert Path(job["dir"]).name != Path(other["dir"]).name
 
 
 # ------------------------------------------------------------------------------------------
@@ -221,7 +272,9 @@ def brute_force_cheapest(p: dict, tmp_path: Path) -> tuple[str, int]:
                 budget = ["scheduler.token_budget=512"] if pol == "sarathi" else []
                 label = f"{hw} tp{tp} colocated {pol}" + ("/512" if budget else "")
                 for k in range(1, p["space"]["max_replicas"] + 1):
-                    c = compose_config(BASE + ["mode=capacity", f"hardware={hw}",
+                    # k replicas replay k times one replica's requests (the planner's rule)
+                    c = compose_config(UNSIZED + [f"trace.num_requests={UNIT_REQUESTS * k}",
+                                                  "mode=capacity", f"hardware={hw}",
                                                f"scheduler={pol}",
                                                f"executor.tensor_parallel={tp}",
                                                f"cluster.num_replicas={k}"] + budget)
@@ -232,6 +285,32 @@ def brute_force_cheapest(p: dict, tmp_path: Path) -> tuple[str, int]:
                             best = (cost, label, k)
                         break
     return best[1], best[2]
+
+
+@pytest.mark.slow   # 3 capacity searches, of 1, 2 and 4 replicas
+def test_k_replicas_hold_about_k_times_one_replica(tmp_path):
+    """The planner's deployment of k identical replicas (its `_Eval`, as the replica search
+    runs it) holds about k times one replica's load, not more: k replicas replay k x the
+    unit's requests, so each sees as many as one alone. Tolerance: per replica within
+    [0.8, 1.25] of one replica's capacity: each capacity is bisected to 5% (the two can differ
+    by ~10% from that alone), and round-robin splits one Poisson stream into k smoother ones,
+    which a fleet serves slightly better. Before the fix (k replicas sharing one replica's 100
+    requests), 2 replicas held 5x one's per replica and 4 held 18x."""
+    from sarathi_lab.plan.evaluate import _Eval, binding
+    base = [o for o in UNSIZED if not o.startswith("slo.")] + ["trace.num_requests=100"]
+    p = toy_plan(layout={"tensor_parallel": [1]}, policy=["sarathi"], load_qps=10.0)
+    (job,), _ = search.prepare(p, base, tmp_path)
+    e = _Eval(job)
+    caps = {}
+    for k in (1, 2, 4):
+        r = e.search(f"k={k}", k, [("capacity.qps_low", 2.0 * k), ("capacity.qps_high", 8.0 * k),
+                                   ("capacity.precision", 0.05)])
+        assert r["num_requests"] == 100 * k
+        assert all(c["bracketed"] for c in r["criteria"].values())
+        caps[k] = binding(r)[0]
+    assert caps[1] > 0
+    for k in (2, 4):
+        assert 0.8 <= caps[k] / (k * caps[1]) <= 1.25, caps
 
 
 @pytest.mark.slow   # ~40 simulations
@@ -270,9 +349,13 @@ def test_printed_commands_meet_the_slo_at_the_load(toy_cli, tmp_path):
     assert (out / table.PLOT).stat().st_size > 0
     feasible = df[df["status"] == "feasible"]
     assert len(feasible) >= 2
+    assert feasible["units"].max() > 1   # a deployment of several units is checked too
     for _, r in feasible.iterrows():
         assert f"#{r['rank']}: {r['command']}" in printed
         args = shlex.split(r["command"])[1:]
+        # k units replay k x one unit's requests, and the command says so once
+        assert [a for a in args if a.split("=")[0].lstrip("+") == "trace.num_requests"] == \
+            [f"trace.num_requests={UNIT_REQUESTS * int(r['units'])}"]
         result = capacity.search(compose_config(args), tmp_path / f"rerun{r['rank']}")
         at_load = next(q for q in result["probes"] if q["qps"] == LOAD)
         assert at_load["meets_tbt_slo"] and at_load["meets_attainment"], r["command"]

@@ -2,7 +2,12 @@
 at the load first; when it fails, one unit's coarse capacity bounds the count), and that
 deployment's capacity. Runs in a worker (joblib or Ray) from a
 picklable job; every step leaves its file in the candidate's directory, so that a rerun after an
-interruption redoes nothing already done (result.json last: the marker of a finished one)."""
+interruption redoes nothing already done (result.json last: the marker of a finished one).
+
+A deployment of k units replays k times one unit's requests (trace.num_requests): each of its
+engines then sees as many requests as one unit alone, so that k units reach the steady state
+(the queues) that one reaches. With one unit's requests spread over k, a probe ended before any
+queue built and many units looked super-linearly better than one (issue 26)."""
 from __future__ import annotations
 
 import json
@@ -25,7 +30,9 @@ class _Eval:
         self.load, self.sims = float(job["load"]), 0
 
     def config(self, units: int, extra=()):
-        settings = [(k, per * units) for k, per in self.job["replica_keys"]] + list(extra)
+        """(config, overrides) of `units` units: every setting of `job["per_unit"]` (the
+        replicas, and the requests they replay) times `units`."""
+        settings = [(k, per * units) for k, per in self.job["per_unit"]] + list(extra)
         return with_settings(self.job["c"], self.job["overrides"], settings)
 
     def search(self, sub: str, units: int, extra=()) -> dict:

@@ -65,6 +65,32 @@ def _reads_budget(composer: sp.Composer, hardware: str) -> Callable[[str], bool]
     return reads
 
 
+def requests_per_unit(tc: dict, unit_trace, most: int) -> int:
+    """The requests one unit's probes replay: trace.num_requests, or with null the whole trace
+    (`unit_trace`, built from `tc`, the trace node). A deployment of k units replays k times as
+    many (`evaluate`), so the trace must hold them for the most units the plan may probe
+    (`most`): a shorter one is refused, naming both ways out, rather than probed with fewer."""
+    from sarathi_lab.traces import build_trace
+    n = tc.get("num_requests") or len(unit_trace)
+    need = n * most
+    got = len(unit_trace) if need == len(unit_trace) else \
+        len(build_trace({**tc, "num_requests": need}))
+    if got >= need:
+        return int(n)
+    per = "null: the whole trace" if tc.get("num_requests") is None else str(n)
+    name = unit_trace.attrs.get("name", "?")
+    filtered = " after its length filters" if unit_trace.attrs.get("dropped") else ""
+    fix = f"lower trace.num_requests to {got // most} or less" if got >= most else \
+        f"the trace cannot give {most} units one request each"
+    if n <= got and most > 1:
+        fix += f", or plan.space.max_replicas to {got // n} or less"
+    raise ConfigError(
+        f"trace {name}: holds {got} requests{filtered}, but plan.space.max_replicas={most} "
+        f"units at trace.num_requests={per} ({n} per unit) need {need}: a deployment of k "
+        f"units replays k x one unit's requests, so that each of its replicas sees as many as "
+        f"one alone; {fix}")
+
+
 def _prune(c: dict, overrides: list[str], trace) -> str:
     """Why the candidate cannot run at all ("" when it can): a setting its components refuse,
     weights and one request's KV that do not fit the GPU (the simulator's own KV sizing,
@@ -83,6 +109,7 @@ def prepare(p: dict, base: list[str], out_dir: Path, log=print, user: list[str] 
             ) -> tuple[list[dict], list[dict]]:
     """(jobs to evaluate, rows of the candidates pruned before running). `user`: the plan's
     keys set on the command line (plan.n_jobs, ...)."""
+    from sarathi_lab.config import follow_the_user
     from sarathi_lab.traces import build_trace
     check_plan(p, user)
     prices_where = p.get("prices") or "the shipped price table"
@@ -90,7 +117,11 @@ def prepare(p: dict, base: list[str], out_dir: Path, log=print, user: list[str] 
     space = p.get("space") or {}
     composer = sp.Composer(base)
     hw0 = sp._list(space, "hardware")[0]
-    c0 = composer.composed([f"hardware={hw0}", f"scheduler={sp._list(space, 'policy')[0]}"])
+    c0 = dict(composer.composed([f"hardware={hw0}",
+                                 f"scheduler={sp._list(space, 'policy')[0]}"]))
+    # the trace every candidate runs (`_prune` does the same to each): a file named with
+    # trace.path keeps its own times and all its requests unless the user set them
+    follow_the_user(c0, base)
     reads_budget = _reads_budget(composer, hw0)
     cands = sp.candidates(space, reads_budget, set(c0["executor"]))
     if "plan.space.token_budget" in user and not any(map(reads_budget, space["policy"])):
@@ -106,6 +137,7 @@ def prepare(p: dict, base: list[str], out_dir: Path, log=print, user: list[str] 
     trace = build_trace(c0["trace"])
     load = plan_load(p, c0, trace)
     mean_out = float(np.maximum(trace["num_output_tokens"].to_numpy(), 1).mean())
+    per_unit = requests_per_unit(c0["trace"], trace, space["max_replicas"])
     settings_keys = {k for c in cands for k, _ in c.settings(1, 1.0)} | {
         "cluster.prefill.num_replicas", "cluster.decode.num_replicas", "cluster.num_replicas"}
     for o in base:
@@ -128,11 +160,13 @@ def prepare(p: dict, base: list[str], out_dir: Path, log=print, user: list[str] 
         if why:
             pruned.append({**row, "status": "pruned", "reason": why, "load_qps": load})
             continue
-        replica_keys = [(k, v) for k, v in cand.settings(1, price)
-                        if k.endswith("num_replicas")]
-        d = out_dir / "evals" / f"{sp.slug(cand)}-{sp.fingerprint(c, load, p['method'])}"
+        # the settings a deployment of k units has k times of: its replicas and its requests
+        scaled = [(k, v) for k, v in cand.settings(1, price) if k.endswith("num_replicas")] \
+            + [("trace.num_requests", per_unit)]
+        fp = sp.fingerprint(c, load, p["method"], per_unit)
+        d = out_dir / "evals" / f"{sp.slug(cand)}-{fp}"
         jobs.append({"row": row, "dir": str(d.resolve()), "c": c, "overrides": overrides,
-                     "replica_keys": replica_keys, "replicas_per_unit": cand.replicas(1),
+                     "per_unit": scaled, "replicas_per_unit": cand.replicas(1),
                      "load": load, "method": p["method"],
                      "max_units": space["max_replicas"], "criteria": criteria,
                      "price": price, "mean_output_tokens": mean_out})
@@ -143,7 +177,8 @@ def prepare(p: dict, base: list[str], out_dir: Path, log=print, user: list[str] 
             + " | ".join(f"{n} x {why}" for why, n in reasons.most_common(4)))
     log(f"plan: {len(cands)} configurations, {len(pruned)} pruned before running "
         f"(memory, context or settings), {len(jobs)} to evaluate at {load:.4g} req/s "
-        f"({', '.join(criteria)}; {p['method']}, {p['backend']})")
+        f"({', '.join(criteria)}; {p['method']}, {p['backend']}; {per_unit} requests per "
+        "unit, k units replaying k x as many)")
     return jobs, pruned
 
 

@@ -168,21 +168,37 @@ class Composer:
 
 def with_settings(c: dict, overrides: list[str], settings: list[tuple[str, object]]
                   ) -> tuple[dict, list[str]]:
-    """A copy of (config, overrides) with `settings` set (replacing overrides of those keys)."""
+    """A copy of (config, overrides) with `settings` set: an override of the same key (also
+    written `+key=` or `++key=`) is replaced where it stands, so that the command holds each
+    key once; the others are appended."""
     c = copy.deepcopy(c)
-    keys = {k for k, _ in settings}
-    out = [o for o in overrides if o.split("=", 1)[0] not in keys]
+    new = {k: override(k, v) for k, v in settings}
+    out, done = [], set()
+    for o in overrides:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if key in new:
+            if key not in done:
+                out.append(new[key])
+                done.add(key)
+        else:
+            out.append(o)
     for k, v in settings:
         set_key(c, k, v)
-        out.append(override(k, v))
+        if k not in done:
+            out.append(new[k])
+            done.add(k)
     return c, out
 
 
-def fingerprint(c: dict, load: float, method: str) -> str:
+def fingerprint(c: dict, load: float, method: str, requests_per_unit: int) -> str:
     """A short hash of what an evaluation depends on (its config without the run's name, the
-    load, the method): a rerun reuses a result only when they are the same."""
+    load, the method, the requests each unit replays): a rerun reuses a result only when they
+    are the same. (The requests per unit are hashed apart from the config's trace.num_requests,
+    so that evaluations written before a deployment's requests were scaled with its units are
+    not taken for today's.)"""
     c = {k: v for k, v in c.items() if k not in ("name", "progress", "results_root")}
-    blob = json.dumps([c, load, method], sort_keys=True, default=str)
+    blob = json.dumps([c, load, method, {"requests_per_unit": requests_per_unit}],
+                      sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:10]
 
 

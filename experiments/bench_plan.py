@@ -26,7 +26,8 @@ from sarathi_lab.sweeps import compose_config
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=300, help="requests per probe")
+    ap.add_argument("--requests", type=int, default=300,
+                    help="requests per unit (a deployment of k units replays k x as many)")
     ap.add_argument("--load", type=float, default=20.0, help="req/s to serve")
     ap.add_argument("--n-jobs", type=int, default=2, help="joblib processes")
     ap.add_argument("--out", default=None, help="the plan's directory (default: a fresh temp one)")

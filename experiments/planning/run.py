@@ -196,7 +196,8 @@ def run_study(args) -> tuple:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=600, help="requests per probe")
+    ap.add_argument("--requests", type=int, default=600,
+                    help="requests per unit (a deployment of k units replays k x as many)")
     ap.add_argument("--precision", type=float, default=0.1,
                     help="capacity searches stop within this fraction (capacity.precision)")
     ap.add_argument("--models", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))

@@ -377,7 +377,8 @@ def busy_share(run_dir) -> float:
 
 def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int = 5,
           log=print, scale_name: str | None = None, qps: float | None = None,
-          policies: list[str] | None = None, num_requests: int | None = None) -> pd.DataFrame:
+          policies: list[str] | None = None, num_requests: int | None = None,
+          warm: int | None = None) -> pd.DataFrame:
     import torch
     from sarathi_lab import runner
     torch.set_num_threads(1)
@@ -417,7 +418,8 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
         parts.append(profiler.profile(
             [*scale["model"], "executor.device=cpu", "executor.dtype=float32", CLOCK],
             part_dir / "profile.parquet", scale["grid"], scale["profile_repeats"], 1, threads=1,
-            progress=not toy, also={"mean": mean_parts[-1]}))
+            progress=not toy, also={"mean": mean_parts[-1]},
+            **({} if warm is None else {"warm": warm})))
         t_profile += time.perf_counter() - t
 
     load = {"before_runs": os.getloadavg()[0]}
@@ -580,7 +582,14 @@ def main(argv=None) -> None:
     p.add_argument("--policies", help=f"comma-separated subset of {','.join(POLICIES)}")
     p.add_argument("--requests", type=int, help="requests in the trace (default: the scale's, "
                    f"{SCALES['full']['num_requests']} for the full study)")
+    p.add_argument("--warm-steps", type=int, help="the profiler's decode steps before each timed "
+                   "decode batch (default: sarathi-lab-profile's; 0: the profiles before it)")
     a = p.parse_args(argv)
+    if a.warm_steps is not None and a.warm_steps < 0:
+        sys.exit(f"--warm-steps={a.warm_steps}: must be >= 0")
+    if a.warm_steps is not None and a.profile:
+        sys.exit("--warm-steps: read only when the study measures its profile (not with "
+                 "--profile)")
     if a.repeats < 2:
         sys.exit(f"--repeats={a.repeats}: must be >= 2 (the interval of the real runs' mean)")
     if a.qps is not None and not a.qps > 0:
@@ -589,7 +598,8 @@ def main(argv=None) -> None:
         sys.exit(f"--requests={a.requests}: must be >= 1")
     out = Path(a.out) if a.out else ROOT / "results" / "fidelity" / ("toy" if a.toy else "")
     study(out, a.toy, a.profile, a.repeats, qps=a.qps,
-          policies=a.policies.split(",") if a.policies else None, num_requests=a.requests)
+          policies=a.policies.split(",") if a.policies else None, num_requests=a.requests,
+          warm=a.warm_steps)
 
 
 if __name__ == "__main__":

@@ -40,8 +40,8 @@ from sarathi_lab.profiler.files import device_name, merge, metadata, model_of, p
     versions, write
 from sarathi_lab.profiler.grids import COLUMNS, GRIDS, Grid
 from sarathi_lab.profiler.harness import Harness
-from sarathi_lab.profiler.measure import STATISTICS, measure
+from sarathi_lab.profiler.measure import STATISTICS, WARM_STEPS, measure
 
-__all__ = ["COLUMNS", "GRIDS", "Grid", "Harness", "STATISTICS", "build_executor", "check",
-           "device_name", "host_hardware", "main", "measure", "merge", "metadata", "model_of",
+__all__ = ["COLUMNS", "GRIDS", "Grid", "Harness", "STATISTICS", "WARM_STEPS", "build_executor",
+           "check", "device_name", "host_hardware", "main", "measure", "merge", "metadata", "model_of",
            "profile", "profile_meta", "versions", "write"]

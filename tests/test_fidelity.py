@@ -291,3 +291,14 @@ def test_the_simulator_records_no_host_time():
     engine = Engine(policy, ex)
     engine.run([Request(0, 0.0, 8, 3)])
     assert "host_s" not in iterations_table(engine.iteration_columns())
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--warm-steps", "-1"], "--warm-steps=-1: must be >= 0"),
+    (["--warm-steps", "4", "--profile", "p.parquet"], "not with --profile"),
+])
+def test_the_profilers_warm_steps_are_checked(argv, says):
+    """`--warm-steps` (the profiler's decode steps before each timed decode batch, 0 for the
+    profiles before it) is refused where negative or where no profile is measured."""
+    with pytest.raises(SystemExit, match=says):
+        F.main(argv)

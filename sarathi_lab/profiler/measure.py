@@ -63,7 +63,11 @@ def _point(harness: Harness, kind: str, entries, warm: int) -> dict:
     point) is timed both ways: as the first step of its shape, as a run's prefill chunks come
     (between decodes), for the attention of a chunk at context 0; and after `warm` repeats,
     "steady_" parts, for the linear layers, which the decode batches' attention is the rest
-    of (a linear curve of first steps would take more than a steady decode's whole forward)."""
+    of (a linear curve of first steps would take more than a steady decode's whole forward).
+    Every linear point is timed so, not only those of a decode batch's size: a curve of one
+    state at some T and another at others would move the step's cold cost between a chunk's
+    linear layers and its attention (the rest of its forward) across T, and the attention
+    surface's monotone fit would pool the chunks on one side down to those on the other."""
     if kind == "decode":
         return harness.run(entries, warm=warm)
     parts = harness.run(entries)

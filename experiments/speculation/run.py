@@ -55,7 +55,7 @@ def configs(scale: dict):
     yield "none", None, "k=0", []
     drafts = [("ratio", [f"executor.draft_cost_ratio={RATIO}"], scale["rates"])]
     if scale["preset"]:
-        drafts.append(("llama-3.2-1b", [f"executor.draft_model={PRESET}"], (0.7,)))
+        drafts.append(("llama-3.2-1b", [f"executor.draft={PRESET}"], (0.7,)))
     for draft, dov, rates in drafts:
         for p in rates:
             spec = [*dov, f"executor.acceptance_rate={p}"]
@@ -64,7 +64,7 @@ def configs(scale: dict):
                     yield draft, p, f"k={k}", [*spec, f"scheduler.num_speculative_tokens={k}"]
             yield draft, p, "slo_dp", [*spec, f"scheduler.num_speculative_tokens={K_MAX}",
                                        "scheduler.controller=slo_dp",
-                                       f"scheduler.acceptance_rate={p}"]
+                                       f"scheduler.assumed_acceptance={p}"]
 
 
 def one(overrides: list[str], run_dir: Path) -> dict:
@@ -118,7 +118,7 @@ def study(out: Path, scale_name: str = "full", log=print) -> pd.DataFrame:
         for p, k in scale["capacity"]:
             ov = [f"executor.draft_cost_ratio={RATIO}", f"executor.acceptance_rate={p}",
                   f"scheduler.num_speculative_tokens={K_MAX if k == 'slo_dp' else k}",
-                  *(["scheduler.controller=slo_dp", f"scheduler.acceptance_rate={p}"]
+                  *(["scheduler.controller=slo_dp", f"scheduler.assumed_acceptance={p}"]
                     if k == "slo_dp" else [])] if k else []
             n += 1
             cap = {"p": p if k else None, "config": k if k == "slo_dp" else f"k={k}",

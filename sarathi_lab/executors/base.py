@@ -95,6 +95,11 @@ class Executor(abc.ABC):
         the setting, if `cfg` cannot run k drafts per decode."""
 
     @classmethod
+    def check_model(cls, cfg, model: dict) -> None:
+        """Start-up, once the model's shape is known (before any run directory): raise
+        ConfigError, naming the model and the setting, if `cfg` cannot run `model`."""
+
+    @classmethod
     def reads_model_key(cls, key: str) -> bool:
         """Whether this executor reads the model preset's `key` (an override of one it does
         not read is an error)."""

@@ -129,8 +129,10 @@ class Executor(abc.ABC):
 
     def predictor(self):
         """A predictor of iteration time for a policy's budget controller: (prefill chunks as
-        (tokens, tokens in KV) pairs, decode contexts) -> seconds, as this executor would
-        price such a batch; None: it offers none (a real executor measures time)."""
+        (tokens, tokens in KV) pairs, decode contexts, spec_len=0) -> seconds, as this executor
+        would price such a batch (spec_len = k > 0, where it speculates: each decode drafts k
+        tokens and verifies 1 + k, the draft's steps included; `controllers.base.Predictor`);
+        None: it offers none (a real executor measures time)."""
         return None
 
     def cost_model_record(self) -> dict | None:

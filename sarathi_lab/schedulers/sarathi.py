@@ -66,7 +66,7 @@ class Sarathi(Consulting, Policy):
         why = super().unread_settings(cfg)
         ctl = cfg.controller_settings
         if not cfg.num_speculative_tokens and ctl is not None:
-            for k in getattr(ctl, "speculation_settings", ()):
+            for k in ctl.speculation_settings:
                 why[k] = (f"read only with scheduler.num_speculative_tokens > 0 (controller "
                           f"{cfg.controller!r} plans with it only when the run speculates)")
         return why

@@ -43,6 +43,13 @@ Predictor = Callable[..., float]
 class ControllerConfig:
     """Settings every controller reads (none)."""
 
+    #: its settings read only when the run speculates (scheduler.num_speculative_tokens > 0;
+    #: one set without is an error, as any unread setting)
+    speculation_settings: ClassVar[tuple[str, ...]] = ()
+    #: old names of its settings -> the new name (with what it is): an old one set is an error
+    #: naming the new one
+    renamed: ClassVar[dict[str, str]] = {}
+
 
 @dataclass(frozen=True, slots=True)
 class DecodeView:

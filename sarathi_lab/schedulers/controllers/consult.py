@@ -30,7 +30,7 @@ def split_settings(values: dict, own: set[str], where: str, who: str):
         cls = controller_class(name)
     except ValueError as e:
         raise ConfigError(f"{where}.controller: {e}") from None
-    refuse_renamed(values, getattr(cls.config_class, "renamed", {}), where)
+    refuse_renamed(values, getattr(cls.config_class, "renamed", {}), where)   # any dataclass
     theirs = {f.name for f in dataclasses.fields(cls.config_class)}
     clash = sorted(theirs & own)
     if clash:

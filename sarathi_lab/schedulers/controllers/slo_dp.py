@@ -24,8 +24,8 @@ a = (prior x weight + accepted) / (weight + judged), the per-token rate's poster
 so a prior too low to ever speculate is never corrected.
 
 Simplified from the paper: an enumeration over a few candidates instead of its DP over request
-subsets, contexts frozen over the horizon, one acceptance for every request (the paper's is per
-request), no admission control.
+subsets, contexts frozen over the horizon, one acceptance estimate for the whole run (not one
+per request or per position), no admission control.
 """
 from __future__ import annotations
 

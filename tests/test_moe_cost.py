@@ -233,3 +233,15 @@ def test_disaggregated_pools_refuse_expert_parallelism():
     with pytest.raises(ConfigError, match="executor.expert_parallel=2 \\(in the prefill pool\\): "
                        "disaggregated pools of expert-parallel groups are not modelled"):
         check_config(composed(*over), over)
+
+
+def test_w8a8_quantizes_each_experts_down_projection_input():
+    # W8A8 quantizes every GEMM's input on the fly: read in bf16 (2 bytes), written in int8 (1).
+    # Per token and layer: QKV's and gate/up's inputs (h each), O's (heads x d) and the down
+    # projections' -- under top-2 routing two of them, each moe_intermediate_size wide (not the
+    # dense intermediate_size, 16). 2 layers x 3 bytes x (2 x 8 + 2 x 4 + 2 x 6) = 216 bytes.
+    hw = {**TOY_HW, "peak_flops_int8": 2e12}
+    w8a8 = RooflineCostModel(ModelShape(**TINY), hw, 1, RooflineConfig(weight_dtype="int8"))
+    w8 = RooflineCostModel(ModelShape(**TINY), hw, 1,
+                           RooflineConfig(weight_dtype="int8", weight_only=True))
+    assert w8a8.ew_per_token - w8.ew_per_token == pytest.approx(216 / 1e9, rel=1e-12)

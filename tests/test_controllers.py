@@ -397,3 +397,25 @@ def test_a_controller_s_speculation_length_is_what_the_decodes_draft(tmp_path):
     assert (drafts["plugins:OneDraft"] == 1).all()
     # the budget (512) leaves room for 3 drafts per decode in every batch of this small run
     assert (drafts["plugins:FullBudget"] == 3).all()
+
+
+@pytest.mark.slow   # 3 runs of 40 requests, ~6 s
+def test_slo_dp_in_a_run_learns_a_poor_draft_and_prices_a_costly_one(tmp_path):
+    """In a run: told 0.9 of a draft whose drafts are accepted at 0.05, slo_dp keeps proposing
+    about as many drafts per step when it does not learn, and far fewer once the drafts judged
+    pull its estimate down; and a draft as costly as the target itself (layers:32 of
+    Mistral-7B's 32) makes it stop speculating."""
+    from sarathi_lab.runner import run
+    base = ["scheduler.controller=slo_dp", "scheduler.num_speculative_tokens=3",
+            "executor.acceptance_rate=0.05", "scheduler.assumed_acceptance=0.9", *SMALL]
+
+    def proposed(*ov):
+        d = tmp_path / str(len(list(tmp_path.iterdir())))
+        s = run(composed(*base, *ov), d)
+        return (s.get("speculation") or {}).get("proposed", 0), s
+    told, _ = proposed("executor.draft_cost_ratio=0.05", "scheduler.learn_acceptance=false")
+    learnt, s = proposed("executor.draft_cost_ratio=0.05", "scheduler.acceptance_prior_drafts=20")
+    assert told > 0 and learnt < 0.5 * told
+    assert s["speculation"]["acceptance_rate"] < 0.15
+    full, _ = proposed("executor.draft=layers:32", "scheduler.learn_acceptance=false")
+    assert full < 0.1 * told   # a draft step as dear as a target step: speculation never pays

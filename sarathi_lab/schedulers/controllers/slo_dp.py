@@ -68,7 +68,7 @@ class SLODPConfig(TargetConfig):
                              "integers >= 0")
         default = type(self).__dataclass_fields__["acceptance_prior_drafts"].default
         if not self.learn_acceptance and self.acceptance_prior_drafts != default:
-            raise ValueError(f"acceptance_prior_drafts={self.acceptance_prior_drafts}: read only "
+            raise ValueError(f"acceptance_prior_drafts={self.acceptance_prior_drafts:g}: read only "
                              "with learn_acceptance=true (false plans with assumed_acceptance "
                              "throughout)")
 

@@ -338,6 +338,9 @@ def test_a_decode_batch_is_timed_after_a_stream_of_its_own_decodes(one_thread):
     h.run([(1, 4)], warm=16)           # a stream back to the first output token at most
     assert steps == [([0], [1], [k], 1) for k in (1, 2, 3, 4)]
     steps.clear()
+    h.run([(1, 1)], warm=4)            # no decode before the first output token: the one prime
+    assert [s[2] for s in steps] == [[0], [1]]
+    steps.clear()
     h.run([(64, 0)], warm=3)
     assert steps == [([0], [64], [0], 1)] * 4
     steps.clear()

@@ -47,5 +47,5 @@ from sarathi_lab.profiler.harness import Harness
 from sarathi_lab.profiler.measure import STATISTICS, WARM_STEPS, measure
 
 __all__ = ["COLUMNS", "GRIDS", "Grid", "Harness", "STATISTICS", "WARM_STEPS", "build_executor",
-           "check", "device_name", "host_hardware", "main", "measure", "merge", "metadata", "model_of",
-           "profile", "profile_meta", "versions", "write"]
+           "check", "device_name", "host_hardware", "main", "measure", "merge", "metadata",
+           "model_of", "profile", "profile_meta", "versions", "write"]

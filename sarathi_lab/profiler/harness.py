@@ -140,8 +140,9 @@ class Harness:
             self._stream(out, entries, lead)
         else:
             self._prime(out, entries)
-            for _ in range(warm):   # prompts at context 0: the same prompts again
-                self.ex.execute(out)
+            if not decodes:   # prompts at context 0: the same prompts again
+                for _ in range(warm):
+                    self.ex.execute(out)
         self.attn.take(), self.head.take()
         tm = self.ex.timers
         before = dict(tm)

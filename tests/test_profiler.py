@@ -283,8 +283,8 @@ def test_a_decode_batch_is_priced_with_what_its_kv_costs_the_rest_of_the_forward
 
 def test_decodes_are_priced_as_a_steady_stream_and_chunks_as_one_step(tmp_path):
     """A run decodes step after step, and a step deep in a stream of its shape costs less than
-    the first ones (_Machine.COLD; on experiments/fidelity's model a single decode took 3.9 ms
-    as the second step of its shape and 2.95 ms from the 10th on, at a load of ~2); a prefill
+    the first ones (_Machine.COLD; on experiments/fidelity's model a single decode took 4.0 ms
+    as the second step of its shape and 3.0 ms from the 17th on, on a quiet machine); a prefill
     chunk comes alone, between decodes. The profile times each so: every decode batch after
     WARM_STEPS decode steps, the linear layers after as many repeats of their prompt, chunks
     (after context, and first chunks, from the linear points' first step) as they come. Timed

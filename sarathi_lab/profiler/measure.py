@@ -40,8 +40,8 @@ STATISTICS = {"median": np.median, "min": np.min, "mean": np.mean}
 # over the first steps of such a stream (the weights it streams stay in the caches): on
 # experiments/fidelity's model, one decode at context ~250 took 4.63, 3.88, 3.60, 3.37, 3.19 ms
 # in the first steps after its prompt and ~2.97 ms from the 10th on, at a load of ~2; the gain
-# shrinks as other jobs share the caches (steady / second step 0.86 at a load of 5, 0.94 at 7-9:
-# experiments/fidelity/decode_warmth.py). Timed after one prime step, as the profile did, a
+# shrinks as other jobs share the caches (steady / second step 0.74 on a quiet machine, 0.86 at
+# a load of 5, 0.94 at 7-9: experiments/fidelity/decode_warmth.py). Timed after one prime step, as the profile did, a
 # decode point was the second step of its shape, and a real run's single-request decodes took
 # 0.71-0.81 of the profile's prediction in every run of that study. 16 steps reach the steady
 # time with room.

@@ -80,9 +80,10 @@ def cell_key(cell: dict) -> str:
 
 
 def cells(models, workloads, kinds, configs, seeds, requests: int) -> list[dict]:
+    """Seed by seed: a run stopped early leaves whole seeds of the grid."""
     return [{"model": m, "workload": w, "slo_kind": k, "config": c, "seed": s,
              "requests": requests, "common_qps": COMMON_QPS[m, w]}
-            for m in models for w in workloads for k in kinds for s in seeds for c in configs]
+            for s in seeds for m in models for w in workloads for k in kinds for c in configs]
 
 
 def overrides(cell: dict) -> list[str]:

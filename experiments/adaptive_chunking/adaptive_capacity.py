@@ -101,7 +101,12 @@ def run_cell(cell: dict, work: str) -> dict:
     key = cell_key(cell)
     done = Path(work) / "cells" / f"{key}.json"
     if done.exists():
-        return {**json.loads(done.read_text()), "resumed": True}
+        row = json.loads(done.read_text())
+        changed = {k: (row.get(k), v) for k, v in cell.items() if row.get(k) != v}
+        if changed:   # e.g. another --requests into the same --work: never mix the two
+            raise ValueError(f"{done}: a cell finished with other settings (done, now: "
+                             f"{changed}); give another --work, or delete the file to redo it")
+        return {**row, "resumed": True}
     import pandas as pd
     import torch
     from studies import compose
@@ -216,7 +221,7 @@ def full_table(df) -> str:
     return "\n".join(lines) + "\n"
 
 
-def study(out: Path, work: Path, jobs: int = 2, requests: int = 500, seeds=(0, 1, 2),
+def study(out: Path, work: Path, jobs: int = 2, requests: int = 300, seeds=(0, 1, 2),
           models=tuple(MODELS), workloads=WORKLOADS, kinds=KINDS,
           configs=(*(f"static {b}" for b in STATIC), *CONTROLLERS), log=print):
     """Every cell (resumed where done), then OUT/adaptive_chunking_full.csv (a row per cell)

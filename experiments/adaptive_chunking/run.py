@@ -143,10 +143,11 @@ if __name__ == "__main__":
                     "Yi-34B TP2 x sharegpt, arxiv, mix x strict, relaxed x 3 seeds "
                     "(adaptive_capacity.py)")
     ap.add_argument("--jobs", type=int, default=2, help="--full: parallel processes")
-    ap.add_argument("--requests", type=int, default=500, help="--full: requests per probe")
+    # 300 requests per probe: the grid (252 searches) in ~40 min on 2 shared cores (README)
+    ap.add_argument("--requests", type=int, default=300, help="--full: requests per probe")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="--full: seeds")
-    ap.add_argument("--work", default=str(ROOT / "outputs" / "adaptive_chunking_full"),
-                    help="--full: a file per finished cell (a rerun skips them)")
+    ap.add_argument("--work", default=None, help="--full: a file per finished cell, which a "
+                    "rerun skips (default outputs/adaptive_chunking_full_nREQUESTS)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     if sum((a.toy, a.medium, a.full)) > 1:
@@ -155,7 +156,8 @@ if __name__ == "__main__":
         ap.error("--jobs must be >= 1, --requests >= 2 and seeds >= 0")
     out = Path(a.out or ROOT / "results" / "adaptive_chunking")
     if not (a.toy or a.medium):
-        adaptive_capacity.study(out, Path(a.work), a.jobs, a.requests, tuple(a.seeds))
+        work = Path(a.work or ROOT / "outputs" / f"adaptive_chunking_full_n{a.requests}")
+        adaptive_capacity.study(out, work, a.jobs, a.requests, tuple(a.seeds))
         print((out / "adaptive_chunking_full.md").read_text())
         sys.exit(0)
     scale = "toy" if a.toy else "medium"

@@ -83,3 +83,9 @@ def test_a_rerun_of_the_full_scale_skips_the_finished_cells(tiny_full, monkeypat
     with pytest.raises(ValueError, match=r"static512_s0\.json: a cell finished with other "
                                          r"settings .*'requests': \(30, 31\)"):
         ac.study(**{**args, "jobs": 1, "requests": 31}, log=lines.append)
+    # --fresh: the work directory emptied, its cells redone (here one) at the new size
+    fresh = ac.study(**{**args, "jobs": 1, "requests": 31, "kinds": ("strict",),
+                        "configs": ("static 512",)}, fresh=True, log=lines.append)
+    assert len(searched) == 2 and list(fresh["requests"]) == [31]
+    assert "1 cells, 0 done before, 1 to run" in lines[-2]
+    assert len(list((args["work"] / "cells").iterdir())) == 1

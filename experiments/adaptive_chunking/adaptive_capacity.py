@@ -223,11 +223,15 @@ def full_table(df) -> str:
 
 def study(out: Path, work: Path, jobs: int = 2, requests: int = 300, seeds=(0, 1, 2),
           models=tuple(MODELS), workloads=WORKLOADS, kinds=KINDS,
-          configs=(*(f"static {b}" for b in STATIC), *CONTROLLERS), log=print):
-    """Every cell (resumed where done), then OUT/adaptive_chunking_full.csv (a row per cell)
-    and .md (the table); returns the rows."""
+          configs=(*(f"static {b}" for b in STATIC), *CONTROLLERS), fresh: bool = False,
+          log=print):
+    """Every cell (resumed where done; `fresh`: WORK emptied first, all redone: a cell file
+    holds figures of the code that wrote it), then OUT/adaptive_chunking_full.csv (a row per
+    cell) and .md (the table); returns the rows."""
     from studies import start_info, write_run_info
     start = start_info()
+    if fresh:
+        shutil.rmtree(work, ignore_errors=True)
     df = run_cells(cells(models, workloads, kinds, configs, seeds, requests), Path(work), jobs,
                    log)
     df = df.drop(columns="resumed", errors="ignore").sort_values(
@@ -236,6 +240,7 @@ def study(out: Path, work: Path, jobs: int = 2, requests: int = 300, seeds=(0, 1
     df.to_csv(out / "adaptive_chunking_full.csv", index=False)
     (out / "adaptive_chunking_full.md").write_text(full_table(df))
     write_run_info(out, start, "experiments/adaptive_chunking/run.py",
-                   ["--full", "--jobs", str(jobs), "--requests", str(requests)])
+                   ["--full", "--jobs", str(jobs), "--requests", str(requests),
+                    *(["--fresh"] if fresh else [])])
     return df
 

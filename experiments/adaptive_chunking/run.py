@@ -139,25 +139,34 @@ if __name__ == "__main__":
     ap.add_argument("--toy", action="store_true", help="120 requests at 2 and 3 req/s")
     ap.add_argument("--medium", action="store_true", help="300 requests at 2 and 3 req/s, "
                     "3 seeds, trace=mix and sharegpt, strict and relaxed SLOs")
-    ap.add_argument("--full", action="store_true", help="capacity searches: Mistral-7B and "
-                    "Yi-34B TP2 x sharegpt, arxiv, mix x strict, relaxed x 3 seeds "
-                    "(adaptive_capacity.py)")
-    ap.add_argument("--jobs", type=int, default=2, help="--full: parallel processes")
+    ap.add_argument("--full", action="store_true", help="(the default) capacity searches: "
+                    "Mistral-7B and Yi-34B TP2 x sharegpt, arxiv, mix x strict, relaxed x 3 "
+                    "seeds (adaptive_capacity.py)")
     # 300 requests per probe: the grid (252 searches) in ~40 min on 2 shared cores (README)
-    ap.add_argument("--requests", type=int, default=300, help="--full: requests per probe")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="--full: seeds")
-    ap.add_argument("--work", default=None, help="--full: a file per finished cell, which a "
-                    "rerun skips (default outputs/adaptive_chunking_full_nREQUESTS)")
+    full = {"jobs": 2, "requests": 300, "seeds": [0, 1, 2], "work": None, "fresh": False}
+    ap.add_argument("--jobs", type=int, help="--full: parallel processes (2)")
+    ap.add_argument("--requests", type=int, help="--full: requests per probe (300)")
+    ap.add_argument("--seeds", type=int, nargs="+", help="--full: seeds (0 1 2)")
+    ap.add_argument("--work", help="--full: a file per finished cell, which a rerun skips "
+                    "(default outputs/adaptive_chunking_full_nREQUESTS)")
+    ap.add_argument("--fresh", action="store_true", default=None, help="--full: redo every "
+                    "cell (the work directory emptied first; a cell file holds the figures of "
+                    "the code that wrote it)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     if sum((a.toy, a.medium, a.full)) > 1:
         ap.error("choose one of --toy, --medium, --full")
+    given = [f"--{k}" for k in full if getattr(a, k) is not None]
+    if (a.toy or a.medium) and given:
+        ap.error(f"{', '.join(given)}: read by --full only, not by --toy or --medium")
+    for k, v in full.items():
+        setattr(a, k, v if getattr(a, k) is None else getattr(a, k))
     if a.jobs < 1 or a.requests < 2 or min(a.seeds) < 0:
         ap.error("--jobs must be >= 1, --requests >= 2 and seeds >= 0")
     out = Path(a.out or ROOT / "results" / "adaptive_chunking")
     if not (a.toy or a.medium):
         work = Path(a.work or ROOT / "outputs" / f"adaptive_chunking_full_n{a.requests}")
-        adaptive_capacity.study(out, work, a.jobs, a.requests, tuple(a.seeds))
+        adaptive_capacity.study(out, work, a.jobs, a.requests, tuple(a.seeds), fresh=a.fresh)
         print((out / "adaptive_chunking_full.md").read_text())
         sys.exit(0)
     scale = "toy" if a.toy else "medium"

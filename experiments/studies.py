@@ -40,16 +40,22 @@ def study_args(doc: str, name: str, requests: int):
     return ap
 
 
-def scaled_main(doc: str, name: str, scales, study) -> Path:
+def scaled_main(doc: str, name: str, scales, study, add_args=None) -> Path:
     """The command line of an in-process study with `--scale` (one of `scales`, default full)
-    and `--out` (default results/NAME): runs `study(out, scale)`, returns `out`."""
+    and `--out` (default results/NAME): runs `study(out, scale)`, returns `out`. `add_args(ap)`
+    adds a study's own options, passed to `study` by name."""
     import argparse
     ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--scale", choices=sorted(scales), default="full")
     ap.add_argument("--out", default=None)
+    own = set()
+    if add_args is not None:
+        before = {x.dest for x in ap._actions}
+        add_args(ap)
+        own = {x.dest for x in ap._actions} - before
     a = ap.parse_args()
     out = Path(a.out or Path(__file__).resolve().parents[1] / "results" / name)
-    study(out, a.scale)
+    study(out, a.scale, **{k: getattr(a, k) for k in own})
     return out
 
 

@@ -34,11 +34,35 @@ def unknown_key(ex: ConfigCompositionException) -> str | None:
         return ("model.hf_config: this model preset has a shape of its own; for the shape of "
                 "a config.json choose model=hf model.hf_config=PATH (a config.json, a model "
                 "directory or a shipped name)")
+    if (new := renamed(prefix.rstrip("."), parent, str(key))) is not None:
+        return f"{full_key}: renamed; set {prefix}{new}"
     near = _close(str(key), accepted)
     if near:
         return (f"{full_key}: no such setting; did you mean "
                 f"{' or '.join(prefix + n for n in near)}?")
     return f"{full_key}: no such setting; {where} are: {', '.join(sorted(accepted))}"
+
+
+def renamed(group: str, node, key: str) -> str | None:
+    """The new name of `key`, an old name of a setting (a config class's `renamed`): of the
+    executor chosen in config node `node`, or of the chosen budget controller, else of any
+    registered one (a controller's setting is set flat under `scheduler`)."""
+    from sarathi_lab import registry
+    try:
+        if group == "executor":
+            classes = [registry.executor_class(node.get("name"))]
+        elif group == "scheduler":
+            chosen = node.get("controller") or "static"
+            classes = [registry.controller_class(n)
+                       for n in (chosen, *sorted(registry.known("sarathi_lab.controllers")))]
+        else:
+            return None
+    except Exception:   # an unknown or unloadable component: resolving it names the problem
+        return None
+    for cls in classes:
+        if (new := getattr(cls.config_class, "renamed", {}).get(key)) is not None:
+            return new
+    return None
 
 
 def bases(group: str, options) -> set[str]:

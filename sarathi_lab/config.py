@@ -290,7 +290,11 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
     for k, why in policy_cls.unread_settings(policy_cfg).items():   # read only with others
         if f"scheduler.{k}" in user:
             unread(f"scheduler.{k}", why)
-            setattr(policy_cfg, k, defaults[k])
+            if k in defaults:
+                setattr(policy_cfg, k, defaults[k])
+            else:   # its controller's (set flat under scheduler beside the policy's)
+                ctl = policy_cfg.controller_settings
+                setattr(ctl, k, getattr(type(ctl)(), k))
     try:   # the policy's own default when not set (edf's is edf)
         queue_cls = registry.queue_class(policy_cfg.queue)
     except ValueError as e:
@@ -349,6 +353,7 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
         # again in-process (a capacity probe, a planned deployment) was checked with them
         # before, and its SLO may be one the user named for another model
         _check_slo_model(slo, model.get("name"), user)   # after the shape: model=hf names it
+    executor_cls.check_model(executor_cfg, model)
     for k in user:
         if k.startswith("model.") and not executor_cls.reads_model_key(k.split(".")[1]):
             unread(k, f"executor {e_name!r} does not read it (it reads the model's shape)")

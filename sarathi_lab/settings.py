@@ -180,6 +180,14 @@ def split_node(values: dict, own: set[str], theirs: set[str], where: str, owner:
             {k: v for k, v in values.items() if k in theirs})
 
 
+def refuse_renamed(values: dict, renamed: dict[str, str], where: str) -> None:
+    """A setting under an old name is a ConfigError naming the new one (`renamed`: old name ->
+    the new name, with what it is), not an unknown key nor a silent alias."""
+    for old, new in renamed.items():
+        if old in values:
+            raise ConfigError(f"{where}.{old}: renamed; set {where}.{new}")
+
+
 def plain(cfg):
     """A plain dict/list from an OmegaConf config, a copy of a dict, {} for None; any other
     value (an int length spec, a string) unchanged. omegaconf is imported only when needed."""

@@ -284,7 +284,7 @@ def _composition_error(*overrides) -> Exception:
      "scheduler.token_budgt: no such setting; did you mean scheduler.token_budget?"),
     ("sede=1", "sede: no such setting; did you mean seed or scheduler?"),
     ("scheduler.zzz=1", "scheduler.zzz: no such setting; the settings of scheduler are: "
-                        "acceptance_rate, aging_rate, block_size, "),
+                        "acceptance_prior_drafts, aging_rate, assumed_acceptance, block_size, "),
 ])
 def test_an_unknown_key_offers_the_close_accepted_ones_and_no_plus(override, message):
     from sarathi_lab.cli_errors import explain

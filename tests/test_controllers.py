@@ -135,29 +135,76 @@ def test_slo_dp_chooses_the_speculation_length():
     #   k = 1: 4 tokens, 14 ms, 1.5 tokens (a = 0.5)       -> 3 / 0.014   = 214
     #   k = 2: 6 tokens, 16 ms, 1.75 tokens                -> 3.5 / 0.016 = 219
     # every candidate meets both decodes' TBT: the fastest, k = 2 (budget 6), wins
-    def per_token(prefills, decodes):
-        return 0.01 + 1e-3 * (sum(n for n, _ in prefills) + len(decodes))
+    # (a free draft: see the next test for one that costs)
+    def per_token(prefills, decodes, spec_len=0):
+        return 0.01 + 1e-3 * (sum(n for n, _ in prefills) + len(decodes) * (1 + spec_len))
     assert expected_tokens(2, 0.5) == 1.75
     v = view([decode(0, tbt=0.02), decode(1, tbt=0.02)], spec=2)
-    d = SLODP(SLODPConfig(chunk_sizes=[0], acceptance_rate=0.5)).decide(v, per_token)
+    d = SLODP(SLODPConfig(chunk_sizes=[0], assumed_acceptance=0.5)).decide(v, per_token)
     assert (d.token_budget, d.spec_len) == (6, 2)
     # acceptance 0.1: k = 1 gives 2.2 / 0.014 = 157, k = 2 2.22 / 0.016 = 139: k = 0 (167)
-    d = SLODP(SLODPConfig(chunk_sizes=[0], acceptance_rate=0.1)).decide(v, per_token)
+    d = SLODP(SLODPConfig(chunk_sizes=[0], assumed_acceptance=0.1)).decide(v, per_token)
     assert (d.token_budget, d.spec_len) == (2, 0)
     # the default chunk sizes (up to 2048) with no prompt waiting: a chunk counts only the
     # prompt tokens there are (none), so k = 2 still wins (found by experiments/speculation:
     # 2048 phantom tokens made k = 0 the fastest and slo_dp never speculated)
-    d = SLODP(SLODPConfig(acceptance_rate=0.5)).decide(v, per_token)
+    d = SLODP(SLODPConfig(assumed_acceptance=0.5)).decide(v, per_token)
     assert (d.token_budget, d.spec_len) == (6, 2)
     # a 3-token prompt waiting: every chunk > 0 holds its 3 tokens and no more: k = 0 gives
     # (3 + 2) / 0.015 = 333 tokens/s, k = 1 (3 + 3) / 0.017 = 353, k = 2 (3 + 3.5) / 0.019 = 342:
     # k = 1, budget 2 * 2 + 3
     v = view([decode(0, tbt=0.02), decode(1, tbt=0.02)], [], [prompt(0, 3)], spec=2)
-    d = SLODP(SLODPConfig(acceptance_rate=0.5)).decide(v, per_token)
+    d = SLODP(SLODPConfig(assumed_acceptance=0.5)).decide(v, per_token)
     assert (d.token_budget, d.spec_len) == (7, 1)
     # without speculation (the run's num_speculative_tokens 0) no spec_len is returned
     d = SLODP(SLODPConfig(chunk_sizes=[0])).decide(view([decode(0)]), per_token)
     assert d.spec_len is None
+
+
+def test_slo_dp_prices_the_draft_steps_and_then_does_not_speculate():
+    # as above (2 decodes, target 20 ms, 10 ms + 1 ms per verified token, a = 0.5: free drafts
+    # make k = 2 the fastest), but each of the draft's k steps costs 8 ms, as the predictor
+    # prices a speculating batch (spec_len=k: the draft's steps and the verification):
+    #   k = 0: 12 ms                  -> 2 / 0.012   = 167 tokens/s
+    #   k = 1: 14 + 8 = 22 ms         -> 3 / 0.022   = 136
+    #   k = 2: 16 + 16 = 32 ms        -> 3.5 / 0.032 = 109 (and 18.3 ms a token: met)
+    # so k = 0 wins; priced without its draft (verification only), k = 2 would
+    calls = []
+
+    def with_draft(prefills, decodes, spec_len=0):
+        calls.append(spec_len)
+        return (0.01 + 1e-3 * (sum(n for n, _ in prefills) + len(decodes) * (1 + spec_len))
+                + 0.008 * spec_len)
+    v = view([decode(0, tbt=0.02), decode(1, tbt=0.02)], spec=2)
+    d = SLODP(SLODPConfig(chunk_sizes=[0], assumed_acceptance=0.5)).decide(v, with_draft)
+    assert (d.token_budget, d.spec_len) == (2, 0)
+    assert sorted(set(calls)) == [0, 1, 2]   # each k priced with its drafts
+    # a 2 ms draft step: k = 1 16 ms -> 188, k = 2 20 ms -> 175: k = 1
+    def cheap(prefills, decodes, spec_len=0):
+        return with_draft(prefills, decodes, spec_len) - 0.006 * spec_len
+    d = SLODP(SLODPConfig(chunk_sizes=[0], assumed_acceptance=0.5)).decide(v, cheap)
+    assert (d.token_budget, d.spec_len) == (4, 1)
+
+
+def test_slo_dp_learns_the_acceptance_from_the_drafts_judged():
+    # the prior 0.5 worth 10 judged drafts; 90 judged, 81 accepted: a = (5 + 81) / 100 = 0.86
+    ctl = SLODP(SLODPConfig(assumed_acceptance=0.5, acceptance_prior_drafts=10))
+    seen = View(NOW, (), (), (), 512, 2, drafts_accepted=81, drafts_judged=90)
+    assert ctl.acceptance(seen) == pytest.approx(0.86)
+    assert ctl.acceptance(view(spec=2)) == 0.5   # nothing judged yet: the prior
+    # learn_acceptance=false: never learn; a weight of 0: the observed rate
+    assert SLODP(SLODPConfig(assumed_acceptance=0.5, learn_acceptance=False)
+                 ).acceptance(seen) == 0.5
+    assert SLODP(SLODPConfig(acceptance_prior_drafts=0)).acceptance(seen) == pytest.approx(0.9)
+    # and it decides with it: with a = 0.1 assumed k = 0 wins (the previous test's numbers,
+    # free drafts); the same prior after 90 of 100 judged drafts accepted speculates
+    def per_token(prefills, decodes, spec_len=0):
+        return 0.01 + 1e-3 * (sum(n for n, _ in prefills) + len(decodes) * (1 + spec_len))
+    cfg = SLODPConfig(chunk_sizes=[0], assumed_acceptance=0.1, acceptance_prior_drafts=10)
+    decs = (decode(0, tbt=0.02), decode(1, tbt=0.02))
+    assert SLODP(cfg).decide(View(NOW, decs, (), (), 512, 2), per_token).spec_len == 0
+    learnt = View(NOW, decs, (), (), 512, 2, drafts_accepted=90, drafts_judged=100)
+    assert SLODP(cfg).decide(learnt, per_token).spec_len == 2   # a = 91 / 110 = 0.83
 
 
 # -- the contract, in a policy ------------------------------------------------------------------
@@ -350,3 +397,25 @@ def test_a_controller_s_speculation_length_is_what_the_decodes_draft(tmp_path):
     assert (drafts["plugins:OneDraft"] == 1).all()
     # the budget (512) leaves room for 3 drafts per decode in every batch of this small run
     assert (drafts["plugins:FullBudget"] == 3).all()
+
+
+@pytest.mark.slow   # 3 runs of 40 requests, ~6 s
+def test_slo_dp_in_a_run_learns_a_poor_draft_and_prices_a_costly_one(tmp_path):
+    """In a run: told 0.9 of a draft whose drafts are accepted at 0.05, slo_dp keeps proposing
+    about as many drafts per step when it does not learn, and far fewer once the drafts judged
+    pull its estimate down; and a draft as costly as the target itself (layers:32 of
+    Mistral-7B's 32) makes it stop speculating."""
+    from sarathi_lab.runner import run
+    base = ["scheduler.controller=slo_dp", "scheduler.num_speculative_tokens=3",
+            "executor.acceptance_rate=0.05", "scheduler.assumed_acceptance=0.9", *SMALL]
+
+    def proposed(*ov):
+        d = tmp_path / str(len(list(tmp_path.iterdir())))
+        s = run(composed(*base, *ov), d)
+        return (s.get("speculation") or {}).get("proposed", 0), s
+    told, _ = proposed("executor.draft_cost_ratio=0.05", "scheduler.learn_acceptance=false")
+    learnt, s = proposed("executor.draft_cost_ratio=0.05", "scheduler.acceptance_prior_drafts=20")
+    assert told > 0 and learnt < 0.5 * told
+    assert s["speculation"]["acceptance_rate"] < 0.15
+    full, _ = proposed("executor.draft=layers:32", "scheduler.learn_acceptance=false")
+    assert full < 0.1 * told   # a draft step as dear as a target step: speculation never pays

@@ -86,6 +86,24 @@ def test_residuals_by_composition(tmp_path):
         F.residuals([tmp_path], [shapes[:2]], Cost())
 
 
+def test_decodes_by_their_place_in_a_run_of_them():
+    """Each single-request decode's place in a run of consecutive ones (1: the first after a
+    step of another kind; 0: another kind), and the table by place, by hand."""
+    comps = ["prefill c=1-128", "decode b=1", "decode b=1", "decode b=1", "mixed", "decode b=1",
+             "decode b=2-4", "decode b=1", "decode b=1"]
+    pos = F.stream_positions(comps)
+    assert pos == [0, 1, 2, 3, 0, 1, 0, 1, 2]
+    res = pd.DataFrame({"stream_pos": pos, "measured_s": [9, 3, 2, 1, 9, 6, 9, 3, 4],
+                        "predicted_s": [1, 2, 2, 2, 1, 2, 1, 2, 2]})
+    t = F.stream_table(res).set_index("place")
+    assert list(t.index) == ["1", "2", "3-4"]
+    assert t["iterations"].tolist() == [3, 2, 1]
+    assert t.loc["1", "ratio_p50"] == pytest.approx(1.5)          # 3/2, 6/2, 3/2
+    assert t.loc["1", "ratio_of_sums"] == pytest.approx(12 / 6)
+    assert t.loc["2", "ratio_of_sums"] == pytest.approx(6 / 4)
+    assert t.loc["3-4", "measured_ms_p50"] == pytest.approx(1e3)
+
+
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
     n = torch.get_num_threads()
@@ -118,6 +136,10 @@ def test_toy_study_writes_its_table_and_plots(toy):
     assert res["iterations"].sum() == table[table.metric == "num_iterations"]["real_mean"].sum() * 2
     assert (res["ratio_p50"] > 0).all() and res["time_share"].sum() == pytest.approx(1.0)
     assert {"decode b=1", "mixed"} <= set(res["composition"])
+    streams = pd.read_csv(out / "decode_streams.csv")
+    assert streams["iterations"].sum() == res.set_index("composition").loc["decode b=1",
+                                                                             "iterations"]
+    assert "their place in a run of them" in md
     host = pd.read_csv(out / "host_time.csv")
     assert (host["host_us_p50"] > 0).all() and (host["host_share"] < 0.5).all()
     assert info["clock"] == "cpu" and info["profile_meta"]["clock"] == "cpu"
@@ -291,3 +313,14 @@ def test_the_simulator_records_no_host_time():
     engine = Engine(policy, ex)
     engine.run([Request(0, 0.0, 8, 3)])
     assert "host_s" not in iterations_table(engine.iteration_columns())
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--warm-steps", "-1"], "--warm-steps=-1: must be >= 0"),
+    (["--warm-steps", "4", "--profile", "p.parquet"], "not with --profile"),
+])
+def test_the_profilers_warm_steps_are_checked(argv, says):
+    """`--warm-steps` (the profiler's decode steps before each timed decode batch, 0 for the
+    profiles before it) is refused where negative or where no profile is measured."""
+    with pytest.raises(SystemExit, match=says):
+        F.main(argv)

@@ -10,6 +10,7 @@ from helpers import CONFIGS
 from sarathi_lab.costmodels.roofline import RooflineConfig, RooflineCostModel
 from sarathi_lab.costmodels.roofline.moe import touched_experts
 from sarathi_lab.models.shape import ModelShape
+from sarathi_lab.settings import ConfigError
 
 # ridge_exponent 1: a GEMM's time is compute + memory (the soft roofline a plain sum), so every
 # figure below is a sum written out by hand; efficiencies 1, no overheads
@@ -126,8 +127,8 @@ def test_mixtral_weights_per_gpu():
 
 @pytest.mark.parametrize("shape, settings, message", [
     ({"num_experts": 0, "num_experts_per_tok": 0, "moe_intermediate_size": None},
-     {"expert_parallel": 2}, "tiny-moe: expert_parallel=2 needs a mixture-of-experts model"),
-    ({}, {"expert_parallel": 3}, "expert_parallel=3 must divide num_experts=4"),
+     {"expert_parallel": 2}, "expert_parallel=2: model 'tiny-moe' is dense"),
+    ({}, {"expert_parallel": 3}, "expert_parallel=3: must divide model 'tiny-moe'.s num_experts=4"),
     ({}, {"moe_imbalance": 1.5}, "moe_imbalance=1.5: read only with expert_parallel > 1"),
     ({}, {"expert_parallel": 2, "moe_imbalance": 3.0}, "moe_imbalance=3.0: must be between 1 "
                                                        "\\(balanced\\) and expert_parallel=2"),
@@ -150,8 +151,20 @@ def test_a_run_counts_every_gpu_of_the_layout(tmp_path):
     assert s["num_gpus"] == 4
     assert s["cost_model"]["name"] == "roofline"
     over = ["model=mistral-7b", "parallel=tp1ep4", "trace=synthetic", "trace.num_requests=5"]
-    with pytest.raises(Exception, match="expert_parallel=4 needs a mixture-of-experts model"):
-        run(composed(*over), tmp_path / "dense", resolved=check_config(composed(*over), over))
+    with pytest.raises(ConfigError, match="executor.expert_parallel=4: model 'mistral-7b' is "
+                                          "dense"):
+        check_config(composed(*over), over)   # at the settings check, before any run
+
+
+def test_expert_parallel_on_a_dense_model_is_refused_before_any_run(tmp_path):
+    from helpers import cli
+    out = tmp_path / "run"
+    res = cli("model=mistral-7b", "executor.expert_parallel=2", f"hydra.run.dir={out}")
+    assert res.returncode != 0
+    assert ("sarathi-lab: error: executor.expert_parallel=2: model 'mistral-7b' is dense "
+            "(num_experts=0: no experts to split); expert parallelism needs a "
+            "mixture-of-experts model") in res.stderr
+    assert not out.exists()   # no run directory, no error.txt
 
 
 def test_the_dense_model_is_priced_as_before():
@@ -220,3 +233,15 @@ def test_disaggregated_pools_refuse_expert_parallelism():
     with pytest.raises(ConfigError, match="executor.expert_parallel=2 \\(in the prefill pool\\): "
                        "disaggregated pools of expert-parallel groups are not modelled"):
         check_config(composed(*over), over)
+
+
+def test_w8a8_quantizes_each_experts_down_projection_input():
+    # W8A8 quantizes every GEMM's input on the fly: read in bf16 (2 bytes), written in int8 (1).
+    # Per token and layer: QKV's and gate/up's inputs (h each), O's (heads x d) and the down
+    # projections' -- under top-2 routing two of them, each moe_intermediate_size wide (not the
+    # dense intermediate_size, 16). 2 layers x 3 bytes x (2 x 8 + 2 x 4 + 2 x 6) = 216 bytes.
+    hw = {**TOY_HW, "peak_flops_int8": 2e12}
+    w8a8 = RooflineCostModel(ModelShape(**TINY), hw, 1, RooflineConfig(weight_dtype="int8"))
+    w8 = RooflineCostModel(ModelShape(**TINY), hw, 1,
+                           RooflineConfig(weight_dtype="int8", weight_only=True))
+    assert w8a8.ew_per_token - w8.ew_per_token == pytest.approx(216 / 1e9, rel=1e-12)

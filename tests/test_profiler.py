@@ -199,6 +199,7 @@ def test_a_cpu_clock_profile_times_its_parts_on_that_clock(tmp_path, one_thread,
     # two attention kernel calls per layer at most, each 1 s: a whole, positive count
     assert parts["attention"] >= 1 and parts["head"] == 1
     assert P.metadata(ex, model, "tiny", 1, 0)["clock"] == "cpu"
+    assert P.metadata(ex, model, "tiny", 1, 0)["warm_steps"] == str(P.WARM_STEPS)
     monkeypatch.setattr(time, "perf_counter", lambda: pytest.fail("the wall clock was read"))
     h.run([(1, 16)])
 
@@ -234,7 +235,11 @@ def test_a_measured_step_reads_only_its_new_tokens_out_of_the_paged_cache(one_th
 class _Machine:
     """A harness on a made-up machine (seconds, exact): the attention kernels cost a fixed 1 ms
     an iteration plus 1 us per KV token read, and the rest of a forward 2 ms + 0.1 ms a token,
-    plus 2 us per KV token its batch reads (the weights that KV evicts from the cache)."""
+    plus 2 us per KV token its batch reads (the weights that KV evicts from the cache), plus
+    COLD for a step that is not deep in a stream of steps of its own shape (`warm`: the steps of
+    its shape run just before it; a CPU's caches on a quiet machine)."""
+
+    COLD = 1e-3
 
     class ex:
         @staticmethod
@@ -245,18 +250,19 @@ class _Machine:
         pass
 
     @staticmethod
-    def parts(entries):
+    def parts(entries, warm=0):
         T = sum(n for n, _ in entries)
         kv = sum(n + k for n, k in entries)
         S = len(entries)
         attention, head, over = 1e-3 + 1e-6 * kv, 1e-4 * S, 3e-4 + 5e-5 * S
-        rest = 2e-3 + 1e-4 * T + 2e-6 * sum(k for _, k in entries)
+        rest = 2e-3 + 1e-4 * T + 2e-6 * sum(k for _, k in entries) \
+            + (0.0 if warm >= 8 else _Machine.COLD)
         forward = rest + attention + head
         return {"prepare": over, "sample": 0.0, "forward": forward, "attention": attention,
                 "head": head, "linear": rest, "overhead": over, "total": forward + over}
 
-    def run(self, entries):
-        return self.parts(entries)
+    def run(self, entries, warm=0):
+        return self.parts(entries, warm)
 
 
 def test_a_decode_batch_is_priced_with_what_its_kv_costs_the_rest_of_the_forward(tmp_path):
@@ -268,11 +274,80 @@ def test_a_decode_batch_is_priced_with_what_its_kv_costs_the_rest_of_the_forward
     meta = {"model": "tiny-llama", "dtype": "float32", "device": "cpu", "tensor_parallel": 1}
     cm = cost_model(P.write(rows, meta, tmp_path / "made_up.parquet"))
     for b, k in P.GRIDS["tiny"].decode:
-        want = _Machine.parts([(1, k)] * b)["total"]
+        want = _Machine.parts([(1, k)] * b, warm=P.WARM_STEPS)["total"]
         assert cm.iteration_time([], [k] * b, b) == pytest.approx(want, rel=1e-9), (b, k)
     for c, k in P.GRIDS["tiny"].prefill:
         want = _Machine.parts([(c, k)])["total"]
         assert cm.iteration_time([(c, k)], [], 1) == pytest.approx(want, rel=1e-9), (c, k)
+
+
+def test_decodes_are_priced_as_a_steady_stream_and_chunks_as_one_step(tmp_path):
+    """A run decodes step after step, and a step deep in a stream of its shape costs less than
+    the first ones (_Machine.COLD; on experiments/fidelity's model a single decode took 4.0 ms
+    as the second step of its shape and 3.0 ms from the 17th on, on a quiet machine); a prefill
+    chunk comes alone, between decodes. The profile times each so: every decode batch after
+    WARM_STEPS decode steps, the linear layers after as many repeats of their prompt, chunks
+    (after context, and first chunks, from the linear points' first step) as they come. Timed
+    after one prime step (warm=0, the profiles before), a single decode was priced COLD too
+    slow: the real runs' single-request decodes took 0.71-0.81 of the prediction."""
+    meta = {"model": "tiny-llama", "dtype": "float32", "device": "cpu", "tensor_parallel": 1}
+    grid = P.GRIDS["tiny"]
+    steady = cost_model(P.write(P.measure(_Machine(), grid, repeats=1, warmup=0), meta,
+                                tmp_path / "steady.parquet"))
+    old = cost_model(P.write(P.measure(_Machine(), grid, repeats=1, warmup=0, warm=0), meta,
+                             tmp_path / "old.parquet"))
+    for k in (16, 128, 256):
+        warm = _Machine.parts([(1, k)], warm=P.WARM_STEPS)["total"]
+        assert steady.iteration_time([], [k], 1) == pytest.approx(warm, rel=1e-9), k
+        assert old.iteration_time([], [k], 1) == pytest.approx(warm + _Machine.COLD, rel=1e-9)
+    for T in grid.linear[1:]:   # first chunks (context 0) come alone, as the first of their shape
+        cold = _Machine.parts([(T, 0)])["total"]
+        assert steady.iteration_time([(T, 0)], [], 1) == pytest.approx(cold, rel=1e-9), T
+
+
+def test_a_decode_batch_is_timed_after_a_stream_of_its_own_decodes(one_thread):
+    """`Harness.run(entries, warm=w)`: a decode batch runs w unmeasured decode steps of the same
+    requests just before it, at the contexts before its own, each sampling (a whole decode step,
+    LM head included), as a run's stream of decodes; a batch of prompts at context 0 runs its
+    prompts w times. The measured step still copies only its new tokens into the KV copies."""
+    ex, _ = P.build_executor([*TINY, "executor.clock=cpu"])
+    h = P.Harness(ex)
+    h.bind(1024)
+    steps = []
+    execute = ex.execute
+
+    def spy(out):
+        res = execute(out)
+        steps.append(([r.request_id for r in out.reqs], list(out.num_new_tokens),
+                      [r.num_computed_tokens for r in out.reqs],
+                      sum(t != -1 for t in res.sampled)))
+        return res
+    ex.execute = spy
+    prepare = ex.prepare
+    copied = []
+
+    def slots(out, *drafts):
+        res = prepare(out, *drafts)
+        copied.append(len(res[2].attn_kwargs["sequence_kv"].slots))
+        return res
+    ex.prepare = slots
+    h.run([(1, 100)] * 3, warm=5)
+    assert steps == [([0, 1, 2], [1, 1, 1], [k] * 3, 3) for k in range(95, 101)]
+    assert copied[-1] == 3
+    steps.clear()
+    h.run([(1, 4)], warm=16)           # a stream back to the first output token at most
+    assert steps == [([0], [1], [k], 1) for k in (1, 2, 3, 4)]
+    steps.clear()
+    h.run([(1, 1)], warm=4)            # no decode before the first output token: the one prime
+    assert [s[2] for s in steps] == [[0], [1]]
+    steps.clear()
+    h.run([(64, 0)], warm=3)
+    assert steps == [([0], [64], [0], 1)] * 4
+    steps.clear()
+    h.run([(1, 100)] * 2)              # warm=0: the one prime step of before
+    assert [s[2] for s in steps] == [[99, 99], [100, 100]] and steps[0][3] == 0
+    with pytest.raises(ValueError, match=r"warm=2: for a batch of decodes only .*\(32, 16\)"):
+        h.run([(32, 16), (1, 40)], warm=2)
 
 
 def _part(path, times, model="tiny-llama", points=((1, None), (8, None))):

@@ -77,6 +77,19 @@ def test_a_speculative_step_emits_the_planned_ids_it_keeps():
     assert r.output_token_ids == planned and r.all_token_ids() == [1, 2, 3, 4] + planned
 
 
+def test_the_policy_counts_the_drafts_the_target_judged():
+    # k = 3, accepted 2, 0, 3 (as above): judged 2 + 1 rejected, 0 + 1, 3 (none rejected) --
+    # what a budget controller's View shows (slo_dp's acceptance estimate)
+    p, _ = run(Scripted({0: [2, 0, 3]}), [req(0, 4, 7)], token_budget=64,
+               num_speculative_tokens=3)
+    assert (p.drafts_accepted, p.drafts_judged) == (5, 7)
+    p = make_policy("sarathi", token_budget=64, num_speculative_tokens=3,
+                    controller="plugins:Fraction")
+    p.drafts_accepted, p.drafts_judged = 5, 7
+    v = p.view(0.0)
+    assert (v.drafts_accepted, v.drafts_judged) == (5, 7)
+
+
 def test_rejected_drafts_release_their_kv_slots():
     # block_size 4, prompt 4: a step of 1 + 3 tokens needs slots 4..7 (a second block); none
     # accepted, the request holds 5 tokens, so 2 blocks, and 5 stored tokens, not 8
@@ -236,14 +249,63 @@ def test_acceptance_is_seeded_and_follows_the_rate():
 
 
 def test_a_draft_preset_is_priced_by_the_roofline():
-    ex = sim(draft_model="tiny-llama", acceptance_rate=0.5)
+    ex = sim(draft="tiny-llama", acceptance_rate=0.5)
     from sarathi_lab.costmodels.roofline import RooflineCostModel
     draft = ex._spec.draft
     assert isinstance(draft, RooflineCostModel) and draft.model.num_layers == 2
     # the draft step at one decode is cheaper than the target's
     assert draft.iteration_time([], [100]) < ex.cost_model.iteration_time([], [100])
-    with pytest.raises(ConfigError, match="draft_model=nope: no such model preset"):
-        sim(draft_model="nope", acceptance_rate=0.5)
+    with pytest.raises(ConfigError, match="executor.draft=nope: no such model preset"):
+        sim(draft="nope", acceptance_rate=0.5)
+
+
+def test_a_layers_draft_is_priced_as_the_target_cut_to_n_layers():
+    """executor.draft=layers:N, as on the torch executor: the target's first N layers with its
+    embedding, final norm and LM head, priced by the roofline: a decode step's time is the
+    target's with N of its L layers' terms, the rest (LM head, overheads) unchanged."""
+    ex = sim(draft="layers:8", draft_cost_ratio=None, acceptance_rate=0.5)
+    d, t = ex._spec.draft, ex.cost_model
+    assert d.model.num_layers == 8 and t.model.num_layers == 32
+    assert d.model.hidden_size == t.model.hidden_size
+    assert d.weight_bytes < t.weight_bytes
+    # per-layer terms scale with the layers; what is outside them (LM head, overheads) does
+    # not: t(L layers) - t(N layers) = (L - N) x one layer's time, for any batch
+    one = (t.iteration_time([], [500, 900]) - d.iteration_time([], [500, 900])) / 24
+    full = sim(draft="layers:32", acceptance_rate=0.5)._spec.draft
+    assert full.iteration_time([], [500, 900]) == pytest.approx(
+        t.iteration_time([], [500, 900]), rel=1e-12)   # all 32 layers: the target itself
+    half = sim(draft="layers:16", acceptance_rate=0.5)._spec.draft
+    assert half.iteration_time([], [500, 900]) == pytest.approx(
+        d.iteration_time([], [500, 900]) + 8 * one, rel=1e-9)
+    for bad, match in (("layers:33", "executor.draft=layers:33: model 'mistral-7b' has 32 "
+                                     "layers; the draft takes its first N, 1 <= N <= 32"),
+                       ("layers:0", "expected layers:N with N >= 1")):
+        with pytest.raises(ConfigError, match=match):
+            ov = ["scheduler.num_speculative_tokens=2", f"executor.draft={bad}",
+                  "executor.acceptance_rate=0.5"]
+            check_config(composed(*ov), ov)
+
+
+def test_the_predictor_prices_a_speculating_batch_as_the_simulator_does():
+    """A budget controller's predictor with spec_len=k prices the draft's k steps and the
+    verification of 1 + k tokens per decode: what the executor then charges for that batch."""
+    for draft in ({"draft_cost_ratio": 0.3}, {"draft": "layers:4"}):
+        ex = sim(**draft, acceptance_rate=0.5)
+        p = make_policy("sarathi", token_budget=64, num_speculative_tokens=2, block_size=4)
+        e = Engine(p, ex, fast_forward=False)
+        for r in (Request(0, 0.0, 9, 50), Request(1, 0.0, 5, 50)):
+            e.add_request(r)
+        e.step()   # both prompts: each decodes next
+        a, b = p.running
+        ctx = [a.num_computed_tokens, b.num_computed_tokens]
+        predicted = ex.predictor()([], ctx, spec_len=2)
+        out = e.step()[0]
+        assert out.spec_lens == [2, 2]
+        assert e.iteration_columns()["duration"].tolist()[-1] == pytest.approx(predicted,
+                                                                                rel=1e-12)
+        # and the draft is in it: more than the verification alone
+        assert predicted > ex.cost_model.iteration_time([(3, c) for c in ctx], [], 6)
+        assert ex.predictor()([], ctx) == ex.cost_model.iteration_time([], ctx)
 
 
 def test_rates_from_a_trace_column(tmp_path):
@@ -269,7 +331,7 @@ def test_rates_from_a_trace_column(tmp_path):
                                        "scheduler.num_speculative_tokens > 0"),
     (["executor.draft_cost_ratio=0.5"], "executor.draft_cost_ratio: read only with"),
     (["scheduler.num_speculative_tokens=2", "executor.acceptance_rate=0.5"],
-     "set one of executor.draft_model .* or executor.draft_cost_ratio"),
+     "set one of executor.draft .* or executor.draft_cost_ratio"),
     (["scheduler.num_speculative_tokens=2", "executor.draft_cost_ratio=0.5"],
      "executor.acceptance=fixed: set executor.acceptance_rate"),
     (["scheduler.num_speculative_tokens=3", "executor.draft_cost_ratio=0.5",
@@ -278,6 +340,19 @@ def test_rates_from_a_trace_column(tmp_path):
     (["scheduler.num_speculative_tokens=2", "executor.draft_cost_ratio=0.5",
       "executor.acceptance_rate=0.5", "executor.acceptance=geometric"],
      "executor.acceptance_rate=0.5: read only with executor.acceptance=fixed"),
+    (["scheduler.num_speculative_tokens=2", "+executor.draft_model=llama-3.2-1b",
+      "executor.acceptance_rate=0.5"], "executor.draft_model: renamed; set executor.draft "
+                                       "\\(layers:N"),
+    (["scheduler.num_speculative_tokens=2", "executor.draft=layers:2",
+      "executor.acceptance_rate=0.5", "scheduler.controller=slo_dp",
+      "+scheduler.acceptance_rate=0.5"],
+     "scheduler.acceptance_rate: renamed; set scheduler.assumed_acceptance \\(slo_dp's prior"),
+    (["scheduler.controller=slo_dp", "scheduler.assumed_acceptance=0.5"],
+     "scheduler.assumed_acceptance: read only with scheduler.num_speculative_tokens > 0"),
+    (["scheduler.num_speculative_tokens=2", "executor.draft_cost_ratio=0.5",
+      "executor.acceptance_rate=0.5", "scheduler.controller=slo_dp",
+      "scheduler.learn_acceptance=false", "scheduler.acceptance_prior_drafts=10"],
+     "acceptance_prior_drafts=10: read only with learn_acceptance=true"),
     (["scheduler=orca", "scheduler.num_speculative_tokens=2", "executor.draft_cost_ratio=0.5",
       "executor.acceptance_rate=0.5"], "does not schedule speculative decodes"),
     (["executor=custom", "executor.name=plugins:FixedStep", "+executor.step_s=0.5",
@@ -290,6 +365,22 @@ def test_rates_from_a_trace_column(tmp_path):
 def test_settings_without_their_use_are_errors(overrides, match):
     with pytest.raises(ConfigError, match=match):
         check_config(composed(*overrides), overrides)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["scheduler.num_speculative_tokens=2", "executor.draft_model=llama-3.2-1b"],
+     "executor.draft_model: renamed; set executor.draft (layers:N, the target's first N "
+     "layers, or a model preset; as the torch executor's)"),
+    (["scheduler.controller=slo_dp", "scheduler.acceptance_rate=0.7"],
+     "scheduler.acceptance_rate: renamed; set scheduler.assumed_acceptance (slo_dp's prior of "
+     "the acceptance it plans with; the simulator's true rate is executor.acceptance_rate)"),
+])
+def test_an_old_name_fails_naming_the_new_one_before_any_run(args, message, tmp_path):
+    out = tmp_path / "run"
+    res = cli(*args, f"hydra.run.dir={out}")
+    assert res.returncode != 0
+    assert f"sarathi-lab: error: {message}" in res.stderr
+    assert not out.exists()
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """experiments/speculation at toy scale: the study's script runs end to end and its figures show
 the effects its README reports (speculation shortens TPOT, its verification tokens shrink the
 chunks prompts get while others queue, and slo_dp does speculate)."""
+import pandas as pd
 import pytest
 
 from study_scripts import load_study
@@ -20,3 +21,25 @@ def test_speculation_study_at_toy_scale(tmp_path):
     for f in ("runs.csv", "cells.csv", "speculation.md"):
         assert (tmp_path / f).stat().st_size > 0
     assert "| 3.5 | ratio | 0.7 | slo_dp |" in (tmp_path / "speculation.md").read_text()
+
+
+@pytest.mark.slow   # 4 runs of 40 requests, ~6 s
+def test_rerunning_slo_dp_alone_replaces_its_rows_and_keeps_the_others(tmp_path):
+    study = load_study("speculation")
+    first = study.study(tmp_path, "test", log=lambda *_: None)
+    runs = pd.read_csv(tmp_path / "runs.csv")
+    runs.loc[runs["config"] == "k=0", "tpot_p50"] = 123.0     # kept: not rerun
+    runs.loc[runs["config"] == "slo_dp", "tpot_p50"] = 999.0  # replaced by the rerun
+    runs.to_csv(tmp_path / "runs.csv", index=False)
+    study.study(tmp_path, "test", log=lambda *_: None, only="slo_dp")
+    again = pd.read_csv(tmp_path / "runs.csv").set_index("config")
+    assert list(again.index) == ["k=0", "k=4", "slo_dp"]
+    assert again.loc["k=0", "tpot_p50"] == 123.0
+    assert again.loc["slo_dp", "tpot_p50"] == pytest.approx(
+        first.set_index("config").loc["slo_dp", "tpot_p50"], rel=1e-12)
+    assert "rerun of slo_dp's rows alone" in (tmp_path / "speculation.md").read_text()
+    # a rerun row the previous results lack is an error, not a silent append
+    runs = pd.read_csv(tmp_path / "runs.csv")
+    runs[runs["config"] != "slo_dp"].to_csv(tmp_path / "runs.csv", index=False)
+    with pytest.raises(ValueError, match="rerun rows not in the previous results"):
+        study.study(tmp_path, "test", log=lambda *_: None, only="slo_dp")

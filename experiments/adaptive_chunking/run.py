@@ -1,7 +1,7 @@
 """Adaptive chunking: the best static token budget against the budget controllers (tbt_target,
-slack, slo_dp) (issue 25, item 4, at toy and medium scale).
+slack, slo_dp) (issue 25, item 4).
 
-    python experiments/adaptive_chunking/run.py [--toy | --medium] [--out DIR]
+    python experiments/adaptive_chunking/run.py [--toy | --medium | --full] [--out DIR]
                                                 (DIR default: results/adaptive_chunking)
 
 Mistral-7B on one simulated A100-80GB, `trace=mix` (interactive chat, a heavy tenant's long
@@ -9,9 +9,11 @@ prompts, a batch summarization job in bursts), SLO `chat-batch` made strict for 
 class: TTFT 2.5 s and each request's own P99 TBT 0.1 s (in place of a 0.15 s TPOT). Static
 budgets 256 .. 2048; the controllers capped at 2048 (`scheduler.token_budget`), their TBT target
 the SLO's. Writes DIR/adaptive_chunking.csv (every run) and DIR/adaptive_chunking.md (per load:
-the best static budget by goodput, then each controller). --medium (and the default, full)
-adds seeds 0-2, `trace=sharegpt` under mistral-7b-strict, and relaxed SLOs (a 0.5 s P99 TBT):
-DIR/adaptive_chunking_medium.csv and .md (mean [min-max] over seeds).
+the best static budget by goodput, then each controller). --medium adds seeds 0-2,
+`trace=sharegpt` under mistral-7b-strict, and relaxed SLOs (a 0.5 s P99 TBT):
+DIR/adaptive_chunking_medium.csv and .md (mean [min-max] over seeds). --full (the default): the
+capacity of every configuration, Mistral-7B and Yi-34B TP2, ShareGPT, arXiv and the mix, strict
+and relaxed SLOs, 3 seeds (adaptive_capacity.py): DIR/adaptive_chunking_full.csv and .md.
 """
 from __future__ import annotations
 
@@ -25,6 +27,9 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "experiments"))
 from studies import compose, mean_range as mr, seed_spread  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # joblib's workers import it by name
+import adaptive_capacity  # noqa: E402
+from adaptive_capacity import CONTROLLERS, STATIC  # noqa: E402
 
 STRICT = ["slo=chat-batch", "slo.classes.interactive.tpot=null",
           "slo.classes.interactive.request_p99_tbt=0.1"]
@@ -35,16 +40,12 @@ WORKLOADS = {"mix strict": ["trace=mix", *STRICT],
                              "slo.classes.interactive.request_p99_tbt=0.5"],
              "sharegpt strict": ["trace=sharegpt", "slo=mistral-7b-strict"],
              "sharegpt relaxed": ["trace=sharegpt", "slo=mistral-7b-relaxed"]}
-STATIC = (256, 512, 1024, 2048)
-CONTROLLERS = ("tbt_target", "slack", "slo_dp")
 ONE = dict(workloads=("mix strict",), seeds=(0,))
 SCALES = {"test": dict(requests=40, loads=(3.0,), **ONE),   # tests/test_controllers.py
           "toy": dict(requests=120, loads=(2.0, 3.0), **ONE),
           # more seeds, a second trace and relaxed SLOs: still one model and two loads
           "medium": dict(requests=300, loads=(2.0, 3.0), seeds=(0, 1, 2),
-                         workloads=tuple(WORKLOADS)),
-          "full": dict(requests=1000, loads=(1.0, 2.0, 3.0, 4.0), seeds=(0, 1, 2),
-                       workloads=tuple(WORKLOADS))}
+                         workloads=tuple(WORKLOADS))}
 
 
 METRICS = ["goodput_rps", "attainment", "p99_tbt_s", "p99_ttft_s", "relegated"]
@@ -88,7 +89,7 @@ def study(out: Path, scale: str = "toy", log=print) -> pd.DataFrame:
                         rows.append(row)
     df = pd.DataFrame(rows)
     out.mkdir(parents=True, exist_ok=True)
-    if name in ("medium", "full"):   # seeds and workloads: their own files, the toy's kept
+    if name == "medium":   # seeds and workloads: their own files, the toy's kept
         df.to_csv(out / f"adaptive_chunking_{name}.csv", index=False)
         (out / f"adaptive_chunking_{name}.md").write_text(seed_table(df))
         return df
@@ -138,10 +139,37 @@ if __name__ == "__main__":
     ap.add_argument("--toy", action="store_true", help="120 requests at 2 and 3 req/s")
     ap.add_argument("--medium", action="store_true", help="300 requests at 2 and 3 req/s, "
                     "3 seeds, trace=mix and sharegpt, strict and relaxed SLOs")
+    ap.add_argument("--full", action="store_true", help="(the default) capacity searches: "
+                    "Mistral-7B and Yi-34B TP2 x sharegpt, arxiv, mix x strict, relaxed x 3 "
+                    "seeds (adaptive_capacity.py)")
+    # 300 requests per probe: the grid (252 searches) in ~40 min on 2 shared cores (README)
+    full = {"jobs": 2, "requests": 300, "seeds": [0, 1, 2], "work": None, "fresh": False}
+    ap.add_argument("--jobs", type=int, help="--full: parallel processes (2)")
+    ap.add_argument("--requests", type=int, help="--full: requests per probe (300)")
+    ap.add_argument("--seeds", type=int, nargs="+", help="--full: seeds (0 1 2)")
+    ap.add_argument("--work", help="--full: a file per finished cell, which a rerun skips "
+                    "(default outputs/adaptive_chunking_full_nREQUESTS)")
+    ap.add_argument("--fresh", action="store_true", default=None, help="--full: redo every "
+                    "cell (the work directory emptied first; a cell file holds the figures of "
+                    "the code that wrote it)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    if sum((a.toy, a.medium, a.full)) > 1:
+        ap.error("choose one of --toy, --medium, --full")
+    given = [f"--{k}" for k in full if getattr(a, k) is not None]
+    if (a.toy or a.medium) and given:
+        ap.error(f"{', '.join(given)}: read by --full only, not by --toy or --medium")
+    for k, v in full.items():
+        setattr(a, k, v if getattr(a, k) is None else getattr(a, k))
+    if a.jobs < 1 or a.requests < 2 or min(a.seeds) < 0:
+        ap.error("--jobs must be >= 1, --requests >= 2 and seeds >= 0")
     out = Path(a.out or ROOT / "results" / "adaptive_chunking")
-    scale = "toy" if a.toy else "medium" if a.medium else "full"
+    if not (a.toy or a.medium):
+        work = Path(a.work or ROOT / "outputs" / f"adaptive_chunking_full_n{a.requests}")
+        adaptive_capacity.study(out, work, a.jobs, a.requests, tuple(a.seeds), fresh=a.fresh)
+        print((out / "adaptive_chunking_full.md").read_text())
+        sys.exit(0)
+    scale = "toy" if a.toy else "medium"
     study(out, scale)
     print((out / ("adaptive_chunking.md" if scale == "toy" else
                   f"adaptive_chunking_{scale}.md")).read_text())

@@ -15,7 +15,8 @@
    value, its error against the mean, inside or not), fidelity.md (the verdict tables, the bias
    and spread over figures, the residuals and host time), residuals.csv / residuals_mean.csv
    (measured - predicted per iteration, on the very batch each real iteration ran, by batch
-   composition), host_time.csv (the iterations' host_s by batch size), fidelity.json, cdfs.png,
+   composition), decode_streams.csv (single-request decodes by their place in a run of them),
+   host_time.csv (the iterations' host_s by batch size), fidelity.json, cdfs.png,
    profile.parquet, profile_mean.parquet and profile_check.csv.
 
 Noise control: one torch thread (OMP_NUM_THREADS=1 set before torch loads; a 2-core machine shared
@@ -280,8 +281,9 @@ def residuals(run_dirs, shapes, cost_model) -> pd.DataFrame:
         it = pd.read_parquet(Path(d) / "iterations.parquet")
         if len(it) != len(sh):
             raise ValueError(f"{d}: {len(it)} iterations but {len(sh)} recorded batches")
+        comp = [composition(x) for x in sh]
         frames.append(pd.DataFrame({
-            "run": str(d), "composition": [composition(x) for x in sh],
+            "run": str(d), "composition": comp, "stream_pos": stream_positions(comp),
             "requests": it["num_requests"].to_numpy(), "measured_s": it["duration"].to_numpy(),
             "host_s": it["host_s"].to_numpy(),
             "predicted_s": [cost_model.iteration_time(*x) for x in sh],
@@ -290,6 +292,36 @@ def residuals(run_dirs, shapes, cost_model) -> pd.DataFrame:
             "decodes": [len(x[1]) for x in sh],
             "decode_context": [float(np.mean(x[1])) if x[1] else 0.0 for x in sh]}))
     return pd.concat(frames, ignore_index=True)
+
+
+def stream_positions(comps) -> list[int]:
+    """Per iteration of a run (its compositions in order): its place in a run of consecutive
+    single-request decodes (1: the first after a step of another kind), 0 for other steps."""
+    out, n = [], 0
+    for c in comps:
+        n = n + 1 if c == "decode b=1" else 0
+        out.append(n)
+    return out
+
+
+# places in a run of single-request decodes the residuals are grouped by
+STREAM_BINS = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, 10 ** 9))
+
+
+def stream_table(res: pd.DataFrame) -> pd.DataFrame:
+    """Single-request decodes by their place in a run of them: iterations, measured / predicted
+    median and ratio of sums, the measured median (ms). A decode gets faster over the first steps
+    of such a run on a CPU (experiments/fidelity/decode_warmth.py); a profile that times its
+    decodes in another state misses them by where they fall."""
+    rows = []
+    for lo, hi in STREAM_BINS:
+        g = res[(res["stream_pos"] >= lo) & (res["stream_pos"] <= hi)]
+        if len(g):
+            rows.append({"place": _bin(lo, hi), "iterations": len(g),
+                         "ratio_p50": (g["measured_s"] / g["predicted_s"]).median(),
+                         "ratio_of_sums": g["measured_s"].sum() / g["predicted_s"].sum(),
+                         "measured_ms_p50": g["measured_s"].median() * 1e3})
+    return pd.DataFrame(rows)
 
 
 def residual_table(res: pd.DataFrame) -> pd.DataFrame:
@@ -377,7 +409,8 @@ def busy_share(run_dir) -> float:
 
 def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int = 5,
           log=print, scale_name: str | None = None, qps: float | None = None,
-          policies: list[str] | None = None, num_requests: int | None = None) -> pd.DataFrame:
+          policies: list[str] | None = None, num_requests: int | None = None,
+          warm: int | None = None) -> pd.DataFrame:
     import torch
     from sarathi_lab import runner
     torch.set_num_threads(1)
@@ -417,7 +450,8 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
         parts.append(profiler.profile(
             [*scale["model"], "executor.device=cpu", "executor.dtype=float32", CLOCK],
             part_dir / "profile.parquet", scale["grid"], scale["profile_repeats"], 1, threads=1,
-            progress=not toy, also={"mean": mean_parts[-1]}))
+            progress=not toy, also={"mean": mean_parts[-1]},
+            **({} if warm is None else {"warm": warm})))
         t_profile += time.perf_counter() - t
 
     load = {"before_runs": os.getloadavg()[0]}
@@ -470,6 +504,8 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
                      for p in chosen], ignore_index=True)
     res_t = residual_table(res)
     res_t.to_csv(out / "residuals.csv", index=False)
+    stream_t = stream_table(res)
+    stream_t.to_csv(out / "decode_streams.csv", index=False)
     res.to_parquet(out / "runs" / "residuals.parquet")   # every iteration, for a closer look
     res_mean_t = None
     if parts is not None:
@@ -554,6 +590,10 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
         + ("" if res_mean_t is None else "\nThe same against the profile of means:\n\n"
            + table_markdown(res_mean_t, {"time_share": pct, **{
                c: f2 for c in res_mean_t.columns if c.startswith(("resid", "ratio"))}}))
+        + "\nSingle-request decodes by their place in a run of them (1: the first after a "
+        "step of another kind), against the profile of medians:\n\n"
+        + table_markdown(stream_t, {"ratio_p50": ".3f", "ratio_of_sums": ".3f",
+                                    "measured_ms_p50": ".2f"})
         + "\nBy policy (every iteration), and the host time outside the steps (`host_s`: "
         "schedule, update, bookkeeping; recorded, not counted, on the CPU clock) as a share "
         "of the step time:\n\n" + table_markdown(by_policy, {"ratio_p50": ".3f",
@@ -580,7 +620,14 @@ def main(argv=None) -> None:
     p.add_argument("--policies", help=f"comma-separated subset of {','.join(POLICIES)}")
     p.add_argument("--requests", type=int, help="requests in the trace (default: the scale's, "
                    f"{SCALES['full']['num_requests']} for the full study)")
+    p.add_argument("--warm-steps", type=int, help="the profiler's decode steps before each timed "
+                   "decode batch (default: sarathi-lab-profile's; 0: the profiles before it)")
     a = p.parse_args(argv)
+    if a.warm_steps is not None and a.warm_steps < 0:
+        sys.exit(f"--warm-steps={a.warm_steps}: must be >= 0")
+    if a.warm_steps is not None and a.profile:
+        sys.exit("--warm-steps: read only when the study measures its profile (not with "
+                 "--profile)")
     if a.repeats < 2:
         sys.exit(f"--repeats={a.repeats}: must be >= 2 (the interval of the real runs' mean)")
     if a.qps is not None and not a.qps > 0:
@@ -589,7 +636,8 @@ def main(argv=None) -> None:
         sys.exit(f"--requests={a.requests}: must be >= 1")
     out = Path(a.out) if a.out else ROOT / "results" / "fidelity" / ("toy" if a.toy else "")
     study(out, a.toy, a.profile, a.repeats, qps=a.qps,
-          policies=a.policies.split(",") if a.policies else None, num_requests=a.requests)
+          policies=a.policies.split(",") if a.policies else None, num_requests=a.requests,
+          warm=a.warm_steps)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ A100 (simulator): where speculative decoding helps, where its verification token
 prefill chunks, and whether SLO-aware choice of k (`scheduler.controller=slo_dp`) recovers the
 loss (issue 25, item 4).
 
-    python experiments/speculation/run.py [--scale test|full] [--out DIR]
+    python experiments/speculation/run.py [--scale test|full] [--out DIR] [--only slo_dp]
                                           (DIR default: results/speculation)
 
 Sarathi-Serve (`scheduler=sarathi`) at token budgets 256/512/1024, ShareGPT-4, Poisson arrivals
@@ -11,11 +11,13 @@ at 1.0/2.5/3.5 req/s, SLO mistral-7b-strict (a request's own P99 TBT <= 100 ms).
 ratio of 0.05 of the target's decode step (a cheap head, EAGLE/Medusa-like) at acceptance
 0.5/0.7/0.9 and k = 1/2/4, and a Llama-3.2-1B draft preset (priced by the roofline) at 0.7;
 k = 0 (no speculation) as the baseline; `slo_dp` choosing the chunk and k <= 4 each iteration
-(told the true acceptance rate). Seeds vary the arrivals and the acceptance draws. Then the
+(its prior, scheduler.assumed_acceptance, the true acceptance rate; learnt online from there). Seeds vary the arrivals and the acceptance draws. Then the
 capacity (mode=capacity, Sarathi-Serve's strict criterion) of a few cells at budget 512.
 
 Writes DIR/runs.csv (every run and seed), DIR/cells.csv (mean/std/min/max over seeds),
-DIR/capacity.csv, DIR/speculation.md (the tables) and DIR/speculation.png.
+DIR/capacity.csv, DIR/speculation.md (the tables) and DIR/speculation.png. `--only slo_dp`
+reruns slo_dp's runs and capacity searches alone and puts them in place of its rows in DIR's
+runs.csv and capacity.csv (the other rows kept: a change to slo_dp changes no other run).
 """
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ def configs(scale: dict):
     yield "none", None, "k=0", []
     drafts = [("ratio", [f"executor.draft_cost_ratio={RATIO}"], scale["rates"])]
     if scale["preset"]:
-        drafts.append(("llama-3.2-1b", [f"executor.draft_model={PRESET}"], (0.7,)))
+        drafts.append(("llama-3.2-1b", [f"executor.draft={PRESET}"], (0.7,)))
     for draft, dov, rates in drafts:
         for p in rates:
             spec = [*dov, f"executor.acceptance_rate={p}"]
@@ -64,7 +66,7 @@ def configs(scale: dict):
                     yield draft, p, f"k={k}", [*spec, f"scheduler.num_speculative_tokens={k}"]
             yield draft, p, "slo_dp", [*spec, f"scheduler.num_speculative_tokens={K_MAX}",
                                        "scheduler.controller=slo_dp",
-                                       f"scheduler.acceptance_rate={p}"]
+                                       f"scheduler.assumed_acceptance={p}"]
 
 
 def one(overrides: list[str], run_dir: Path) -> dict:
@@ -96,7 +98,8 @@ def capacity(overrides: list[str], out_dir: Path) -> dict:
     return {"capacity_qps": r["capacity_qps"], "fails_at_qps": r.get("fails_at_qps")}
 
 
-def study(out: Path, scale_name: str = "full", log=print) -> pd.DataFrame:
+def study(out: Path, scale_name: str = "full", log=print, only: str | None = None
+          ) -> pd.DataFrame:
     scale = SCALES[scale_name]
     rows, caps = [], []
     t0 = time.time()
@@ -106,6 +109,8 @@ def study(out: Path, scale_name: str = "full", log=print) -> pd.DataFrame:
             for qps in scale["loads"]:
                 for b in scale["budgets"]:
                     for draft, p, label, ov in configs(scale):
+                        if only is not None and label != only:
+                            continue
                         ov = [*ov, f"scheduler.token_budget={b}", f"trace.qps={qps}",
                               f"trace.num_requests={scale['requests']}", f"seed={seed}",
                               *([f"executor.acceptance_seed={seed}"] if p is not None else [])]
@@ -116,9 +121,11 @@ def study(out: Path, scale_name: str = "full", log=print) -> pd.DataFrame:
                                                  "ttft_p99", "tpot_p50", "attainment")})
                         rows.append(row)
         for p, k in scale["capacity"]:
+            if only is not None and k != only:
+                continue
             ov = [f"executor.draft_cost_ratio={RATIO}", f"executor.acceptance_rate={p}",
                   f"scheduler.num_speculative_tokens={K_MAX if k == 'slo_dp' else k}",
-                  *(["scheduler.controller=slo_dp", f"scheduler.acceptance_rate={p}"]
+                  *(["scheduler.controller=slo_dp", f"scheduler.assumed_acceptance={p}"]
                     if k == "slo_dp" else [])] if k else []
             n += 1
             cap = {"p": p if k else None, "config": k if k == "slo_dp" else f"k={k}",
@@ -127,6 +134,11 @@ def study(out: Path, scale_name: str = "full", log=print) -> pd.DataFrame:
             log(cap)
             caps.append(cap)
     runs = pd.DataFrame(rows)
+    if only is not None:   # in place of `only`'s rows of the last full run
+        runs = in_place(pd.read_csv(out / "runs.csv"), runs, ["seed", *KEYS])
+        if caps or (out / "capacity.csv").exists():   # the test scale searches none
+            caps = in_place(pd.read_csv(out / "capacity.csv"), pd.DataFrame(caps),
+                            ["p", "config"]).to_dict("records")
     out.mkdir(parents=True, exist_ok=True)
     runs.to_csv(out / "runs.csv", index=False)
     cells = seed_spread(runs, KEYS, METRICS)
@@ -134,10 +146,23 @@ def study(out: Path, scale_name: str = "full", log=print) -> pd.DataFrame:
     if caps:
         pd.DataFrame(caps).to_csv(out / "capacity.csv", index=False)
     (out / "speculation.md").write_text(report(cells, pd.DataFrame(caps), scale_name,
-                                               time.time() - t0))
+                                               time.time() - t0, only))
     if scale_name != "test":
         plot(cells, out / "speculation.png")
     return runs
+
+
+def in_place(old: pd.DataFrame, new: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """`old` with each row whose `keys` match a row of `new` replaced by it, in old's order;
+    a `new` row that matches none is an error (the rerun's grid must be the old one's)."""
+    def key(r):
+        return tuple(None if pd.isna(r[k]) else r[k] for k in keys)
+    fresh = {key(r): r for _, r in new.iterrows()}
+    rows = [fresh.pop(key(r), r) for _, r in old.iterrows()]
+    if fresh:
+        raise ValueError(f"rerun rows not in the previous results: {list(fresh)[:3]}; rerun "
+                         "the whole study")
+    return pd.DataFrame(rows).reset_index(drop=True)
 
 
 def _backlog(r) -> str:
@@ -145,9 +170,12 @@ def _backlog(r) -> str:
     return "" if pd.isna(r["prefill_tok_backlog_mean"]) else mr(r, "prefill_tok_backlog", 1, 0)
 
 
-def report(cells: pd.DataFrame, caps: pd.DataFrame, scale: str, wall: float) -> str:
+def report(cells: pd.DataFrame, caps: pd.DataFrame, scale: str, wall: float,
+           only: str | None = None) -> str:
     """Per budget, per load: every configuration's means over seeds [min-max]."""
-    lines = [f"Scale `{scale}`; {int(cells['ttft_p50_seeds'].max())} seed(s); wall time "
+    rerun = f" of the rerun of {only}'s rows alone (the others from the run before)" if only \
+        else ""
+    lines = [f"Scale `{scale}`; {int(cells['ttft_p50_seeds'].max())} seed(s); wall time{rerun} "
              f"{wall:.0f} s on a shared 2-core machine (load average {os.getloadavg()[0]:.1f} at "
              "the end).", ""]
     head = ("| load | draft | p | config | TPOT p50 (ms) | E2E p50 (s) | TTFT p50 (s) | "
@@ -213,6 +241,7 @@ def commit() -> str:
 
 
 if __name__ == "__main__":
-    out = scaled_main(__doc__, "speculation", SCALES, study)
+    out = scaled_main(__doc__, "speculation", SCALES, study, lambda ap: ap.add_argument(
+        "--only", choices=["slo_dp"], default=None, help="rerun slo_dp's rows alone"))
     print(f"commit {commit()}")
     print((out / "speculation.md").read_text())

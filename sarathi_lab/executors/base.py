@@ -95,6 +95,11 @@ class Executor(abc.ABC):
         the setting, if `cfg` cannot run k drafts per decode."""
 
     @classmethod
+    def check_model(cls, cfg, model: dict) -> None:
+        """Start-up, once the model's shape is known (before any run directory): raise
+        ConfigError, naming the model and the setting, if `cfg` cannot run `model`."""
+
+    @classmethod
     def reads_model_key(cls, key: str) -> bool:
         """Whether this executor reads the model preset's `key` (an override of one it does
         not read is an error)."""
@@ -124,8 +129,10 @@ class Executor(abc.ABC):
 
     def predictor(self):
         """A predictor of iteration time for a policy's budget controller: (prefill chunks as
-        (tokens, tokens in KV) pairs, decode contexts) -> seconds, as this executor would
-        price such a batch; None: it offers none (a real executor measures time)."""
+        (tokens, tokens in KV) pairs, decode contexts, spec_len=0) -> seconds, as this executor
+        would price such a batch (spec_len = k > 0, where it speculates: each decode drafts k
+        tokens and verifies 1 + k, the draft's steps included; `controllers.base.Predictor`);
+        None: it offers none (a real executor measures time)."""
         return None
 
     def cost_model_record(self) -> dict | None:

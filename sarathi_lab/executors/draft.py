@@ -25,29 +25,10 @@ catches up from where the draft's KV is still right (`valid`) to the request's l
 """
 from __future__ import annotations
 
-import re
-
 import torch
 
+from sarathi_lab.executors.speculation import draft_layers
 from sarathi_lab.settings import ConfigError
-
-_LAYERS = re.compile(r"layers:(\d+)")
-
-
-def draft_layers(spec: str) -> int | None:
-    """N of ``layers:N``; None for a model preset's name (the forms `TorchConfig.validate` checks
-    before a model is known)."""
-    if not spec.startswith("layers:"):
-        if not re.fullmatch(r"[A-Za-z0-9][\w.-]*", spec):
-            raise ConfigError(f"executor.draft={spec!r}: expected layers:N or a model preset's "
-                              "name (configs/model)")
-        return None
-    m = _LAYERS.fullmatch(spec)
-    if m is None or int(m.group(1)) < 1:
-        raise ConfigError(f"executor.draft={spec!r}: expected layers:N with N >= 1 (the target's "
-                          "first N layers as the draft)")
-    return int(m.group(1))
-
 
 def check_draft(spec: str, temperature: float) -> None:
     """`executor.draft`'s form, and greedy decoding (the drafts are verified greedily)."""

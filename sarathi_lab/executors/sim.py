@@ -23,13 +23,14 @@ the virtual engines (vLLM v0).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
+from typing import ClassVar
 
 import numpy as np
 
 from sarathi_lab.executors import speculation
 from sarathi_lab.executors.base import Executor, ExecutorConfig, StepResult
-from sarathi_lab.settings import ConfigError, parse, setting, split_node
+from sarathi_lab.settings import ConfigError, parse, refuse_renamed, setting, split_node
 
 
 @dataclass
@@ -56,12 +57,13 @@ class SimConfig(ExecutorConfig):
                                         "none (fast-forward is off with it)")
     step_jitter_seed: int = setting(0, ge=0, help="the jitter's random stream (with step_jitter)")
     # speculative decoding (scheduler.num_speculative_tokens > 0; executors/speculation.py)
-    draft_model: str | None = setting(None, help="speculation: the draft, a model preset "
-                                      "(configs/model) priced by the same cost model, hardware "
-                                      "and tensor_parallel")
+    draft: str | None = setting(None, help="speculation: the draft, layers:N (the target's "
+                                "first N layers with its LM head) or a model preset "
+                                "(configs/model), priced by the roofline on the same hardware "
+                                "and tensor_parallel (the torch executor's setting, same values)")
     draft_cost_ratio: float | None = setting(None, gt=0, help="speculation: a draft step's cost "
                                              "as a share of the target's decode step of the same "
-                                             "decodes (instead of draft_model)")
+                                             "decodes (instead of draft)")
     acceptance: str = setting("fixed", choices=("fixed", "geometric", "trace"),
                               help="speculation: fixed (acceptance_rate for every draft) | "
                                    "geometric (acceptance_rates, one per draft position) | trace "
@@ -74,6 +76,11 @@ class SimConfig(ExecutorConfig):
     acceptance_seed: int = setting(0, ge=0, help="speculation: the acceptance draws' stream")
     # the chosen cost model's typed settings, filled by SimExecutor.parse_config
     cost_model_settings: object = field(default=None, metadata={"internal": True})
+
+    #: old names, refused with the new one
+    renamed: ClassVar[dict] = {
+        "draft_model": "draft (layers:N, the target's first N layers, or a model preset; as "
+                       "the torch executor's)"}
 
 
 #: the share of a node's host memory its GPUs' swap spaces may take (vLLM's limit)
@@ -103,6 +110,7 @@ class SimExecutor(Executor):
         """The sim executor's settings and, from the same node, its cost model's."""
         from sarathi_lab.registry import cost_model_class
         values = dict(values)
+        refuse_renamed(values, SimConfig.renamed, where)
         own = {f.name for f in fields(SimConfig) if not f.metadata.get("internal")}
         name = values.get("cost_model", SimConfig.cost_model)
         try:
@@ -132,6 +140,8 @@ class SimExecutor(Executor):
             raise ConfigError(f"{where}.step_jitter with pipeline_parallel="
                               f"{cfg.pipeline_parallel}: jitter is simulated for one stage only")
         speculation.check_unread(cfg)
+        if cfg.draft is not None:
+            speculation.draft_layers(cfg.draft)   # its form; N and the preset: check_model
         cfg.cost_model_settings = parse(cm_cls.config_class, cm_values, where,
                                         f"cost model {name!r}")
         return cfg
@@ -153,15 +163,15 @@ class SimExecutor(Executor):
         # bound once: execute() runs hundreds of thousands of times per simulation
         self._step_time = self.cost_model.step_time
         draft = None
-        if cfg.draft_model is not None:
+        if cfg.draft is not None:
             from sarathi_lab.costmodels.roofline import RooflineCostModel
             # the roofline prices any model shape; a measured profile only the model measured
             if type(self.cost_model) is not RooflineCostModel:
-                raise ConfigError(f"executor.draft_model={cfg.draft_model}: the cost model "
+                raise ConfigError(f"executor.draft={cfg.draft}: the cost model "
                                   f"({type(self.cost_model).__name__}) prices only the model "
                                   "it was made for; use executor.draft_cost_ratio")
-            draft = RooflineCostModel(model_preset(cfg.draft_model), hardware,
-                                      cfg.tensor_parallel, cfg.cost_model_settings)
+            shape, cm_cfg = draft_shape(cfg, model)
+            draft = RooflineCostModel(shape, hardware, cfg.tensor_parallel, cm_cfg)
         self._spec = speculation.Speculation(cfg, self.cost_model, draft)
         from sarathi_lab.costmodels.roofline import HardwareSpec
         hw = HardwareSpec.from_config(hardware)
@@ -182,6 +192,20 @@ class SimExecutor(Executor):
             self.supports_fast_forward = False
 
     @classmethod
+    def check_model(cls, cfg: SimConfig, model: dict) -> None:
+        from sarathi_lab.costmodels.roofline.moe import check_layout
+        from sarathi_lab.models.shape import ModelShape
+        q = cfg.cost_model_settings
+        if hasattr(q, "expert_parallel"):   # the roofline's (auto's too): a MoE layout
+            try:
+                check_layout(ModelShape.from_config(model), int(q.expert_parallel or 1),
+                             q.moe_imbalance)
+            except ValueError as e:
+                raise ConfigError(f"executor.{e}") from None
+        if cfg.draft is not None:
+            draft_shape(cfg, model)   # N within the model's layers, the preset exists
+
+    @classmethod
     def check_speculation_settings(cls, cfg: SimConfig, k: int) -> None:
         speculation.check_settings(cfg, k)
 
@@ -191,8 +215,9 @@ class SimExecutor(Executor):
         return df
 
     def predictor(self):
-        # the cost model's own price (without step_jitter: the controller plans on the median)
-        return self.cost_model.iteration_time
+        # the cost model's own price (without step_jitter: the controller plans on the median);
+        # with spec_len > 0, the draft's steps and the verification as `execute` prices them
+        return self._spec.predict
 
     def cost_model_record(self) -> dict:
         """Which cost model priced the run, and from what (the summary's ``cost_model``)."""
@@ -349,7 +374,32 @@ class SimExecutor(Executor):
         return self.cost_model.max_model_len
 
 
-def model_preset(name: str, key: str = "executor.draft_model") -> dict:
+def draft_shape(cfg: SimConfig, model: dict):
+    """(the draft's ModelShape, the roofline settings that price it) of `executor.draft`:
+    layers:N, the target's shape cut to its first N layers (embedding, final norm and LM head
+    kept: the torch executor's LayerDraft); a preset, that model. A dense draft of an
+    expert-parallel target runs on each GPU group as it is: no expert parallelism to price."""
+    from sarathi_lab.models.shape import ModelShape
+    target = ModelShape.from_config(model)
+    n = speculation.draft_layers(cfg.draft)
+    if n is None:
+        shape = ModelShape.from_config(model_preset(cfg.draft, "executor.draft"))
+    elif n > target.num_layers:
+        raise ConfigError(f"executor.draft={cfg.draft}: model {target.name!r} has "
+                          f"{target.num_layers} layers; the draft takes its first N, "
+                          f"1 <= N <= {target.num_layers}")
+    else:
+        try:
+            shape = replace(target, name=f"{target.name} (first {n} layers)", num_layers=n)
+        except ValueError as e:
+            raise ConfigError(f"executor.draft={cfg.draft}: {e}") from None
+    cm_cfg = cfg.cost_model_settings
+    if cm_cfg is not None and not shape.is_moe and getattr(cm_cfg, "expert_parallel", None):
+        cm_cfg = replace(cm_cfg, expert_parallel=None, moe_imbalance=None)
+    return shape, cm_cfg
+
+
+def model_preset(name: str, key: str = "executor.draft") -> dict:
     """A shipped model preset (configs/model/<name>.yaml) as a dict: a draft model by name
     (`key`: the setting that names it, for the error)."""
     from importlib.resources import files

@@ -4,8 +4,10 @@ how many drafts the target accepts.
 A speculative entry (SchedulerOutput.spec_lens) is a decode with k draft tokens. Its iteration:
 
 - the draft model runs k decode steps over the batch's speculative decodes (step j: the ones
-  with more than j drafts, each at its context + j), priced by the cost model of a draft preset
-  (`executor.draft_model`, the same cost model class on the same hardware and tensor_parallel),
+  with more than j drafts, each at its context + j), priced by the roofline on the same
+  hardware and tensor_parallel for the draft `executor.draft` names (the torch executor's
+  setting, the same values): ``layers:N``, the target's first N layers with its final norm and
+  LM head (a self-speculative draft: the target's shape cut to N layers), or a model preset;
   or as a share of the target's decode step of the same decodes (`executor.draft_cost_ratio`).
   Simplified: the draft's first step is priced as one decode, though it also absorbs the
   token the target sampled last time (vLLM's draft runner feeds it in that step);
@@ -26,6 +28,7 @@ load see the same draft quality.
 """
 from __future__ import annotations
 
+import re
 import zlib
 
 import numpy as np
@@ -36,13 +39,32 @@ from sarathi_lab.settings import ConfigError
 _M64 = (1 << 64) - 1
 
 #: the settings read only with scheduler.num_speculative_tokens > 0
-SETTINGS = ("draft_model", "draft_cost_ratio", "acceptance", "acceptance_rate",
+SETTINGS = ("draft", "draft_cost_ratio", "acceptance", "acceptance_rate",
             "acceptance_rates", "acceptance_seed")
 #: the acceptance models and the setting each reads
 RATE_KEYS = {"fixed": "acceptance_rate", "geometric": "acceptance_rates"}
 #: acceptance=trace: the trace column of each request's rate (a CSV trace's optional column,
 #: traces/csv_formats.py)
 COLUMN = "acceptance_rate"
+
+
+_LAYERS = re.compile(r"layers:(\d+)")
+
+
+def draft_layers(spec: str) -> int | None:
+    """N of ``layers:N`` (the target's first N layers as the draft); None for a model preset's
+    name: `executor.draft`'s forms, the same on both executors (checked before a model is
+    known; N against the model's layers, and the preset's existence, when the model is)."""
+    if not spec.startswith("layers:"):
+        if not re.fullmatch(r"[A-Za-z0-9][\w.-]*", spec):
+            raise ConfigError(f"executor.draft={spec!r}: expected layers:N or a model preset's "
+                              "name (configs/model)")
+        return None
+    m = _LAYERS.fullmatch(spec)
+    if m is None or int(m.group(1)) < 1:
+        raise ConfigError(f"executor.draft={spec!r}: expected layers:N with N >= 1 (the target's "
+                          "first N layers as the draft)")
+    return int(m.group(1))
 
 
 def _mix(z: int) -> int:
@@ -66,11 +88,12 @@ def unit(key: int, position: int) -> float:
 def check_settings(cfg, k: int) -> None:
     """Start-up: the sim executor's speculation settings, complete and consistent for k drafts
     (scheduler.num_speculative_tokens = k > 0)."""
-    if (cfg.draft_model is None) == (cfg.draft_cost_ratio is None):
-        raise ConfigError(f"scheduler.num_speculative_tokens={k}: set one of executor.draft_model "
-                          "(a model preset priced as the draft) or executor.draft_cost_ratio (a "
-                          "draft step's share of the target's decode step)"
-                          + ("" if cfg.draft_model is None else ", not both"))
+    if (cfg.draft is None) == (cfg.draft_cost_ratio is None):
+        raise ConfigError(f"scheduler.num_speculative_tokens={k}: set one of executor.draft "
+                          "(layers:N, the target's first N layers, or a model preset: priced "
+                          "as the draft) or executor.draft_cost_ratio (a draft step's share of "
+                          "the target's decode step)"
+                          + ("" if cfg.draft is None else ", not both"))
     if cfg.pipeline_parallel > 1:
         raise ConfigError(f"scheduler.num_speculative_tokens={k} with executor.pipeline_parallel="
                           f"{cfg.pipeline_parallel}: speculation is simulated for one stage only")
@@ -157,6 +180,22 @@ class Speculation:
             ctx = [c + j for c, s in zip(contexts, lens) if s > j]
             total += cm.iteration_time([], ctx)
         return total if self.draft is not None else self.ratio * total
+
+    def predict(self, prefills, decode_contexts, spec_len: int = 0) -> float:
+        """A budget controller's price of a candidate batch (`controllers.base.Predictor`):
+        with spec_len = k > 0 every decode drafts k tokens and verifies 1 + k, priced as `step`
+        prices such a batch (the draft's k steps, then the verification)."""
+        if not spec_len:
+            return self.cost_model.iteration_time(prefills, decode_contexts)
+        if self.draft is None and self.ratio is None:
+            raise ValueError(f"predict(spec_len={spec_len}): this run does not speculate "
+                             "(scheduler.num_speculative_tokens=0), so it prices no draft")
+        n = len(decode_contexts)
+        verify = [(1 + spec_len, c) for c in decode_contexts]
+        # every decode samples its 1 + k positions; a prompt chunk, one token at most (counted)
+        sampled = len(prefills) + n * (1 + spec_len)
+        return (self.draft_time(list(decode_contexts), [spec_len] * n) if n else 0.0) + \
+            self.cost_model.iteration_time([*prefills, *verify], [], sampled)
 
     def step(self, out) -> tuple[float, list[int]]:
         """(seconds, accepted drafts per entry) of a batch with speculative entries: the draft

@@ -2,15 +2,19 @@
 the profiled cost model reads (``executor.cost_model=profiled executor.profile=PATH``).
 
     sarathi-lab-profile model=tiny-llama --out profile.parquet [--grid cpu|gpu|tiny]
-        [--repeats 5] [--warmup 2] [--threads N] [other executor/model overrides ...]
+        [--repeats 5] [--warmup 2] [--threads N] [--warm-steps 16] [other overrides ...]
 
 Every measured point is one real iteration through `TorchExecutor.execute` (input preparation,
 the forward pass, sampling) on a synthetic batch whose requests sit at the wanted contexts in a
-paged KV cache, timed after an unmeasured step that brings them there (`Harness._prime`). Inside
+paged KV cache, timed after an unmeasured step that brings them there (`Harness._prime`); a decode
+batch after a stream of `--warm-steps` decode steps of its own (`measure.WARM_STEPS`), as a run
+decodes, and the linear layers after as many repeats of their prompt. Inside
 it, the attention kernels (KV write + paged attention) and the LM head are timed by wrapping
 them, and the executor's own phase timers split the rest:
 
     linear(T)                 forward - attention - LM head, one prompt of T tokens at context 0
+                              after repeats of it (its first step, before them, gives
+                              prefill_attention(T, 0): a first chunk comes alone in a run)
     prefill_attention(c, k)   forward - LM head - linear(c) of one chunk of c tokens after k in
                               KV: the kernels, and what reading the KV costs the rest of the
                               forward (the cache it takes from the weights)
@@ -40,8 +44,8 @@ from sarathi_lab.profiler.files import device_name, merge, metadata, model_of, p
     versions, write
 from sarathi_lab.profiler.grids import COLUMNS, GRIDS, Grid
 from sarathi_lab.profiler.harness import Harness
-from sarathi_lab.profiler.measure import STATISTICS, measure
+from sarathi_lab.profiler.measure import STATISTICS, WARM_STEPS, measure
 
-__all__ = ["COLUMNS", "GRIDS", "Grid", "Harness", "STATISTICS", "build_executor", "check",
-           "device_name", "host_hardware", "main", "measure", "merge", "metadata", "model_of",
-           "profile", "profile_meta", "versions", "write"]
+__all__ = ["COLUMNS", "GRIDS", "Grid", "Harness", "STATISTICS", "WARM_STEPS", "build_executor",
+           "check", "device_name", "host_hardware", "main", "measure", "merge", "metadata",
+           "model_of", "profile", "profile_meta", "versions", "write"]

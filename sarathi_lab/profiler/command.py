@@ -13,7 +13,7 @@ from sarathi_lab.profiler.check import check
 from sarathi_lab.profiler.files import metadata, model_of, profile_meta, write
 from sarathi_lab.profiler.grids import GRIDS
 from sarathi_lab.profiler.harness import Harness
-from sarathi_lab.profiler.measure import STATISTICS, profile_rows, rounds
+from sarathi_lab.profiler.measure import STATISTICS, WARM_STEPS, profile_rows, rounds
 
 
 def host_hardware(name: str) -> dict:
@@ -41,9 +41,11 @@ def build_executor(overrides: list[str]):
 
 def profile(overrides: list[str], out, grid: str = "cpu", repeats: int = 5, warmup: int = 1,
             threads: int | None = None, progress: bool = True,
-            statistic: str = "median", also: dict | None = None) -> Path:
+            statistic: str = "median", also: dict | None = None,
+            warm: int = WARM_STEPS) -> Path:
     """Measure the executor of `overrides` over a named grid and write the profile to `out`;
-    `also` ({statistic: path}): further profiles of other statistics from the same rounds."""
+    `also` ({statistic: path}): further profiles of other statistics from the same rounds;
+    `warm`: the decode steps run before each decode batch is timed (`measure.WARM_STEPS`)."""
     import torch
     if grid not in GRIDS:
         raise ValueError(f"--grid {grid!r}: one of {', '.join(GRIDS)}")
@@ -58,12 +60,12 @@ def profile(overrides: list[str], out, grid: str = "cpu", repeats: int = 5, warm
     for stat in (statistic, *(also or {})):
         if stat not in STATISTICS:
             raise ValueError(f"statistic={stat!r}: one of {', '.join(STATISTICS)}")
-    measured = rounds(harness, GRIDS[grid], repeats, warmup, progress)
+    measured = rounds(harness, GRIDS[grid], repeats, warmup, progress, warm)
     for stat, path in (also or {}).items():
         write(profile_rows(*measured, stat), metadata(executor, model, grid, repeats, warmup,
-                                                      stat), path)
+                                                      stat, warm), path)
     return write(profile_rows(*measured, statistic),
-                 metadata(executor, model, grid, repeats, warmup, statistic), out)
+                 metadata(executor, model, grid, repeats, warmup, statistic, warm), out)
 
 
 def main(argv=None) -> None:
@@ -81,6 +83,11 @@ def main(argv=None) -> None:
     p.add_argument("--statistic", default="median", choices=STATISTICS,
                    help="of the rounds: median (a typical iteration), min (noise removed) or "
                         "mean (what sums of iterations, such as latencies, expect)")
+    p.add_argument("--warm-steps", type=int, default=WARM_STEPS,
+                   help="decode steps of the same requests run, unmeasured, before each decode "
+                        "batch is timed (and repeats of each linear point's prompt), as in a "
+                        "run's steady stream of decodes; 0: one step that brings the requests "
+                        "to their contexts, the profiles before this setting")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
     from sarathi_lab.costmodels.profiles import ProfileError
@@ -88,7 +95,7 @@ def main(argv=None) -> None:
     try:
         t0 = time.perf_counter()
         path = profile(a.overrides, a.out, a.grid, a.repeats, a.warmup, a.threads,
-                       not a.no_progress, a.statistic)
+                       not a.no_progress, a.statistic, warm=a.warm_steps)
         meta = profile_meta(path)
         res = check(path, model_of(meta), host_hardware(meta["device"]))
     except (ConfigError, ProfileError, ValueError, FileNotFoundError) as e:

@@ -42,8 +42,12 @@ def device_name(device) -> str:
 
 
 def metadata(executor, model_cfg: dict, grid_name: str, repeats: int, warmup: int,
-             statistic: str = "median") -> dict:
+             statistic: str = "median", warm: int | None = None) -> dict:
+    """What a profile records of how it was measured; `warm`: the steps a decode batch's stream
+    ran before it was timed (`measure.WARM_STEPS` if None)."""
     import torch
+    from sarathi_lab.profiler.measure import WARM_STEPS
+    warm = WARM_STEPS if warm is None else warm
     a = executor.args
     return {
         "model": str(model_cfg.get("name") or a.name), "dtype": str(executor.dtype)
@@ -54,7 +58,8 @@ def metadata(executor, model_cfg: dict, grid_name: str, repeats: int, warmup: in
         "head_dim": str(a.head_dim), "vocab_size": str(a.vocab_size),
         "max_model_len": str(a.max_model_len),
         "attention_backend": executor.backend, "grid": grid_name, "repeats": str(repeats),
-        "warmup": str(warmup), "statistic": statistic, "clock": executor.cfg.clock,
+        "warmup": str(warmup), "statistic": statistic, "warm_steps": str(warm),
+        "clock": executor.cfg.clock,
         "processor": platform.processor() or platform.machine(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "versions": json.dumps(versions()),

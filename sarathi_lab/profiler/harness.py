@@ -31,18 +31,21 @@ class _Blocks:
         return self.tables[req.request_id]
 
 
-def _batch(entries, vocab: int, rng):
+def _batch(entries, vocab: int, rng, lead: int = 0):
     """Requests and a scheduled batch for entries (new tokens n, context k): a decode after k
     tokens if n == 1 and k > 0, else the last chunk of a prompt of k + n tokens. Every entry
-    samples."""
+    samples. With `lead`, each decode is its request's (lead + 1)-th output token: a prompt of
+    k - lead tokens (its context the prompt and the outputs before it), so that `lead` decode
+    steps can run before it (`Harness._stream`)."""
     from sarathi_lab.request import Request
     from sarathi_lab.schedulers.output import SchedulerOutput
     out = SchedulerOutput()
     for i, (n, k) in enumerate(entries):
         if n == 1 and k > 0:
-            r = Request(i, 0.0, k, prompt_token_ids=rng.integers(0, vocab, k).tolist())
-            r.output_token_ids.append(int(rng.integers(0, vocab)))
-            r.num_output_tokens = 1
+            p = k - lead
+            r = Request(i, 0.0, p, prompt_token_ids=rng.integers(0, vocab, p).tolist())
+            r.output_token_ids.extend(rng.integers(0, vocab, lead + 1).tolist())
+            r.num_output_tokens = lead + 1
         else:
             r = Request(i, 0.0, k + n, prompt_token_ids=rng.integers(0, vocab, k + n).tolist())
         r.num_computed_tokens = k
@@ -115,15 +118,32 @@ class Harness:
         n = min(need, max_blocks) if max_blocks else need
         self.ex.bind(_Blocks(n, block_size, self.ex.max_model_len()))
 
-    def run(self, entries) -> dict:
+    def run(self, entries, warm: int = 0) -> dict:
         """One iteration of `entries`: seconds of the whole step and of each part. An unmeasured
         step first brings every sequence to its context (`_prime`), as its earlier steps would
-        have in a real run."""
-        out = _batch(entries, self.ex.args.vocab_size, self.rng)
+        have in a real run. `warm` > 0, for a batch of decodes only or of prompts at context 0
+        only: `warm` unmeasured steps of the batch's own shape run back to back before it
+        (`_stream`), the state a run's steady stream of decode steps is in."""
+        lead = 0
+        decodes = all(n == 1 and k > 0 for n, k in entries)
+        if warm:
+            if not (decodes or all(k == 0 for _, k in entries)):
+                raise ValueError(f"warm={warm}: for a batch of decodes only or of prompts at "
+                                 f"context 0 only, not {entries}")
+            if decodes:   # the stream's first step needs a prompt token before it
+                lead = min(warm, min(k for _, k in entries) - 1)
+        out = _batch(entries, self.ex.args.vocab_size, self.rng, lead)
         self.ex.kv.assign(out.reqs)
         for r in out.reqs:
             self.ex.add_request(r, None)
-        self._prime(out, entries)
+        if lead:
+            self._stream(out, entries, lead)
+        else:
+            self._prime(out, entries)
+            if not decodes:   # prompts at context 0: the same prompts again
+                for _ in range(warm):
+                    self.ex.execute(out)
+        self.attn.take(), self.head.take()
         tm = self.ex.timers
         before = dict(tm)
         step = self.ex.execute(out)
@@ -133,6 +153,19 @@ class Harness:
         parts["overhead"] = parts["prepare"] + parts["sample"]
         return parts
 
+    def _stream(self, out, entries, lead: int) -> None:
+        """Run, unmeasured, the `lead` decode steps of `out`'s requests before it (contexts
+        k - lead .. k - 1, each step sampling), as a run decodes them: the first brings each
+        sequence's KV copy to its context (`_prime`), the others each add one token."""
+        from sarathi_lab.schedulers.output import SchedulerOutput
+        for j in range(lead):
+            step = SchedulerOutput()
+            for r, (_, k) in zip(out.reqs, entries):
+                r.num_computed_tokens, r.num_output_tokens = k - lead + j, j + 1
+                step.add(r, 1)
+            self.ex.execute(step)
+        for r, (_, k) in zip(out.reqs, entries):
+            r.num_computed_tokens, r.num_output_tokens = k, lead + 1
 
     def _prime(self, out, entries) -> None:
         """Run, unmeasured, the step before `out` on the same requests and block tables: each
@@ -151,6 +184,5 @@ class Harness:
                 prime.add(r, 1 if n == 1 else k)
         if len(prime):
             self.ex.execute(prime)
-            self.attn.take(), self.head.take()
             for r, (_, k) in zip(out.reqs, entries):
                 r.num_computed_tokens = k

@@ -35,21 +35,56 @@ def _row(op, samples, stat, **cols) -> dict:
 STATISTICS = {"median": np.median, "min": np.min, "mean": np.mean}
 
 
+# Unmeasured steps of a point's own shape run back to back before its steady measurement
+# (`Harness.run`'s `warm`). A run decodes step after step, and on a CPU a decode step gets faster
+# over the first steps of such a stream (the weights it streams stay in the caches): on
+# experiments/fidelity's model, one decode at context ~250 took 4.63, 3.88, 3.60, 3.37, 3.19 ms
+# in the first steps after its prompt and ~2.97 ms from the 10th on, at a load of ~2; the gain
+# shrinks as other jobs share the caches (steady / second step 0.74 on a quiet machine, 0.86 at
+# a load of 5, 0.94 at 7-9: experiments/fidelity/decode_warmth.py). Timed after one prime step, as the profile did, a
+# decode point was the second step of its shape, and a real run's single-request decodes took
+# 0.71-0.81 of the profile's prediction in every run of that study. 16 steps reach the steady
+# time with room.
+WARM_STEPS = 16
+
+
 def measure(harness: Harness, grid: Grid, repeats: int = 5, warmup: int = 1,
-            progress: bool = False, statistic: str = "median") -> list[dict]:
+            progress: bool = False, statistic: str = "median",
+            warm: int = WARM_STEPS) -> list[dict]:
     """Profile rows for `grid`: a warm-up pass, then `repeats` rounds over every point. Each
     row's time_s is the `statistic` of the rounds (STATISTICS)."""
     if statistic not in STATISTICS:
         raise ValueError(f"statistic={statistic!r}: one of {', '.join(STATISTICS)}")
-    return profile_rows(*rounds(harness, grid, repeats, warmup, progress), statistic)
+    return profile_rows(*rounds(harness, grid, repeats, warmup, progress, warm), statistic)
+
+
+def _point(harness: Harness, kind: str, entries, warm: int) -> dict:
+    """One measurement of a grid point, its parts' seconds. A decode batch is timed in a steady
+    stream (`warm` decode steps before it), as a run decodes. A prompt at context 0 (a linear
+    point) is timed both ways: as the first step of its shape, as a run's prefill chunks come
+    (between decodes), for the attention of a chunk at context 0; and after `warm` repeats,
+    "steady_" parts, for the linear layers, which the decode batches' attention is the rest
+    of (a linear curve of first steps would take more than a steady decode's whole forward).
+    Every linear point is timed so, not only those of a decode batch's size: a curve of one
+    state at some T and another at others would move the step's cold cost between a chunk's
+    linear layers and its attention (the rest of its forward) across T, and the attention
+    surface's monotone fit would pool the chunks on one side down to those on the other."""
+    if kind == "decode":
+        return harness.run(entries, warm=warm)
+    parts = harness.run(entries)
+    if kind == "linear" and warm:
+        parts.update({f"steady_{k}": v for k, v in harness.run(entries, warm=warm).items()})
+    return parts
 
 
 def rounds(harness: Harness, grid: Grid, repeats: int = 5, warmup: int = 1,
-           progress: bool = False) -> tuple[list, list]:
+           progress: bool = False, warm: int = WARM_STEPS) -> tuple[list, list]:
     """The grid's points and, per point, its parts' seconds in every round (arrays), for
-    `profile_rows`: one measurement gives a profile of each statistic."""
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"repeats={repeats} must be >= 1 and warmup={warmup} >= 0")
+    `profile_rows`: one measurement gives a profile of each statistic. `warm`: the steps a
+    decode batch's stream runs before it is timed (WARM_STEPS; 0: one prime step only)."""
+    if repeats < 1 or warmup < 0 or warm < 0:
+        raise ValueError(f"repeats={repeats} must be >= 1, warmup={warmup} and warm={warm} "
+                         ">= 0")
     pts = points(grid)
     longest = harness.ex.max_model_len()
     fits = [p for p in pts if all(n + k <= longest for n, k in p[2])]
@@ -64,16 +99,16 @@ def rounds(harness: Harness, grid: Grid, repeats: int = 5, warmup: int = 1,
         bar = tqdm(total=len(pts) * (warmup + repeats), unit="step", desc="profiling",
                    mininterval=0.5)
     for _ in range(warmup):
-        for _, _, entries in pts:
-            harness.run(entries)
+        for kind, _, entries in pts:
+            _point(harness, kind, entries, warm)
             bar and bar.update()
     got = [[] for _ in pts]
     for _ in range(repeats):
         # a step to take the cost of following the previous round's largest batch (freed
         # memory, cold caches), which would otherwise fall on the attention-floor points
         harness.run(pts[0][2])
-        for i, (_, _, entries) in enumerate(pts):
-            got[i].append(harness.run(entries))
+        for i, (kind, _, entries) in enumerate(pts):
+            got[i].append(_point(harness, kind, entries, warm))
             bar and bar.update()
     if bar is not None:
         bar.close()
@@ -89,7 +124,9 @@ def profile_rows(pts, parts, statistic: str = "median") -> list[dict]:
     stat = STATISTICS[statistic]
     # a fixed cost no larger than either batch's whole attention
     floor = min(max(float(stat(a + b - ab)), 0.0), float(stat(a)), float(stat(b)))
-    rows = [_row("linear", col["linear"] + floor, statistic, num_tokens=key[0])
+    # the linear layers in a steady stream where measured so (`_point`)
+    rows = [_row("linear", col.get("steady_linear", col["linear"]) + floor, statistic,
+                 num_tokens=key[0])
             for (kind, key, _), col in zip(pts[3:], parts[3:]) if kind == "linear"]
     # the linear curve the profiled cost model will read (the same monotone fit)
     from sarathi_lab.costmodels.profiles import Curve

@@ -61,6 +61,16 @@ class Sarathi(Consulting, Policy):
             return f"scheduler.controller={cfg.controller}"
         return None
 
+    @classmethod
+    def unread_settings(cls, cfg):
+        why = super().unread_settings(cfg)
+        ctl = cfg.controller_settings
+        if not cfg.num_speculative_tokens and ctl is not None:
+            for k in ctl.speculation_settings:
+                why[k] = (f"read only with scheduler.num_speculative_tokens > 0 (controller "
+                          f"{cfg.controller!r} plans with it only when the run speculates)")
+        return why
+
     def schedule(self, now):
         out, budget = SchedulerOutput(), self.iteration_budget(now)
         decodes, prefills = split_running(self.running)

@@ -128,8 +128,9 @@ class RooflineCostModel(RooflineMemory, CostModel):
         # -- weights and KV per GPU
         self.linear_params = h * (self.heads + 2 * self.kv_heads) * d + self.heads * d * h \
             + 3 * h * inter                                    # per layer
-        # the MLP read per token (ew_bytes): a dense model's, or a MoE layer's share below
-        mlp_width = 3 * inter
+        # the MLP read per token (ew_bytes), and the down projection's input per token (what
+        # W8A8 quantizes): a dense model's, or a MoE layer's share below
+        mlp_width, down_in = 3 * inter, inter
         self.moe = None
         if m.is_moe:
             # per layer, averaged over the layers: the attention, the dense MLPs of the first
@@ -149,6 +150,8 @@ class RooflineCostModel(RooflineMemory, CostModel):
             e_width = m.num_experts_per_tok * m.moe_intermediate_size / tp
             mlp_width = (dense * 3 * inter + m.moe_layers * (3 * (e_width + shared)
                          + 4 * h * m.num_experts_per_tok)) / L
+            # each of a token's k experts (and the shared one) has a down projection of its own
+            down_in = (dense * inter + m.moe_layers * (e_width + shared)) / L
         #: routed experts' weights on one GPU, all layers (0: dense)
         self.expert_params = self.moe.params if self.moe else 0
         vocab_params = m.vocab_size * h / tp                   # vocab-parallel embedding, LM head
@@ -175,7 +178,7 @@ class RooflineCostModel(RooflineMemory, CostModel):
             # model.dtype, write 8 bits), as vLLM's dynamic fp8 (a per-tensor scale per forward)
             # and int8 quantization do unless fused into the norm before it (ASSUMPTION: not
             # fused); the output's dequantization is in the GEMM's epilogue
-            ew_bytes += (b + b_w) * (2 * h + self.heads * d + inter)
+            ew_bytes += (b + b_w) * (2 * h + self.heads * d + down_in)
         self.ew_per_token = L * ew_bytes / bw
         # attention: 4 d FLOPs per query-key pair and head (QK^T and PV); the pairs against
         # cached context and those within a prefill chunk at their own efficiencies (attention.py)

@@ -57,11 +57,12 @@ def check_layout(model, expert_parallel: int, imbalance: float | None) -> None:
     divide the experts, is refused; an imbalance is read only with more than one group."""
     ep = expert_parallel
     if ep > 1 and not model.is_moe:
-        raise ValueError(f"{model.name}: expert_parallel={ep} needs a mixture-of-experts model "
-                         f"(num_experts=0: a dense model has no experts to split)")
+        raise ValueError(f"expert_parallel={ep}: model {model.name!r} is dense (num_experts=0: "
+                         "no experts to split); expert parallelism needs a mixture-of-experts "
+                         "model")
     if model.is_moe and model.num_experts % ep:
-        raise ValueError(f"{model.name}: expert_parallel={ep} must divide num_experts="
-                         f"{model.num_experts}")
+        raise ValueError(f"expert_parallel={ep}: must divide model {model.name!r}'s "
+                         f"num_experts={model.num_experts}")
     if imbalance is not None:
         if ep == 1:
             raise ValueError(f"moe_imbalance={imbalance}: read only with expert_parallel > 1 "

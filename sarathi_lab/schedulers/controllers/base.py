@@ -10,7 +10,9 @@ iteration, before it builds the batch: ``controller.decide(view, predict)`` with
   the budget and the speculation length allowed), and
 - `predict`, a `Predictor`: the seconds an iteration of a candidate batch takes, priced by the
   run's cost model (the simulator's; `Executor.predictor`). A policy never imports a cost
-  model: the run layer hands this callable in (`Policy.bind_predictor`).
+  model: the run layer hands this callable in (`Policy.bind_predictor`). With
+  ``spec_len=k`` > 0 (only in a run that speculates) every decode drafts k tokens and verifies
+  1 + k, and the price is the whole iteration's: the draft's k steps and the verification.
 
 It returns a `Decision`: the token budget of this iteration (1 ..  ``scheduler.token_budget``,
 which caps every controller), optionally a speculation length (0 .. the run's
@@ -27,17 +29,26 @@ whose waiting order it can change accepts it: ``scheduler=sarathi``).
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
-#: (prefill chunks as (tokens, tokens already in KV) pairs, decode contexts) -> seconds
-Predictor = Callable[[Sequence[tuple[int, int]], Sequence[int]], float]
+#: (prefill chunks as (tokens, tokens already in KV) pairs, decode contexts, spec_len=0) ->
+#: seconds; spec_len=k > 0: each decode drafts k tokens (the draft's steps priced) and verifies
+#: 1 + k (a speculating run's predictor only; a controller passes it only when k > 0)
+Predictor = Callable[..., float]
 
 
 @dataclass
 class ControllerConfig:
     """Settings every controller reads (none)."""
+
+    #: its settings read only when the run speculates (scheduler.num_speculative_tokens > 0;
+    #: one set without is an error, as any unread setting)
+    speculation_settings: ClassVar[tuple[str, ...]] = ()
+    #: old names of its settings -> the new name (with what it is): an old one set is an error
+    #: naming the new one
+    renamed: ClassVar[dict[str, str]] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +83,11 @@ class View:
     waiting: tuple[PromptView, ...]    # in the queue's order
     max_budget: int                    # scheduler.token_budget: the cap on any decision
     max_spec_len: int                  # scheduler.num_speculative_tokens (0: no speculation)
+    # the target's verdicts on drafts so far this run (this engine's): drafts accepted, and
+    # drafts judged (the accepted ones and, per step that rejected one, the first rejected;
+    # the later ones were never judged). accepted / judged estimates a per-token acceptance
+    drafts_accepted: int = 0
+    drafts_judged: int = 0
 
     def chunks(self, prefill_tokens: int, prompts=None) -> list[tuple[int, int]]:
         """The prefill chunks (tokens, context) the policy would build from `prefill_tokens`:

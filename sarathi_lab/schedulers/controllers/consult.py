@@ -12,7 +12,7 @@ from sarathi_lab.schedulers.controllers.base import (BudgetController, DecodeVie
 from sarathi_lab.schedulers.controllers.static import Static
 from sarathi_lab.schedulers.mechanics.progress import split_running
 from sarathi_lab.schedulers.queues import RequestQueue
-from sarathi_lab.settings import ConfigError, parse, split_node
+from sarathi_lab.settings import ConfigError, parse, refuse_renamed, split_node
 
 RELEGATED = "relegated_at"   # Request.extra key: when a controller relegated it
 
@@ -30,6 +30,7 @@ def split_settings(values: dict, own: set[str], where: str, who: str):
         cls = controller_class(name)
     except ValueError as e:
         raise ConfigError(f"{where}.controller: {e}") from None
+    refuse_renamed(values, getattr(cls.config_class, "renamed", {}), where)   # any dataclass
     theirs = {f.name for f in dataclasses.fields(cls.config_class)}
     clash = sorted(theirs & own)
     if clash:
@@ -162,7 +163,8 @@ class Consulting:
             prefills=tuple(prompt(r) for r in prefills),
             waiting=tuple(prompt(r) for r in self.waiting),
             max_budget=self.cfg.token_budget,
-            max_spec_len=self.cfg.num_speculative_tokens)
+            max_spec_len=self.cfg.num_speculative_tokens,
+            drafts_accepted=self.drafts_accepted, drafts_judged=self.drafts_judged)
 
     def iteration_budget(self, now: float) -> int:
         """This iteration's token budget: ``token_budget`` (static), else the controller's."""

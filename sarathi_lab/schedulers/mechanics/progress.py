@@ -26,6 +26,11 @@ def split_running(running: list[Request]) -> tuple[list[Request], list[Request]]
 
 
 class Progress:
+    # the target's verdicts on drafts so far (a budget controller's `View` shows them): drafts
+    # accepted, and drafts judged (accepted + the first rejected of each step that rejected one)
+    drafts_accepted = 0
+    drafts_judged = 0
+
     def update(self, out: SchedulerOutput, step, start: float, end: float) -> list[Request]:
         """Apply an executed batch (`step`, a StepResult): advance counters, emit tokens, end the
         requests the executor ended, free their KV. Returns the requests that finished."""
@@ -76,8 +81,11 @@ class Progress:
                 req.first_scheduled_time = start
             m, s = emitted[i], spec[i]
             if s:
+                a = accepted[i]
                 req.spec_proposed += s
-                req.spec_accepted += accepted[i]
+                req.spec_accepted += a
+                self.drafts_accepted += a
+                self.drafts_judged += a + (a < s)
                 req.num_computed_tokens += m
                 self.kv.release_slots(req, n - m)
             else:

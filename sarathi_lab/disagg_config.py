@@ -119,13 +119,6 @@ def resolve_disagg(c: dict, user: list[str], resolve, *, drop_unread: bool = Fal
             raise ConfigError(f"executor.pipeline_parallel={pp} (in the {p} pool): disaggregated "
                               "pools run one engine per replica, without pipeline stages; use "
                               "tensor_parallel for a pool's parallelism")
-        ep = getattr(getattr(r.executor_cfg, "cost_model_settings", None), "expert_parallel",
-                     None) or 1
-        if ep > 1:   # the KV hand-off and the GPU count are a tensor_parallel group's
-            raise ConfigError(f"executor.expert_parallel={ep} (in the {p} pool): disaggregated "
-                              "pools of expert-parallel groups are not modelled (their KV "
-                              "hand-off and GPUs are priced per tensor_parallel group); use "
-                              "tensor_parallel for a pool's parallelism")
     dec = resolved["decode"]
     if dec.policy_cfg.enable_prefix_caching:
         raise ConfigError("cluster.decode.scheduler.enable_prefix_caching=true: the decode pool "

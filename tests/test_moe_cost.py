@@ -223,16 +223,27 @@ def test_the_hot_paths_price_experts_as_a_step_does(ep):
     assert runs == steps
 
 
-def test_disaggregated_pools_refuse_expert_parallelism():
+def test_disaggregated_pools_of_expert_parallel_replicas(tmp_path):
     from helpers import composed
 
     from sarathi_lab.cli import check_config
-    from sarathi_lab.settings import ConfigError
-    # the run's executor node is each pool's
-    over = ["model=mixtral-8x7b", "cluster=disagg", "executor.expert_parallel=2"]
-    with pytest.raises(ConfigError, match="executor.expert_parallel=2 \\(in the prefill pool\\): "
-                       "disaggregated pools of expert-parallel groups are not modelled"):
-        check_config(composed(*over), over)
+    from sarathi_lab.runner import run
+
+    # every replica of both pools is one tensor-parallel group per expert-parallel group: 2 prefill
+    # and 1 decode replicas of tp1 x ep2 hold 6 GPUs; the KV a request hands over lives on one
+    # tensor-parallel group (attention runs data-parallel over the expert groups), as at ep 1
+    over = ["model=mixtral-8x7b", "cluster=disagg", "executor.expert_parallel=2",
+            "cluster.prefill.num_replicas=2", "cluster.decode.num_replicas=1",
+            "trace=synthetic", "trace.num_requests=6", "progress=false"]
+    s = run(composed(*over), tmp_path / "run", resolved=check_config(composed(*over), over))
+    assert s["num_gpus"] == 6
+    assert [(p["num_gpus"], p["expert_parallel"], p["tensor_parallel"])
+            for p in (s["pools"]["prefill"], s["pools"]["decode"])] == [(4, 2, 1), (2, 2, 1)]
+    # Mixtral's KV: 32 layers x K and V x 8 heads x 128 x 2 bytes a token, handed over whole
+    assert s["transfer"]["kv_bytes_per_token"] == 32 * 2 * 8 * 128 * 2
+    import pandas as pd
+    req = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+    assert (req["transfer_bytes"] == req["num_prompt_tokens"] * 131072).all()
 
 
 def test_w8a8_quantizes_each_experts_down_projection_input():

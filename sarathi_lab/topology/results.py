@@ -58,5 +58,11 @@ def replica_gpus(engine) -> int:
     parallel (1 each where an executor has no such setting; the expert-parallel groups are the
     roofline's setting)."""
     cfg = getattr(engine.executor, "cfg", None)
-    ep = getattr(getattr(cfg, "cost_model_settings", None), "expert_parallel", None) or 1
-    return getattr(cfg, "tensor_parallel", 1) * ep * getattr(cfg, "pipeline_parallel", 1)
+    return getattr(cfg, "tensor_parallel", 1) * expert_parallel(engine) \
+        * getattr(cfg, "pipeline_parallel", 1)
+
+
+def expert_parallel(engine) -> int:
+    """The expert-parallel groups of one replica (1 where its executor has no such setting)."""
+    cfg = getattr(engine.executor, "cfg", None)
+    return getattr(getattr(cfg, "cost_model_settings", None), "expert_parallel", None) or 1

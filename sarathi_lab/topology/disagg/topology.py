@@ -41,7 +41,8 @@ from sarathi_lab.topology.disagg.settings import POOLS
 from sarathi_lab.topology.disagg.transfer import Transfer
 from sarathi_lab.topology.driver import INTERNAL, Topology
 from sarathi_lab.topology.fleet import Counts, route
-from sarathi_lab.topology.results import iterations_frame, pooled_prefix, requests_frame
+from sarathi_lab.topology.results import (expert_parallel, iterations_frame, pooled_prefix,
+                                          requests_frame)
 
 
 @dataclass(slots=True)
@@ -361,8 +362,13 @@ class Disaggregated(Topology):
         return req_df, it_df
 
     def num_gpus(self) -> int:
-        tp_p, tp_d = self.tensor_parallel
-        return len(self.prefill) * tp_p + len(self.decode) * tp_d
+        return sum(self._pool_gpus(pool) for pool in (0, 1))
+
+    def _pool_gpus(self, pool: int) -> int:
+        """Each replica: a tensor-parallel group per expert-parallel group (pools have no
+        pipeline stages)."""
+        engines = (self.prefill, self.decode)[pool]
+        return sum(self.tensor_parallel[pool] * expert_parallel(e) for e in engines)
 
     def summarize(self, req_df, it_df, slo: dict | None = None,
                   price_per_gpu_hour: float | None = None,
@@ -370,11 +376,11 @@ class Disaggregated(Topology):
         """The run's summary over both pools (every GPU counted in `num_gpus`, the cost and the
         goodput per GPU; no fleet-wide `kv`, the pools' caches differing), with `pools` (each
         pool's size, load and KV), `transfer` (the link and the KV's shape) and `transfers`
-        (the KV moved). The pools count their GPUs themselves (each its replicas' tensor
-        parallel): `num_gpus` must be None."""
+        (the KV moved). The pools count their GPUs themselves (each its replicas' tensor x
+        expert parallel): `num_gpus` must be None."""
         if num_gpus is not None:
             raise ValueError(f"num_gpus={num_gpus}: disaggregated pools count their own GPUs "
-                             "(each pool's replicas x its tensor_parallel)")
+                             "(each pool's replicas x their tensor x expert parallel)")
         out = summarize(req_df, it_df, slo=slo,
                         prefix_cache=pooled_prefix([e.kv for e in self.prefill]),
                         price_per_gpu_hour=price_per_gpu_hour, num_gpus=self.num_gpus())
@@ -405,8 +411,10 @@ class Disaggregated(Topology):
         served = req_df[col].to_numpy()
         router = self.routers[pool]
         return {
+            # expert parallel: attention runs data-parallel over the groups, so a request's KV
+            # (what the hand-off moves) lives on one tensor-parallel group either way
             "num_replicas": len(engines), "tensor_parallel": tp,
-            "num_gpus": len(engines) * tp,
+            "expert_parallel": expert_parallel(engines[0]), "num_gpus": self._pool_gpus(pool),
             "policy": engines[0].policy.name, "router": router.name or type(router).__qualname__,
             "requests_per_replica": [int((served == j).sum()) for j in range(len(engines))],
             "num_iterations": int(len(mine)),

@@ -31,10 +31,11 @@ def test_every_candidate_is_ranked_or_says_why_not(toy):
     r = pd.read_csv(tmp / "out" / CASE / "ranked.csv")
     # 2 layouts x {colocated, 1:1} x {sarathi/512, sarathi/2048, vllm}
     assert len(r) == 12 and r["candidate"].is_unique
-    pruned = r[r["status"] == "pruned"]
-    # disaggregated pools of expert-parallel groups are not modelled: pruned, saying so
-    assert set(pruned["layout"]) == {"TP1 EP2"} and set(pruned["split"]) == {"1:1"}
-    assert len(pruned) == 3 and pruned["reason"].str.contains("expert-parallel").all()
+    # every one evaluated: both layouts fit an A100 pair, and disaggregated pools of
+    # expert-parallel replicas are modelled (each pool's GPUs tensor x expert parallel)
+    assert set(r["status"]) <= {"feasible", "infeasible"}
+    ep_disagg = r[(r["layout"] == "TP1 EP2") & (r["split"] == "1:1") & (r["status"] == "feasible")]
+    assert (ep_disagg["gpus"] == 4 * ep_disagg["units"]).all()
     f = r[r["status"] == "feasible"]
     assert len(f) >= 1
     assert list(f["rank"]) == list(range(1, len(f) + 1))

@@ -35,7 +35,8 @@ def unknown_key(ex: ConfigCompositionException) -> str | None:
                 "a config.json choose model=hf model.hf_config=PATH (a config.json, a model "
                 "directory or a shipped name)")
     if (new := renamed(prefix.rstrip("."), parent, str(key))) is not None:
-        return f"{full_key}: renamed; set {prefix}{new}"
+        from sarathi_lab.settings import renamed_message
+        return renamed_message(prefix.rstrip("."), str(key), new)
     near = _close(str(key), accepted)
     if near:
         return (f"{full_key}: no such setting; did you mean "

@@ -185,7 +185,12 @@ def refuse_renamed(values: dict, renamed: dict[str, str], where: str) -> None:
     the new name, with what it is), not an unknown key nor a silent alias."""
     for old, new in renamed.items():
         if old in values:
-            raise ConfigError(f"{where}.{old}: renamed; set {where}.{new}")
+            raise ConfigError(renamed_message(where, old, new))
+
+
+def renamed_message(where: str, old: str, new: str) -> str:
+    """The error for setting `old` of node `where`, renamed `new` (the CLI's too)."""
+    return f"{where}.{old}: renamed; set {where}.{new}"
 
 
 def plain(cfg):

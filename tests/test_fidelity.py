@@ -64,6 +64,8 @@ def test_t_quantiles():
 def test_residuals_by_composition(tmp_path):
     """Each iteration's recorded batch priced by the cost model, grouped by composition."""
     class Cost:   # 1 ms per iteration + 1 us per token + 1 us per token of context
+        rewarm = None
+
         def iteration_time(self, prefills, decodes, sampled):
             return 1e-3 + 1e-6 * (sum(c + k for c, k in prefills) + len(decodes) + sum(decodes))
     shapes = [([], [99, 199], 2), ([(64, 0)], [], 1), ([(32, 32)], [10], 1)]
@@ -84,6 +86,26 @@ def test_residuals_by_composition(tmp_path):
     assert h.loc["2-4", "host_share"] == pytest.approx(4e-5 / (2 * pred[0] + 1.5 * pred[2]))
     with pytest.raises(ValueError, match="3 iterations but 2 recorded batches"):
         F.residuals([tmp_path], [shapes[:2]], Cost())
+
+
+def test_residuals_charge_each_decode_the_rewarm_of_its_place(tmp_path):
+    """With a profile's decode_rewarm rows, each iteration is predicted as the simulation prices
+    it: a decode-only step at place p after a prompt step of T tokens times factor(T, p)."""
+    from sarathi_lab.costmodels.rewarm import Rewarm
+
+    class Cost:   # 1 ms an iteration; decodes after a prompt of 64: 2x, then 1.5x, then 1x
+        rewarm = Rewarm([64], [1, 2], [[2.0, 1.5]])
+
+        def iteration_time(self, prefills, decodes, sampled):
+            return 1e-3
+    shapes = [([(64, 0)], [], 1), ([], [64], 1), ([], [65], 1), ([], [66], 1),
+              ([(32, 0)], [67], 2), ([], [68, 32], 2)]
+    pd.DataFrame({"num_requests": [1, 1, 1, 1, 2, 2], "duration": [1e-3] * 6,
+                  "host_s": [0.0] * 6}).to_parquet(tmp_path / "iterations.parquet")
+    res = F.residuals([tmp_path], [shapes], Cost())
+    # a prompt step of 32 tokens: below the one measured size, read as it (flat)
+    assert res["rewarm_factor"].tolist() == [1.0, 2.0, 1.5, 1.0, 1.0, 2.0]
+    assert res["predicted_s"].tolist() == pytest.approx([1e-3, 2e-3, 1.5e-3, 1e-3, 1e-3, 2e-3])
 
 
 def test_decodes_by_their_place_in_a_run_of_them():

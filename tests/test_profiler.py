@@ -160,7 +160,7 @@ def test_cli_writes_the_parquet_with_its_metadata(tmp_path):
     assert torch.__version__ in meta["versions"] and meta["n_embd"] == "64"
     ops = set(pq.read_table(out).column("operator").to_pylist())
     assert ops == {"linear", "prefill_attention", "decode_attention", "lm_head", "overhead",
-                   "iteration"}
+                   "decode_rewarm", "iteration"}
     # and the simulator runs on it from the CLI (the hardware preset named as the profile's device)
     r = cli(f"hydra.run.dir={tmp_path}/sim", *TINY, "executor.cost_model=profiled",
             f"executor.profile={out}", "hardware.name=cpu", "scheduler.num_kv_blocks=4096",
@@ -261,8 +261,13 @@ class _Machine:
         return {"prepare": over, "sample": 0.0, "forward": forward, "attention": attention,
                 "head": head, "linear": rest, "overhead": over, "total": forward + over}
 
-    def run(self, entries, warm=0):
+    def run(self, entries, warm=0, settle=0, after_chunk=False):
         return self.parts(entries, warm)
+
+    def stream(self, prompt, steps):
+        """The decodes after a prompt step: the j-th (from 0) at context prompt + j, after j
+        decode steps of its own."""
+        return [self.parts([(1, prompt + j)], warm=j)["total"] for j in range(steps)]
 
 
 def test_a_decode_batch_is_priced_with_what_its_kv_costs_the_rest_of_the_forward(tmp_path):
@@ -348,6 +353,29 @@ def test_a_decode_batch_is_timed_after_a_stream_of_its_own_decodes(one_thread):
     assert [s[2] for s in steps] == [[99, 99], [100, 100]] and steps[0][3] == 0
     with pytest.raises(ValueError, match=r"warm=2: for a batch of decodes only .*\(32, 16\)"):
         h.run([(32, 16), (1, 40)], warm=2)
+    # settle: after the prime, another request's short prompt and decodes, then the measured
+    # step on its own requests' blocks; the other request's KV copy is dropped
+    from sarathi_lab.profiler.harness import SETTLE_PROMPT
+    steps.clear()
+    h.run([(32, 64)], settle=3)
+    assert steps == [([0], [64], [0], 0), ([1], [SETTLE_PROMPT], [0], 1),
+                     *[([1], [1], [SETTLE_PROMPT + j], 1) for j in range(3)],
+                     ([0], [32], [64], 1)]
+    assert 1 not in ex.sequence_kv.seqs and ex.kv.tables == {0: [0, 1, 2, 3, 4, 5]}
+    with pytest.raises(ValueError, match="settle=2 with warm=1"):
+        h.run([(1, 40)], warm=1, settle=2)
+    # after_chunk: the context before the previous chunk in one step, the settling decodes,
+    # the previous chunk, then the measured one
+    steps.clear()
+    h.run([(32, 96)], settle=2, after_chunk=True)
+    assert steps == [([0], [64], [0], 0), ([1], [SETTLE_PROMPT], [0], 1),
+                     *[([1], [1], [SETTLE_PROMPT + j], 1) for j in range(2)],
+                     ([0], [32], [64], 0), ([0], [32], [96], 1)]
+    steps.clear()
+    h.run([(64, 16)], after_chunk=True)   # context shorter than the chunk: it is the previous
+    assert steps == [([0], [16], [0], 0), ([0], [64], [16], 1)]
+    with pytest.raises(ValueError, match=r"after_chunk: for one chunk at a context > 0"):
+        h.run([(32, 0)], after_chunk=True)
 
 
 def _part(path, times, model="tiny-llama", points=((1, None), (8, None))):
@@ -426,3 +454,27 @@ def test_merged_profile_of_means_by_hand(tmp_path):
     rows = pq.read_table(P.merge(parts, tmp_path / "m.parquet")).to_pylist()
     assert [r["time_s"] for r in rows] == [3.0, 5.0]
     assert [r["time_p10_s"] for r in rows] == [1.5, 3.0]
+
+
+def test_rewarm_rows_time_the_decodes_after_a_prompt_step():
+    """Per rewarm prompt size T: the decodes after a prompt step of T tokens, each timed at its
+    place p (context T + p - 1, after p - 1 decodes of its own: _Machine.COLD for the first 8),
+    and place 0, the median of the REWARM_STEADY steps after WARM_STEPS places. Without a warm
+    stream (warm=0) the decode points are not steady, and no rewarm point is measured."""
+    from sarathi_lab.profiler.measure import REWARM_STEADY
+    grid = P.GRIDS["tiny"]
+    rows = [r for r in P.measure(_Machine(), grid, repeats=1, warmup=0)
+            if r["operator"] == "decode_rewarm"]
+    W = P.WARM_STEPS
+    assert len(rows) == len(grid.rewarm) * (W + 1)
+    for T in grid.rewarm:
+        got = {r["place"]: r["time_s"] for r in rows if r["num_tokens"] == T}
+        steady = np.median([_Machine.parts([(1, T + j)], warm=j)["total"]
+                            for j in range(W, W + REWARM_STEADY)])
+        assert got[0] == pytest.approx(steady, rel=1e-12)
+        for p in range(1, W + 1):
+            want = _Machine.parts([(1, T + p - 1)], warm=p - 1)["total"]
+            assert got[p] == pytest.approx(want, rel=1e-12), (T, p)
+        assert got[1] - steady > 0.9 * _Machine.COLD      # the first decodes run cold
+    assert not [r for r in P.measure(_Machine(), grid, repeats=1, warmup=0, warm=0)
+                if r["operator"] == "decode_rewarm"]

@@ -275,9 +275,13 @@ def composition(shape) -> str:
 
 def residuals(run_dirs, shapes, cost_model) -> pd.DataFrame:
     """One row per real iteration: its composition, measured duration and host time, and the
-    cost model's prediction on the very batch it ran (free of the feedback through the queue)."""
+    cost model's prediction on the very batch it ran (free of the feedback through the queue),
+    times the factor of its place after the run's last prompt step where the profile has
+    decode_rewarm rows, as the simulation prices it (`costmodels.rewarm`)."""
     frames = []
     for d, sh in zip(run_dirs, shapes):
+        warmth = cost_model.rewarm.track() if cost_model.rewarm is not None else None
+        factor = [warmth.step(sum(c for c, _ in x[0])) if warmth else 1.0 for x in sh]
         it = pd.read_parquet(Path(d) / "iterations.parquet")
         if len(it) != len(sh):
             raise ValueError(f"{d}: {len(it)} iterations but {len(sh)} recorded batches")
@@ -286,7 +290,8 @@ def residuals(run_dirs, shapes, cost_model) -> pd.DataFrame:
             "run": str(d), "composition": comp, "stream_pos": stream_positions(comp),
             "requests": it["num_requests"].to_numpy(), "measured_s": it["duration"].to_numpy(),
             "host_s": it["host_s"].to_numpy(),
-            "predicted_s": [cost_model.iteration_time(*x) for x in sh],
+            "predicted_s": [cost_model.iteration_time(*x) * f for x, f in zip(sh, factor)],
+            "rewarm_factor": factor,
             "prefill_tokens": [sum(c for c, _ in x[0]) for x in sh],
             "prefill_context": [sum(k for _, k in x[0]) for x in sh],
             "decodes": [len(x[1]) for x in sh],

@@ -26,6 +26,10 @@ class CostModelConfig:
 
 class CostModel(abc.ABC):
     config_class: ClassVar[type] = CostModelConfig
+    #: a `costmodels.rewarm.Rewarm` where the decodes right after a prompt step run slower than
+    #: steady ones (a CPU profile's); the sim executor then follows the step order and charges
+    #: them (and steps every batch: no fast-forward). None: a step's price is its shape's alone
+    rewarm = None
 
     @abc.abstractmethod
     def iteration_time(self, prefills, decode_contexts, num_sampled: int | None = None) -> float:

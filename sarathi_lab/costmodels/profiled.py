@@ -21,6 +21,10 @@ B requests, S of them sampled, costs
   + lm_head(S)                        the profile's if it has one, else the roofline's
   + allreduce(T)                      the roofline's (tp > 1; no profile read here measures it)
 
+and a decode-only step right after a step with prompt chunks, times the profile's
+``decode_rewarm`` factor for its place after that step, where the profile has those rows (a CPU
+profile's; `costmodels.rewarm`: the sim executor follows the step order to charge it).
+
 A profile lacking linear, prefill or decode attention rows is an error naming what is missing
 (`profiles.missing_operators`). The roofline for the same model and hardware also sizes memory
 (num_kv_blocks) and gives max_model_len. Every term is monotone, inside and beyond the profiled range
@@ -130,6 +134,7 @@ class ProfiledCostModel(CostModel):
         if missing:
             raise ProfileError(f"executor.profile: {missing}")
         self.profile = prof
+        self.rewarm = prof.rewarm
         # What the roofline prices because the profile does not measure it: said in describe()
         # (the run's summary), so that a reader knows which terms are measured.
         self.from_roofline = {}
@@ -193,6 +198,7 @@ class ProfiledCostModel(CostModel):
         return {"profile": self.profile.source,
                 "device": self.profile.device, "measured_with": self.measured_with(),
                 "from_roofline": dict(self.from_roofline),
+                "rewarm": None if self.rewarm is None else self.rewarm.describe(),
                 "beyond_profile": {k: {"furthest": v, "profiled": float(self.limits[k])}
                                    for k, v in self.beyond.items()}}
 

@@ -5,8 +5,10 @@ Two formats load into one `Profile` (whole-model seconds per operator, on one GP
 **Project format** (a ``.csv`` or ``.parquet`` file, written by ``sarathi-lab-profile``): one row
 per measured point, columns
 
-    operator      linear | prefill_attention | decode_attention | lm_head | overhead | iteration
-    num_tokens    linear: tokens in the batch; lm_head: rows sampled
+    operator      linear | prefill_attention | decode_attention | lm_head | overhead |
+                  decode_rewarm | iteration
+    num_tokens    linear: tokens in the batch; lm_head: rows sampled; decode_rewarm: the
+                  prompt step's tokens
     chunk         prefill_attention, iteration: new tokens of the (one) prefill chunk
     batch         decode_attention, iteration: decodes in the batch; overhead: requests in it
     context       prefill_attention, iteration: the chunk's tokens already in KV;
@@ -18,12 +20,17 @@ per measured point, columns
                   file they may instead sit in the file's key-value metadata, beside optional
                   n_head, n_kv_head, n_embd, n_expanded_embd: the model's shape, checked too)
 
+    place         decode_rewarm: the decode's place after a prompt step of num_tokens
+                  tokens (1: the first), 0 for the steady time (`costmodels.rewarm`)
+
 ``linear`` is everything that scales with the batch's tokens but attention and the LM head
 (projections, MLP, norms, RoPE, residual adds, the per-layer dispatch of a forward);
 ``overhead`` is the measured CPU side of an iteration (input preparation, sampling): one row with
 only time_s (a constant) or rows by ``batch`` (requests in the batch). ``iteration`` rows are
 whole measured iterations of mixed batches, held out: never used to predict (`Profile.checks`).
-Columns an operator does not use are left empty.
+``decode_rewarm`` rows (optional; a CPU profile's) say how much slower than steady the decodes
+right after a prompt step run, which the profiled cost model charges by a run's step order
+(`costmodels.rewarm`). Columns an operator does not use are left empty.
 
 **Vidur format** (a directory ``.../compute/<device>/<org>/<model>/`` holding ``mlp.csv`` and,
 optionally, ``attention.csv``, as in github.com/microsoft/vidur ``data/profiling``): per-layer
@@ -53,7 +60,8 @@ from pathlib import Path
 import numpy as np
 
 
-OPERATORS = ("linear", "prefill_attention", "decode_attention", "lm_head", "overhead")
+OPERATORS = ("linear", "prefill_attention", "decode_attention", "lm_head", "overhead",
+             "decode_rewarm")
 # what every mixed batch needs priced (the LM head, the all-reduce and the CPU side are the
 # roofline's where a profile lacks them: no Vidur compute profile measures them)
 REQUIRED = ("linear", "prefill_attention", "decode_attention")
@@ -301,6 +309,7 @@ class Profile:
     decode_attention: Surface | None = None
     overhead_s: float | None = None             # a constant overhead, or
     overhead: Curve | None = None               # one by requests in the batch
+    rewarm: object = None                       # costmodels.rewarm.Rewarm, or None
     shape: dict = field(default_factory=dict)   # the model's geometry, checked against the run's
     checks: list = field(default_factory=list)  # held-out whole iterations (rows, as read)
     meta: dict = field(default_factory=dict)    # a Parquet profile's key-value metadata
@@ -429,6 +438,9 @@ def _from_rows(rows, meta, source) -> Profile:
                               [_num(x, "time_s", w) for x in r], f"{w}: overhead")
     elif r:
         prof.overhead_s = float(np.median([_num(x, "time_s", w) for x in r]))
+    if by_op["decode_rewarm"]:
+        from sarathi_lab.costmodels.rewarm import Rewarm
+        prof.rewarm = Rewarm.from_rows(by_op["decode_rewarm"], w)
     return prof
 
 

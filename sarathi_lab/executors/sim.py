@@ -13,6 +13,11 @@ batched copy would be: vLLM v0 issues a copy per block and layer, whose per-copy
 make small blocks slower to swap (the vLLM paper, Fig. 19): not modelled, so the swap time
 here is a lower bound at small block sizes.
 
+A cost model with a `rewarm` (a CPU profile's decode_rewarm rows: decodes right after a prompt
+step run slower) prices a decode-only step by its place after the run's last prompt step
+(`costmodels.rewarm.Warmth`, advanced here, once per executed batch); such a run steps every
+batch (fast-forward would skip the places) and has one stage.
+
 With ``pipeline_parallel`` P > 1 the executor is one of P virtual engines' (sarathi_lab/topology/pipeline.py
 makes them and joins them to one stage clock): a batch is a micro-batch whose CPU side, layers
 (split among the stages by their layers), LM head (last stage) and activation transfers are
@@ -186,6 +191,18 @@ class SimExecutor(Executor):
         # shared CPU by +-25% between p10 and p90), and a run's P99 TBT is drawn from that
         # variation's slow tail. One draw per executed batch, in order: a fast-forwarded run
         # would draw for iterations it then does not take, so there is none.
+        # Decodes right after a prompt step run slower (a CPU profile's decode_rewarm rows):
+        # priced by the run's step order, which a fast-forwarded run would skip through.
+        self._warmth = None
+        if self.cost_model.rewarm is not None:
+            if cfg.pipeline_parallel > 1:
+                raise ConfigError(
+                    f"executor.pipeline_parallel={cfg.pipeline_parallel}: the cost model's "
+                    "profile charges decodes after a prompt step by the step order "
+                    "(decode_rewarm rows, a CPU profile's), which is simulated for one stage "
+                    "only; use a profile without them or pipeline_parallel=1")
+            self._warmth = self.cost_model.rewarm.track()
+            self.supports_fast_forward = False
         self._jitter = None
         if cfg.step_jitter is not None:
             self._jitter = (np.random.default_rng(cfg.step_jitter_seed), cfg.step_jitter)
@@ -313,6 +330,9 @@ class SimExecutor(Executor):
             t, accepted = self._spec.step(out)
         else:
             t = self._step_time(out.reqs, out.num_new_tokens)
+        if self._warmth is not None:
+            from sarathi_lab.costmodels.rewarm import prompt_tokens
+            t *= self._warmth.step(prompt_tokens(out.reqs, out.num_new_tokens))
         if self._jitter is not None:
             rng, sigma = self._jitter
             t *= math.exp(sigma * rng.standard_normal())

@@ -28,6 +28,11 @@ them, and the executor's own phase timers split the rest:
                               iteration minus its operators (B = 1: a one-token batch)
     iteration                 whole iterations of mixed batches (one chunk + decodes), held out:
                               never used to predict, only to check the fit (`check`)
+    decode_rewarm(T, p)       the whole step of the p-th decode after a prompt step of T tokens
+                              (its own request's), p = 1..--warm-steps, and p = 0 the steady
+                              one (the median of the 8 after them): on a CPU the first decodes
+                              after a prompt step run slower (the grid's `rewarm` sizes; none
+                              with --warm-steps 0; `costmodels.rewarm`)
 
 The grid is measured in rounds (every point once per round, after a warm-up pass) so that a burst
 of load on a shared machine spreads over all points instead of spoiling one; each row holds the

@@ -104,8 +104,9 @@ def merge(paths, out) -> Path:
     key_cols = [c for c in COLUMNS if c not in ("time_s", "time_p10_s", "time_p90_s", "repeats")]
     tables = [pq.read_table(x).to_pylist() for x in paths]
 
-    def key(r):   # NaN marks a column the operator has not
-        return tuple(None if isinstance(r[c], float) and r[c] != r[c] else r[c] for c in key_cols)
+    def key(r):   # NaN marks a column the operator has not (None: one the file has not)
+        return tuple(None if isinstance(r.get(c), float) and r[c] != r[c] else r.get(c)
+                     for c in key_cols)
     keys = [[key(r) for r in t] for t in tables]
     if any(k != keys[0] for k in keys[1:]):
         raise ValueError(f"merge: the profiles {', '.join(map(str, paths))} hold different points")

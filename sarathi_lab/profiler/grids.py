@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 
 # columns of a profile row (profiles.py documents their meaning)
-COLUMNS = ("operator", "num_tokens", "chunk", "batch", "context", "decode_context", "time_s",
-           "time_p10_s", "time_p90_s", "repeats")
+COLUMNS = ("operator", "num_tokens", "chunk", "batch", "context", "decode_context", "place",
+           "time_s", "time_p10_s", "time_p90_s", "repeats")
 
 
 @dataclass(frozen=True)
@@ -17,6 +17,9 @@ class Grid:
     prefill: tuple          # (chunk, context)
     decode: tuple           # (batch, context)
     mixed: tuple            # (chunk, context, batch, decode context): held-out iterations
+    # T: a prompt of T tokens, then its request's decodes, each timed (`Harness.stream`): how
+    # much slower the decodes right after a prompt step run than steady ones (decode_rewarm)
+    rewarm: tuple = ()
 
 
 def _prod(a, b):
@@ -33,8 +36,10 @@ GRIDS = {
                 + ((768, 0), (768, 256), (1024, 0)),
                 decode=_prod((1, 2, 4, 8, 16, 32, 64), (16, 256, 512, 1024)),
                 mixed=((64, 128, 4, 256), (128, 0, 8, 512), (256, 256, 16, 128),
-                       (32, 512, 2, 64), (200, 100, 12, 300))),
-    # a GPU: larger batches and contexts, finer steps
+                       (32, 512, 2, 64), (200, 100, 12, 300)),
+                rewarm=(64, 128, 256, 512)),
+    # a GPU: larger batches and contexts, finer steps; no rewarm points (a GPU's decode step
+    # is not known to run slower after a prompt step; add prompt sizes to measure it)
     "gpu": Grid(linear=(1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768,
                         1024, 1536, 2048, 3072, 4096),
                 prefill=_prod((16, 32, 64, 128, 256, 512, 1024, 2048, 4096),
@@ -47,7 +52,8 @@ GRIDS = {
     "tiny": Grid(linear=(1, 4, 16, 32, 64, 128),
                  prefill=_prod((8, 32, 64, 128), (0, 64, 192)),
                  decode=_prod((1, 4, 8, 16), (16, 128, 256)),
-                 mixed=((48, 32, 4, 100), (24, 96, 8, 64), (100, 0, 12, 160))),
+                 mixed=((48, 32, 4, 100), (24, 96, 8, 64), (100, 0, 12, 160)),
+                 rewarm=(32, 128)),
 }
 
 
@@ -60,4 +66,5 @@ def points(grid: Grid) -> list[tuple[str, tuple, list]]:
     pts += [("prefill", (c, k), [(c, k)]) for c, k in grid.prefill]
     pts += [("decode", (b, k), [(1, k)] * b) for b, k in grid.decode]
     pts += [("mixed", (c, k, b, kd), [(c, k)] + [(1, kd)] * b) for c, k, b, kd in grid.mixed]
+    pts += [("rewarm", (T,), [(T, 0)]) for T in grid.rewarm]
     return pts

@@ -8,6 +8,10 @@ import time
 import numpy as np
 
 
+# the prompt of the request whose decodes settle the machine before a chunk (`Harness._settle`)
+SETTLE_PROMPT = 32
+
+
 class _Blocks:
     """The part of a KV-cache manager the executor reads: block tables of requests set to their
     contexts. Each request gets its own blocks while the cache holds them (a real batch reads
@@ -118,12 +122,22 @@ class Harness:
         n = min(need, max_blocks) if max_blocks else need
         self.ex.bind(_Blocks(n, block_size, self.ex.max_model_len()))
 
-    def run(self, entries, warm: int = 0) -> dict:
+    def run(self, entries, warm: int = 0, settle: int = 0, after_chunk: bool = False) -> dict:
         """One iteration of `entries`: seconds of the whole step and of each part. An unmeasured
         step first brings every sequence to its context (`_prime`), as its earlier steps would
         have in a real run. `warm` > 0, for a batch of decodes only or of prompts at context 0
         only: `warm` unmeasured steps of the batch's own shape run back to back before it
-        (`_stream`), the state a run's steady stream of decode steps is in."""
+        (`_stream`), the state a run's steady stream of decode steps is in. `settle` > 0: after
+        the prime, `settle` decode steps of another request (`_settle`), as a run's prompt
+        chunks come between decodes, not right after a heavier step. `after_chunk`, for one
+        chunk of c tokens at context k > 0: timed right after the chunk before it (min(c, k)
+        tokens; the rest of the context primed in one step before the settling decodes), as a
+        chunked prompt runs: measured after the settling decodes alone, such a chunk took
+        1.02-1.09x what it took after its previous chunk (experiments/fidelity's model)."""
+        if settle and warm:
+            raise ValueError(f"settle={settle} with warm={warm}: one state or the other")
+        if after_chunk and not (len(entries) == 1 and entries[0][0] > 1 and entries[0][1] > 0):
+            raise ValueError(f"after_chunk: for one chunk at a context > 0, not {entries}")
         lead = 0
         decodes = all(n == 1 and k > 0 for n, k in entries)
         if warm:
@@ -138,8 +152,12 @@ class Harness:
             self.ex.add_request(r, None)
         if lead:
             self._stream(out, entries, lead)
+        elif after_chunk:
+            self._previous_chunk(out, entries[0], settle)
         else:
             self._prime(out, entries)
+            if settle:
+                self._settle(out, settle)
             if not decodes:   # prompts at context 0: the same prompts again
                 for _ in range(warm):
                     self.ex.execute(out)
@@ -152,6 +170,74 @@ class Harness:
         parts["linear"] = parts["forward"] - parts["attention"] - parts["head"]
         parts["overhead"] = parts["prepare"] + parts["sample"]
         return parts
+
+    def _previous_chunk(self, out, entry, settle: int) -> None:
+        """Run, unmeasured, the steps of a chunked prompt before its chunk `entry` (c tokens at
+        context k): the context before the previous chunk in one step, the settling decodes
+        (`settle`), then the previous chunk, min(c, k) tokens."""
+        from sarathi_lab.schedulers.output import SchedulerOutput
+        (c, k), r = entry, out.reqs[0]
+        prev = min(c, k)
+        for start, n in ((0, k - prev), (k - prev, prev)):
+            if start == k - prev and settle:
+                self._settle(out, settle)
+            if n:
+                r.num_computed_tokens = start
+                step = SchedulerOutput()
+                step.add(r, n)
+                self.ex.execute(step)
+        r.num_computed_tokens = k
+
+    def _settle(self, out, steps: int) -> None:
+        """Run, unmeasured, a short prompt (SETTLE_PROMPT tokens) and `steps` decodes of another
+        request beside `out`'s (its blocks after theirs), then leave `out`'s block tables as they
+        were. A step's time on a CPU depends on the steps just before it: a 16-token chunk took
+        5.9 ms right after the 1024-token prompts of the point before it and 3.8 ms after smaller
+        ones (experiments/fidelity's model), and a chunk after its own prime, the whole context
+        as one step, comes after a far heavier step than a run's chunks do. In a run, a prompt
+        chunk follows decodes (or another chunk of its size beside them)."""
+        from sarathi_lab.schedulers.output import SchedulerOutput
+        (r,) = _batch([(SETTLE_PROMPT, 0)], self.ex.args.vocab_size, self.rng).reqs
+        r.request_id = len(out.reqs)
+        self.ex.kv.assign([*out.reqs, r])
+        self.ex.add_request(r, None)
+        step = SchedulerOutput()
+        step.add(r, SETTLE_PROMPT)
+        res = self.ex.execute(step)
+        for _ in range(steps):
+            r.num_computed_tokens += step.num_new_tokens[0]
+            r.output_token_ids.append(res.sampled[0])
+            r.num_output_tokens += 1
+            step = SchedulerOutput()
+            step.add(r, 1)
+            self.ex.kv.assign([*out.reqs, r])
+            res = self.ex.execute(step)
+        self.ex.abort(r)
+        self.ex.kv.assign(out.reqs)
+
+    def stream(self, prompt: int, steps: int) -> list[float]:
+        """A prompt of `prompt` tokens in one step (unmeasured), then `steps` decode steps of its
+        request, one after another as a run decodes a request alone: each decode's seconds
+        (`StepResult.duration`). On a CPU the first decodes after a prompt step run slower than
+        steady ones (the profile's ``decode_rewarm`` rows, `measure.REWARM_STEADY`)."""
+        from sarathi_lab.schedulers.output import SchedulerOutput
+        out = _batch([(prompt, 0)], self.ex.args.vocab_size, self.rng)
+        r = out.reqs[0]
+        self.ex.kv.assign(out.reqs)
+        self.ex.add_request(r, None)
+        res = self.ex.execute(out)
+        times = []
+        for _ in range(steps):
+            r.num_computed_tokens += out.num_new_tokens[0]
+            r.output_token_ids.append(res.sampled[0])
+            r.num_output_tokens += 1
+            out = SchedulerOutput()
+            out.add(r, 1)
+            self.ex.kv.assign(out.reqs)      # its block table grows with its tokens
+            res = self.ex.execute(out)
+            times.append(res.duration)
+        self.attn.take(), self.head.take()
+        return times
 
     def _stream(self, out, entries, lead: int) -> None:
         """Run, unmeasured, the `lead` decode steps of `out`'s requests before it (contexts

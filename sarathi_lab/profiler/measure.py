@@ -47,6 +47,19 @@ STATISTICS = {"median": np.median, "min": np.min, "mean": np.mean}
 # time with room.
 WARM_STEPS = 16
 
+# Steps timed after a rewarm point's `warm` places, whose median is its steady time (place 0).
+# A decode right after a prompt step runs slower than a steady one, and the step after that a
+# little less so, over about as many steps as WARM_STEPS: on experiments/fidelity's model every
+# part of the step (input preparation, the layers, the LM head, sampling) ran 1.6-2.0x its steady
+# time right after a prompt of 256-512 tokens, 1.3x after one of 64, back to ~1.05 by the 8th
+# decode (decode_rewarm rows; the profiled cost model charges them, `costmodels.rewarm`).
+REWARM_STEADY = 8
+
+# Decode steps of another request before a step timed as it comes (`_point`): by the rewarm
+# rows, the 8th decode after a prompt step runs within ~5% of a steady one, the state a run's
+# chunks, which come between decodes, find the machine in.
+SETTLE_STEPS = 8
+
 
 def measure(harness: Harness, grid: Grid, repeats: int = 5, warmup: int = 1,
             progress: bool = False, statistic: str = "median",
@@ -68,10 +81,21 @@ def _point(harness: Harness, kind: str, entries, warm: int) -> dict:
     Every linear point is timed so, not only those of a decode batch's size: a curve of one
     state at some T and another at others would move the step's cold cost between a chunk's
     linear layers and its attention (the rest of its forward) across T, and the attention
-    surface's monotone fit would pool the chunks on one side down to those on the other."""
+    surface's monotone fit would pool the chunks on one side down to those on the other.
+    Every step timed as it comes (a linear point's first step, the floor and held-out mixed
+    points) follows SETTLE_STEPS decodes of another request (with `warm` > 0;
+    `Harness._settle`), as a run's first chunks come between decodes; a chunk after context,
+    right after its previous chunk, which those decodes precede (`Harness.run`'s
+    after_chunk), as a chunked prompt runs."""
     if kind == "decode":
         return harness.run(entries, warm=warm)
-    parts = harness.run(entries)
+    if kind == "rewarm":   # the decodes after a prompt: places 1..warm, then the steady ones
+        times = harness.stream(entries[0][0], warm + REWARM_STEADY)
+        return {**{f"place_{p}": t for p, t in enumerate(times[:warm], 1)},
+                "steady": float(np.median(times[warm:]))}
+    if kind == "prefill" and entries[0][1] > 0 and warm:   # a chunk after its previous one
+        return harness.run(entries, settle=SETTLE_STEPS, after_chunk=True)
+    parts = harness.run(entries, settle=SETTLE_STEPS if warm else 0)
     if kind == "linear" and warm:
         parts.update({f"steady_{k}": v for k, v in harness.run(entries, warm=warm).items()})
     return parts
@@ -85,14 +109,24 @@ def rounds(harness: Harness, grid: Grid, repeats: int = 5, warmup: int = 1,
     if repeats < 1 or warmup < 0 or warm < 0:
         raise ValueError(f"repeats={repeats} must be >= 1, warmup={warmup} and warm={warm} "
                          ">= 0")
-    pts = points(grid)
+    # without a warm stream the decode points are not steady, and the rewarm points' factors
+    # (over steady decodes) would not apply to them
+    pts = [p for p in points(grid) if warm or p[0] != "rewarm"]
     longest = harness.ex.max_model_len()
-    fits = [p for p in pts if all(n + k <= longest for n, k in p[2])]
+
+    def tokens(kind, entries):   # the longest sequence a point holds, and all of them
+        if kind == "rewarm":     # its prompt and the decodes after it
+            n = entries[0][0] + warm + REWARM_STEADY + 1
+            return n, n
+        return max(n + k for n, k in entries), sum(n + k for n, k in entries)
+    fits = [p for p in pts if tokens(p[0], p[2])[0] <= longest]
     if len(fits) < len(pts):
         log.warning("profile grid: %d of %d points hold a sequence longer than the model's "
                     "max_model_len=%d and are left out", len(pts) - len(fits), len(pts), longest)
     pts = fits
-    harness.bind(max(sum(n + k for n, k in e) for _, _, e in pts))
+    # room for the decodes that settle the machine before a step (`Harness._settle`)
+    from sarathi_lab.profiler.harness import SETTLE_PROMPT
+    harness.bind(max(tokens(kind, e)[1] for kind, _, e in pts) + SETTLE_PROMPT + SETTLE_STEPS + 2)
     bar = None
     if progress:
         from tqdm import tqdm
@@ -106,7 +140,7 @@ def rounds(harness: Harness, grid: Grid, repeats: int = 5, warmup: int = 1,
     for _ in range(repeats):
         # a step to take the cost of following the previous round's largest batch (freed
         # memory, cold caches), which would otherwise fall on the attention-floor points
-        harness.run(pts[0][2])
+        harness.run(pts[0][2], settle=SETTLE_STEPS if warm else 0)
         for i, (kind, _, entries) in enumerate(pts):
             got[i].append(_point(harness, kind, entries, warm))
             bar and bar.update()
@@ -151,6 +185,13 @@ def profile_rows(pts, parts, statistic: str = "median") -> list[dict]:
         elif kind == "prefill":
             rows.append(_row("prefill_attention", attention(col, key[0]), statistic,
                              chunk=key[0], context=key[1]))
+        elif kind == "rewarm":
+            T = key[0]
+            rows.append(_row("decode_rewarm", col["steady"], statistic, num_tokens=T,
+                             batch=1, decode_context=T, place=0))
+            rows += [_row("decode_rewarm", col[f"place_{p}"], statistic, num_tokens=T,
+                          batch=1, decode_context=T, place=p)
+                     for p in range(1, sum(k.startswith("place_") for k in col) + 1)]
         elif kind == "decode":
             b, k = key
             rows.append(_row("decode_attention", attention(col, b), statistic, batch=b,

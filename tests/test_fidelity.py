@@ -51,6 +51,25 @@ def test_verdict_by_hand():
     assert "bias (mean signed error) **+58.3%**" in md
 
 
+def test_bias_interval_by_hand():
+    """Three rounds; orca's runs 1, 2, 4 and vllm's 2, 2, 2 on every figure, both simulated at 2.
+    Per round, the mean error over the two policies: (1 + 0) / 2 = 0.5, 0, (-0.5 + 0) / 2 =
+    -0.25; their mean 1/12, sample sd sqrt(0.14583) = 0.38188, t(0.95, 2 df) = 2.920:
+    half-width 2.920 x 0.38188 / sqrt(3) = 0.64380, about the bias against the runs' means:
+    orca 2 / (7/3) - 1 = -1/7, vllm 0, mean -1/14."""
+    real = {"orca": [figs(v) for v in (1.0, 2.0, 4.0)], "vllm": [figs(2.0)] * 3}
+    sim = {"orca": figs(2.0), "vllm": figs(2.0)}
+    b = F.bias_interval(real, sim, F.GOAL)
+    assert b["per_round"] == pytest.approx([0.5, 0.0, -0.25])
+    assert b["bias"] == pytest.approx(-1 / 14)
+    assert b["bias"] == pytest.approx(F.bias(F.verdict(real, sim), F.GOAL)["bias"])
+    assert b["half_width"] == pytest.approx(0.64380, abs=1e-5)
+    assert b["lo"] == pytest.approx(-1 / 14 - 0.64380, abs=1e-5)
+    assert b["hi"] == pytest.approx(-1 / 14 + 0.64380, abs=1e-5)
+    with pytest.raises(ValueError, match="as many rounds"):
+        F.bias_interval({"orca": real["orca"], "vllm": real["vllm"][:2]}, sim)
+
+
 def test_t_quantiles():
     """The table's ends and the series beyond it, against published values (t 0.95 at 40 and
     120 degrees of freedom: 1.6839, 1.6577); fewer than two runs have no interval."""
@@ -177,6 +196,14 @@ def test_toy_study_writes_its_table_and_plots(toy):
     assert profile_meta(out / "profile_mean.parquet")["statistic"] == "mean"
     assert profile_meta(out / "profile.parquet")["statistic"] == "median"
     assert set(info["bias"]) == {"profiled", "jitter", "mean", "mean_jitter", "jitter_real"}
+    goal = info["bias"]["profiled"]["goal"]
+    assert goal["interval"]["bias"] == pytest.approx(goal["bias"])
+    assert goal["interval"]["lo"] <= goal["bias"] <= goal["interval"]["hi"]
+    assert len(goal["interval"]["per_round"]) == 2 and "bias_goal_90" in md
+    # `--bias DIR` recomputes the same table from the kept runs' summaries
+    again = F.reread_bias(out)
+    rows = md[:md.index("Error of the simulation")].splitlines()[4:]
+    assert set(again.splitlines()[4:]) == {r for r in rows if r} and len(rows) > 5
     assert info["step_jitter_real"] > 0
     assert (pd.read_csv(out / "residuals_mean.csv")["iterations"].sum()
             == res["iterations"].sum())

@@ -2,6 +2,7 @@
 
     python experiments/fidelity/run.py [--toy] [--profile PATH] [--repeats 5] [--out DIR]
         [--qps R] [--policies a,b] [--requests N]
+    python experiments/fidelity/run.py --bias DIR    # the bias table of a kept study, again
 
 1. Profiles the real (torch) executor here with `sarathi-lab-profile`'s code (or reuses --profile),
    in parts spread over the real runs, each part giving a profile of medians and one of means
@@ -179,6 +180,61 @@ def bias(table: pd.DataFrame, metrics=None) -> dict:
             "half_width_median": float(t["half_width"].median())}
 
 
+def bias_interval(real: dict[str, list[dict]], sim: dict[str, dict], metrics=None) -> dict:
+    """The bias's own 90% interval: can five rounds of real runs tell it from 0? The runs of one
+    round (repeat i of every policy, back to back) share the machine's state, and that state
+    moves every figure of a run together (a figure's runs differ by more than its steps'
+    noise would make them), so the figures' errors are not independent and the spread of the
+    errors over figures says nothing of the bias's uncertainty. Per round i: the mean over
+    policies and `metrics` (default LATENCY) of sim / run_i - 1; the half-width of the
+    t-interval of the rounds' biases (`mean_interval`) about the bias (`bias`'s, against the
+    runs' means: the rounds' own mean is higher by Jensen's inequality, 1 / x being convex)."""
+    ms = metrics or LATENCY
+    rounds = {len(r) for r in real.values()}
+    if len(rounds) != 1:
+        raise ValueError(f"every policy needs as many rounds of real runs, got {sorted(rounds)}")
+    per = [float(np.mean([sim[p][m] / real[p][i][m] - 1 for p in real for m in ms]))
+           for i in range(rounds.pop())]
+    m, lo, _ = mean_interval(per)
+    b = float(np.mean([sim[p][m] / np.mean([r[m] for r in real[p]]) - 1
+                       for p in real for m in ms]))
+    return {"per_round": per, "bias": b, "half_width": m - lo, "lo": b - (m - lo),
+            "hi": b + (m - lo)}
+
+
+def reread(out: Path) -> dict:
+    """From a study's kept runs (OUT/runs/<policy>/real-<i> and sim or sim_<variant>): the real
+    runs' figures by policy and each variant's, for `bias_interval`."""
+    def summary(d: Path) -> dict:
+        return figures(json.loads((d / "summary.json").read_text()))
+    base = out / "runs"
+    policies = [p for p in POLICIES if (base / p / "real-0").is_dir()]
+    if not policies:
+        raise FileNotFoundError(f"{base}: no kept real runs (<policy>/real-0/summary.json)")
+    real = {p: [summary(d) for d in sorted(base.glob(f"{p}/real-*"),
+                                           key=lambda d: int(d.name.split("-")[1]))]
+            for p in policies}
+    sims = {}
+    for d in sorted(base.glob(f"{policies[0]}/sim*")):
+        v = "profiled" if d.name == "sim" else d.name[len("sim_"):]
+        if all((base / p / d.name / "summary.json").is_file() for p in policies):
+            sims[v] = {p: summary(base / p / d.name) for p in policies}
+    return {"real": real, "sims": sims}
+
+
+def reread_bias(out: Path) -> str:
+    """`--bias DIR`: the bias table (`BIAS_HEAD`) of a study's kept runs, recomputed from their
+    summaries (figures, intervals and the bias's own interval; no run is repeated)."""
+    kept = reread(out)
+    biases = {}
+    for v, sim in kept["sims"].items():
+        t = verdict(kept["real"], sim)
+        biases[v] = {"latency": {**bias(t), "interval": bias_interval(kept["real"], sim)},
+                     "goal": {**bias(t, GOAL), "interval": bias_interval(kept["real"], sim, GOAL)}}
+    summary = bias_summary(biases)
+    return BIAS_HEAD + table_markdown(summary, bias_fmt(summary))
+
+
 def real_sigma(res: pd.DataFrame) -> float:
     """The log-sd of the real steps about the model, as `jitter_sigma` reads a profile's:
     (p90 - p10) / 2.5632 of ln(measured / predicted), each iteration's taken about the median
@@ -197,6 +253,29 @@ def jitter_sigma(profile) -> float:
     if not len(r):
         raise ValueError(f"{profile}: no row with a measured spread (p10 > 0)")
     return float(np.median(r))
+
+
+BIAS_HEAD = ("Bias (mean signed error of the simulation against the real runs' mean), the "
+             "bias's own 90% interval over the rounds of real runs (`bias_interval`: per "
+             "round, the mean error against that round's runs) and the spread of the errors "
+             "(sd), over the goal's 4 figures per policy (P50/P99 TTFT and TBT) and over all 9 "
+             "latency figures per policy; `inside`: figures inside the real runs' 90% "
+             "t-interval of the mean:\n\n")
+
+
+def bias_summary(biases: dict) -> pd.DataFrame:
+    """One row per simulation variant from `{variant: {"goal"|"latency": bias() + interval}}`."""
+    return pd.DataFrame([{"simulation": v, **{
+        k: val for g in ("goal", "latency") for k, val in (
+            (f"bias_{g}", b[g]["bias"]),
+            (f"bias_{g}_90", f"{b[g]['interval']['lo']:+.1%} to {b[g]['interval']['hi']:+.1%}"),
+            (f"error_sd_{g}", b[g]["error_sd"]), (f"inside_{g}", b[g]["inside"]))}}
+        for v, b in biases.items()])
+
+
+def bias_fmt(summary: pd.DataFrame) -> dict:
+    return {c: "+.1%" if c.startswith("bias") and not c.endswith("_90") else
+            (".1%" if c.startswith("error") else "") for c in summary.columns}
 
 
 def verdict_markdown(table: pd.DataFrame, what: str) -> str:
@@ -556,7 +635,10 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
             "real_run_s": walls, "repeats": repeats, "scale": scale,
             "torch_threads": torch.get_num_threads(), "clock": CLOCK.split("=")[1],
             "busy_share": {p: [busy_share(d) for d in r["real"]] for p, r in runs.items()},
-            "bias": {v: {"latency": bias(t), "goal": bias(t, GOAL)} for v, t in tables.items()},
+            "bias": {v: {"latency": {**bias(t), "interval": bias_interval(real, sims[v])},
+                         "goal": {**bias(t, GOAL),
+                                  "interval": bias_interval(real, sims[v], GOAL)}}
+                     for v, t in tables.items()},
             "study_s": time.perf_counter() - t0}
     busy = [b for v in info["busy_share"].values() for b in v]
     f2, pct = ".2f", ".1%"
@@ -568,17 +650,8 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
             "jitter_real": f"diagnostic: profile of medians with step jitter of log-sd "
                            f"{sigma_real:.3f}, the real runs' own steps' spread about the model "
                            "(fitted to these runs: not a prediction)"}
-    summary = pd.DataFrame([{"simulation": v, **{f"{k}_{g}": info["bias"][v][g][k]
-                                                  for g in ("goal", "latency")
-                                                  for k in ("bias", "error_sd", "inside")}}
-                            for v in variants])
-    md = ("Bias (mean signed error of the simulation against the real runs' mean) and the "
-          "spread of the errors (sd), over the goal's 4 figures per policy (P50/P99 TTFT and "
-          "TBT) and over all 9 latency figures per policy; `inside`: figures inside the real "
-          "runs' 90% t-interval of the mean:\n\n"
-          + table_markdown(summary, {c: "+.1%" if c.startswith("bias") else
-                                     (".1%" if c.startswith("error") else "")
-                                     for c in summary.columns}) + "\n"
+    summary = bias_summary(info["bias"])
+    md = (BIAS_HEAD + table_markdown(summary, bias_fmt(summary)) + "\n"
           + "\n".join(verdict_markdown(tables[v], what[v]) for v in variants) +
         f"\nMachine: {os.cpu_count()} CPUs, 1-minute load average {min(load.values()):.1f}-"
         f"{max(load.values()):.1f} from before the real runs to after the last; the profile's "
@@ -627,7 +700,12 @@ def main(argv=None) -> None:
                    f"{SCALES['full']['num_requests']} for the full study)")
     p.add_argument("--warm-steps", type=int, help="the profiler's decode steps before each timed "
                    "decode batch (default: sarathi-lab-profile's; 0: the profiles before it)")
+    p.add_argument("--bias", metavar="DIR", help="print the bias table of the study kept in "
+                   "DIR (its runs/ folder), recomputed from its runs' summaries, and stop")
     a = p.parse_args(argv)
+    if a.bias:
+        print(reread_bias(Path(a.bias)))
+        return
     if a.warm_steps is not None and a.warm_steps < 0:
         sys.exit(f"--warm-steps={a.warm_steps}: must be >= 0")
     if a.warm_steps is not None and a.profile:

@@ -203,15 +203,7 @@ class Harness:
         self.ex.add_request(r, None)
         step = SchedulerOutput()
         step.add(r, SETTLE_PROMPT)
-        res = self.ex.execute(step)
-        for _ in range(steps):
-            r.num_computed_tokens += step.num_new_tokens[0]
-            r.output_token_ids.append(res.sampled[0])
-            r.num_output_tokens += 1
-            step = SchedulerOutput()
-            step.add(r, 1)
-            self.ex.kv.assign([*out.reqs, r])
-            res = self.ex.execute(step)
+        self._decodes(r, step, self.ex.execute(step), steps, beside=out.reqs)
         self.ex.abort(r)
         self.ex.kv.assign(out.reqs)
 
@@ -220,23 +212,28 @@ class Harness:
         request, one after another as a run decodes a request alone: each decode's seconds
         (`StepResult.duration`). On a CPU the first decodes after a prompt step run slower than
         steady ones (the profile's ``decode_rewarm`` rows, `measure.REWARM_STEADY`)."""
-        from sarathi_lab.schedulers.output import SchedulerOutput
         out = _batch([(prompt, 0)], self.ex.args.vocab_size, self.rng)
         r = out.reqs[0]
         self.ex.kv.assign(out.reqs)
         self.ex.add_request(r, None)
-        res = self.ex.execute(out)
+        times = self._decodes(r, out, self.ex.execute(out), steps)
+        self.attn.take(), self.head.take()
+        return times
+
+    def _decodes(self, r, step, res, steps: int, beside=()) -> list[float]:
+        """`steps` decode steps of request `r` alone, one after another, after `step` (which
+        returned `res`), its blocks after those of the requests `beside`: each one's seconds."""
+        from sarathi_lab.schedulers.output import SchedulerOutput
         times = []
         for _ in range(steps):
-            r.num_computed_tokens += out.num_new_tokens[0]
+            r.num_computed_tokens += step.num_new_tokens[0]
             r.output_token_ids.append(res.sampled[0])
             r.num_output_tokens += 1
-            out = SchedulerOutput()
-            out.add(r, 1)
-            self.ex.kv.assign(out.reqs)      # its block table grows with its tokens
-            res = self.ex.execute(out)
+            step = SchedulerOutput()
+            step.add(r, 1)
+            self.ex.kv.assign([*beside, r])      # its block table grows with its tokens
+            res = self.ex.execute(step)
             times.append(res.duration)
-        self.attn.take(), self.head.take()
         return times
 
     def _stream(self, out, entries, lead: int) -> None:

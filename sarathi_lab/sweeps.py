@@ -173,6 +173,10 @@ def stop_on_signals():
         for s in previous:
             signal.signal(s, signal.SIG_IGN)
         received.signum = signum
+        # the stopped jobs' Ray workers die with them, and Ray's driver would log each of their
+        # results as an "Unhandled error" from its own thread, after the stop's last line; the
+        # stop has already said what is kept (read by Ray when it raises: set here, not earlier)
+        os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] = "1"
         raise Interrupted(signum)
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(s) is not signal.SIG_IGN:

@@ -390,3 +390,18 @@ def test_a_stopped_single_run_says_that_nothing_of_it_is_kept(tmp_path):
     finally:
         p.kill()
         kill_all(mark)
+
+
+def test_a_stop_silences_rays_reports_of_the_jobs_it_stops(monkeypatch):
+    """The signal raises `Interrupted` in the command and, from then on, Ray's driver does not
+    log the stopped jobs' dead workers as unhandled errors after the stop's last line (it reads
+    RAY_IGNORE_UNHANDLED_ERRORS when it would log one); before a stop Ray reports as it does."""
+    from sarathi_lab.sweeps import Interrupted, stop_on_signals
+    monkeypatch.delenv("RAY_IGNORE_UNHANDLED_ERRORS", raising=False)
+    with pytest.raises(Interrupted):
+        with stop_on_signals() as received:
+            assert "RAY_IGNORE_UNHANDLED_ERRORS" not in os.environ
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)   # the handler raises at the next bytecode; never reached
+    assert received.signum == signal.SIGTERM
+    assert os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] == "1"

@@ -373,3 +373,35 @@ def test_the_profilers_warm_steps_are_checked(argv, says):
     profiles before it) is refused where negative or where no profile is measured."""
     with pytest.raises(SystemExit, match=says):
         F.main(argv)
+
+
+_nm_spec = importlib.util.spec_from_file_location(
+    "fidelity_noise_memory", Path(__file__).parents[1] / "experiments" / "fidelity" / "noise_memory.py")
+NM = importlib.util.module_from_spec(_nm_spec)
+_nm_spec.loader.exec_module(NM)
+
+
+def test_noise_of_by_hand():
+    """ln(measured / predicted) by run: A 0.1, 0.3, 0.1, 0.3 (about its mean: -+0.1, lag-1
+    correlation -1); B 0, 0.1, 0.2, 0.3, 0.4 and C 0, 0.2, 0.4, 0.6 (a trend: +1 each). The
+    median correlation 1 is held below 1 (0.99); the spread is of the deviations from each
+    run's mean pooled: squares 0.04 + 0.10 + 0.20 over 13 - 1: sd sqrt(0.34 / 12) = 0.16833."""
+    runs = {"A": [0.1, 0.3, 0.1, 0.3], "B": [0, 0.1, 0.2, 0.3, 0.4], "C": [0, 0.2, 0.4, 0.6]}
+    res = pd.DataFrame([{"run": r, "predicted_s": 0.002, "measured_s": 0.002 * np.exp(x)}
+                        for r, xs in runs.items() for x in xs])
+    sigma, rho = NM.noise_of(res)
+    assert sigma == pytest.approx(np.sqrt(0.34 / 12)) and rho == 0.99
+    sigma, rho = NM.noise_of(res[res.run == "A"])
+    assert rho == 0.0 and sigma == pytest.approx(0.1 * np.sqrt(4 / 3))
+
+
+def test_noise_memory_on_a_kept_toy_study(toy):
+    out, _ = toy
+    md = NM.main([str(out), "--seeds", "1"])
+    assert (out / "noise_memory.md").read_text() == md
+    for jitter in ("independent", "with memory"):
+        assert f"| {jitter} | goal |" in md and f"| {jitter} | latency |" in md
+    assert all(f"| with memory | {p} |" in md for p in F.POLICIES)
+    # the study's own table is read from its runs as before: the new runs are not a variant
+    assert set(F.reread(out)["sims"]) == {"profiled", "jitter", "mean", "mean_jitter",
+                                          "jitter_real"}

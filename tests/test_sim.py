@@ -249,8 +249,38 @@ def test_step_jitter_keeps_the_median_and_its_seed_gives_the_same_run():
     assert [other.execute(_decode_batch()).duration for _ in range(3)] != first
 
 
+def test_step_jitter_with_memory_by_hand():
+    """rho = 0.8, sigma = 0.3, seed 5: the first log factor e_0 = sigma z_0 (the stationary
+    law), then per batch e_t = 0.8 e_(t-1) + 0.6 sigma z_t (sqrt(1 - 0.64) = 0.6), the z's the
+    seeded stream's standard normals in order; each batch's time the cost model's times
+    exp(e_t)."""
+    base = sim().execute(_decode_batch()).duration
+    a = sim(step_jitter=0.3, step_jitter_seed=5, step_jitter_memory=0.8)
+    z = np.random.default_rng(5).standard_normal(7)
+    e, want = 0.3 * z[0], []
+    for k in range(1, 7):
+        e = 0.8 * e + 0.6 * 0.3 * z[k]
+        want.append(base * np.exp(e))
+    assert [a.execute(_decode_batch()).duration for _ in range(6)] == pytest.approx(want,
+                                                                                    rel=1e-12)
+
+
+def test_step_jitter_memory_keeps_the_spread_and_makes_slow_steps_come_in_runs():
+    """Over 20,000 batches: the log factors' sd stays sigma and their lag-1 correlation is rho
+    (independent draws: about 0)."""
+    base = sim().execute(_decode_batch()).duration
+    for rho in (0.0, 0.85):
+        a = sim(step_jitter=0.2, step_jitter_seed=2, step_jitter_memory=rho)
+        e = np.log([a.execute(_decode_batch()).duration / base for _ in range(20_000)])
+        assert e.std() == pytest.approx(0.2, rel=0.1)
+        assert np.corrcoef(e[:-1], e[1:])[0, 1] == pytest.approx(rho, abs=0.03)
+
+
 @pytest.mark.parametrize("over, match", [
     ({"step_jitter_seed": 3}, "step_jitter_seed=3: read only with executor.step_jitter"),
+    ({"step_jitter_memory": 0.5}, "step_jitter_memory=0.5: read only with executor.step_jitter"),
+    ({"step_jitter": 0.1, "step_jitter_memory": 1.0}, "step_jitter_memory"),
+    ({"step_jitter": 0.1, "step_jitter_memory": -0.1}, "step_jitter_memory"),
     ({"step_jitter": 0.1, "pipeline_parallel": 2}, "one stage only"),
     ({"step_jitter": 0.0}, "step_jitter"),
     ({"step_jitter": 5.0}, "step_jitter"),

@@ -61,6 +61,9 @@ class SimConfig(ExecutorConfig):
                                         "lognormal factor of median 1 and this log-sd; null: "
                                         "none (fast-forward is off with it)")
     step_jitter_seed: int = setting(0, ge=0, help="the jitter's random stream (with step_jitter)")
+    step_jitter_memory: float = setting(0.0, ge=0, lt=1, help="the correlation of a step's log "
+                                        "jitter with the step before's (with step_jitter; 0: "
+                                        "independent draws)")
     # speculative decoding (scheduler.num_speculative_tokens > 0; executors/speculation.py)
     draft: str | None = setting(None, help="speculation: the draft, layers:N (the target's "
                                 "first N layers with its LM head) or a model preset "
@@ -138,9 +141,10 @@ class SimExecutor(Executor):
         if cfg.profile_dirs is not None and cfg.cost_model != "auto":
             raise ConfigError(f"{where}.profile_dirs={cfg.profile_dirs}: read only with "
                               f"{where}.cost_model=auto (cost_model={cfg.cost_model!r})")
-        if cfg.step_jitter is None and cfg.step_jitter_seed != SimConfig.step_jitter_seed:
-            raise ConfigError(f"{where}.step_jitter_seed={cfg.step_jitter_seed}: read only with "
-                              f"{where}.step_jitter set")
+        for name in ("step_jitter_seed", "step_jitter_memory"):
+            if cfg.step_jitter is None and getattr(cfg, name) != getattr(SimConfig, name):
+                raise ConfigError(f"{where}.{name}={getattr(cfg, name)}: read only with "
+                                  f"{where}.step_jitter set")
         if cfg.step_jitter is not None and cfg.pipeline_parallel > 1:
             raise ConfigError(f"{where}.step_jitter with pipeline_parallel="
                               f"{cfg.pipeline_parallel}: jitter is simulated for one stage only")
@@ -190,7 +194,12 @@ class SimExecutor(Executor):
         # A cost model gives a step's typical (median) time; a real step varies around it (on a
         # shared CPU by +-25% between p10 and p90), and a run's P99 TBT is drawn from that
         # variation's slow tail. One draw per executed batch, in order: a fast-forwarded run
-        # would draw for iterations it then does not take, so there is none.
+        # would draw for iterations it then does not take, so there is none. On a CPU the
+        # variation has memory (a machine's speed drifts over hundreds of steps: lag-1
+        # correlation 0.79-0.86 in experiments/fidelity's real runs), which makes slow steps
+        # come in runs and lifts a run's P90/P99 more than independent draws of the same spread:
+        # step_jitter_memory = rho, the log factor an AR(1) process of sd step_jitter,
+        # e_t = rho e_(t-1) + sqrt(1 - rho^2) sigma z_t (rho = 0: the independent draws).
         # Decodes right after a prompt step run slower (a CPU profile's decode_rewarm rows):
         # priced by the run's step order, which a fast-forwarded run would skip through.
         self._warmth = None
@@ -205,7 +214,11 @@ class SimExecutor(Executor):
             self.supports_fast_forward = False
         self._jitter = None
         if cfg.step_jitter is not None:
-            self._jitter = (np.random.default_rng(cfg.step_jitter_seed), cfg.step_jitter)
+            rng = np.random.default_rng(cfg.step_jitter_seed)
+            rho = cfg.step_jitter_memory
+            # the first step's log factor drawn from the process's stationary law
+            self._jitter = [rng, cfg.step_jitter, rho, math.sqrt(1 - rho * rho),
+                            0.0 if rho == 0 else cfg.step_jitter * rng.standard_normal()]
             self.supports_fast_forward = False
 
     @classmethod
@@ -334,8 +347,10 @@ class SimExecutor(Executor):
             from sarathi_lab.costmodels.rewarm import prompt_tokens
             t *= self._warmth.step(prompt_tokens(out.reqs, out.num_new_tokens))
         if self._jitter is not None:
-            rng, sigma = self._jitter
-            t *= math.exp(sigma * rng.standard_normal())
+            rng, sigma, rho, fresh, e = self._jitter
+            e = rho * e + fresh * sigma * rng.standard_normal()
+            self._jitter[4] = e
+            t *= math.exp(e)
         if out.swapped_out or out.swapped_in:
             s = self.swap_time(sum(len(p) for _, p in out.swapped_out)) \
                 + self.swap_time(sum(len(p) for _, p in out.swapped_in))

@@ -33,6 +33,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from sarathi_lab.costmodels.rewarm import prompt_tokens
 from sarathi_lab.executors import speculation
 from sarathi_lab.executors.base import Executor, ExecutorConfig, StepResult
 from sarathi_lab.settings import ConfigError, parse, refuse_renamed, setting, split_node
@@ -93,6 +94,22 @@ class SimConfig(ExecutorConfig):
 
 #: the share of a node's host memory its GPUs' swap spaces may take (vLLM's limit)
 SWAP_HOST_SHARE = 0.7
+
+
+class _StepJitter:
+    """The factor on each executed step's time, exp(e_t): e an AR(1) process of sd `sigma` and
+    lag-1 correlation `rho` (0: independent draws), from its own seeded stream."""
+    __slots__ = ("rng", "sigma", "rho", "fresh", "e")
+
+    def __init__(self, sigma: float, rho: float, seed: int):
+        self.rng = np.random.default_rng(seed)
+        self.sigma, self.rho, self.fresh = sigma, rho, math.sqrt(1 - rho * rho)
+        # the first step's log factor drawn from the process's stationary law
+        self.e = 0.0 if rho == 0 else sigma * self.rng.standard_normal()
+
+    def next(self) -> float:
+        self.e = self.rho * self.e + self.fresh * self.sigma * self.rng.standard_normal()
+        return math.exp(self.e)
 
 
 class SimExecutor(Executor):
@@ -214,11 +231,8 @@ class SimExecutor(Executor):
             self.supports_fast_forward = False
         self._jitter = None
         if cfg.step_jitter is not None:
-            rng = np.random.default_rng(cfg.step_jitter_seed)
-            rho = cfg.step_jitter_memory
-            # the first step's log factor drawn from the process's stationary law
-            self._jitter = [rng, cfg.step_jitter, rho, math.sqrt(1 - rho * rho),
-                            0.0 if rho == 0 else cfg.step_jitter * rng.standard_normal()]
+            self._jitter = _StepJitter(cfg.step_jitter, cfg.step_jitter_memory,
+                                       cfg.step_jitter_seed)
             self.supports_fast_forward = False
 
     @classmethod
@@ -344,13 +358,9 @@ class SimExecutor(Executor):
         else:
             t = self._step_time(out.reqs, out.num_new_tokens)
         if self._warmth is not None:
-            from sarathi_lab.costmodels.rewarm import prompt_tokens
             t *= self._warmth.step(prompt_tokens(out.reqs, out.num_new_tokens))
         if self._jitter is not None:
-            rng, sigma, rho, fresh, e = self._jitter
-            e = rho * e + fresh * sigma * rng.standard_normal()
-            self._jitter[4] = e
-            t *= math.exp(e)
+            t *= self._jitter.next()
         if out.swapped_out or out.swapped_in:
             s = self.swap_time(sum(len(p) for _, p in out.swapped_out)) \
                 + self.swap_time(sum(len(p) for _, p in out.swapped_in))

@@ -374,6 +374,11 @@ def test_a_decode_batch_is_timed_after_a_stream_of_its_own_decodes(one_thread):
     steps.clear()
     h.run([(64, 16)], after_chunk=True)   # context shorter than the chunk: it is the previous
     assert steps == [([0], [16], [0], 0), ([0], [64], [16], 1)]
+    steps.clear()   # and with settling decodes: once, before it
+    h.run([(64, 16)], settle=2, after_chunk=True)
+    assert steps == [([1], [SETTLE_PROMPT], [0], 1),
+                     *[([1], [1], [SETTLE_PROMPT + j], 1) for j in range(2)],
+                     ([0], [16], [0], 0), ([0], [64], [16], 1)]
     with pytest.raises(ValueError, match=r"after_chunk: for one chunk at a context > 0"):
         h.run([(32, 0)], after_chunk=True)
 

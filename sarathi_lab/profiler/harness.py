@@ -178,14 +178,17 @@ class Harness:
         from sarathi_lab.schedulers.output import SchedulerOutput
         (c, k), r = entry, out.reqs[0]
         prev = min(c, k)
-        for start, n in ((0, k - prev), (k - prev, prev)):
-            if start == k - prev and settle:
-                self._settle(out, settle)
-            if n:
-                r.num_computed_tokens = start
-                step = SchedulerOutput()
-                step.add(r, n)
-                self.ex.execute(step)
+
+        def chunk(start: int, n: int) -> None:
+            r.num_computed_tokens = start
+            step = SchedulerOutput()
+            step.add(r, n)
+            self.ex.execute(step)
+        if k > prev:
+            chunk(0, k - prev)
+        if settle:
+            self._settle(out, settle)
+        chunk(k - prev, prev)
         r.num_computed_tokens = k
 
     def _settle(self, out, steps: int) -> None:

@@ -405,3 +405,11 @@ def test_noise_memory_on_a_kept_toy_study(toy):
     # the study's own table is read from its runs as before: the new runs are not a variant
     assert set(F.reread(out)["sims"]) == {"profiled", "jitter", "mean", "mean_jitter",
                                           "jitter_real"}
+
+
+def test_bias_table_from_the_command_line(toy, capsys):
+    """`run.py --bias DIR` prints the kept study's bias table and runs nothing."""
+    out, _ = toy
+    F.main(["--bias", str(out)])
+    printed = capsys.readouterr().out
+    assert printed.strip() == F.reread_bias(out).strip() and "| profiled |" in printed

@@ -132,3 +132,30 @@ def test_pipeline_stages_refuse_a_profile_that_prices_step_order(tmp_path):
                    "trace.num_requests=1", "progress=false")
     with pytest.raises(ConfigError, match="pipeline_parallel=2.*decode_rewarm"):
         run(cfg, None, write=False)
+
+
+@pytest.mark.slow   # a CLI subprocess
+def test_a_profile_with_rewarm_rows_from_the_cli(tmp_path):
+    """`sarathi-lab ... executor.profile=PATH` with decode_rewarm rows: the summary says the
+    factors, and the decodes after the prompt step cost more than the same profile's without."""
+    import json
+
+    from helpers import cli
+    rows = synthetic_rows()
+    paths = {"on": write(tmp_path / "p.csv", rows + rewarm_rows({200: [1e-3, 2e-3, 1.5e-3]})),
+             "off": write_csv(tmp_path / "q.csv", rows)}
+    got = {}
+    for name, path in paths.items():
+        r = cli(f"hydra.run.dir={tmp_path}/{name}", "model=llama-2-7b", "hardware=a100-80gb",
+                "executor.cost_model=profiled", f"executor.profile={path}", "trace=synthetic",
+                "trace.num_requests=1", f"trace.prompt_len={PROMPT}",
+                f"trace.output_len={OUTPUT}", "progress=false", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-2000:]
+        got[name] = (json.loads((tmp_path / name / "summary.json").read_text()),
+                     pd.read_parquet(tmp_path / name / "iterations.parquet")["duration"])
+    assert got["on"][0]["cost_model"]["rewarm"]["first_place"] == [2.0]
+    assert got["off"][0]["cost_model"]["rewarm"] is None
+    on, off = got["on"][1], got["off"][1]
+    assert on.iloc[1] == pytest.approx(2.0 * off.iloc[1], rel=1e-9)    # the 1st decode: x2
+    assert on.iloc[2] == pytest.approx(1.5 * off.iloc[2], rel=1e-9)    # the 2nd: x1.5
+    assert on.iloc[3:].tolist() == pytest.approx(off.iloc[3:].tolist(), rel=1e-12)

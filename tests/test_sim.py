@@ -308,6 +308,26 @@ def test_step_jitter_from_the_cli(tmp_path):
     assert runs["jitter"]["tbt"]["p99"] != runs["plain"]["tbt"]["p99"]
 
 
+@pytest.mark.slow   # CLI subprocesses
+def test_step_jitter_memory_from_the_cli(tmp_path):
+    import json
+
+    from helpers import cli
+    base = ["model=tiny-llama", "hardware=a100-80gb", "trace=synthetic", "trace.num_requests=30",
+            "trace.prompt_len=64", "trace.output_len=16", "executor.step_jitter=0.2"]
+    runs = {}
+    for name, extra in (("independent", []), ("memory", ["executor.step_jitter_memory=0.8"])):
+        r = cli(f"hydra.run.dir={tmp_path}/{name}", *base, *extra, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-2000:]
+        runs[name] = json.loads((tmp_path / name / "summary.json").read_text())
+    assert runs["memory"]["settings"]["executor"]["step_jitter_memory"] == 0.8
+    assert runs["memory"]["tbt"]["p99"] != runs["independent"]["tbt"]["p99"]
+    r = cli(f"hydra.run.dir={tmp_path}/unread", "executor.step_jitter_memory=0.5", cwd=tmp_path)
+    assert r.returncode != 0
+    assert "step_jitter_memory=0.5: read only with executor.step_jitter" in r.stderr
+    assert not (tmp_path / "unread" / "summary.json").exists()
+
+
 def test_sarathi_on_the_roofline_skips_chunked_prefills_without_changing_the_run():
     # prompts of 100-1500 tokens under a 256-token budget in a cache that preempts (12 times):
     # chunk runs stop at arrivals, at waiting requests, at finishes and at KV growth

@@ -26,15 +26,26 @@ def _prod(a, b):
     return tuple(itertools.product(a, b))
 
 
+# the sizes (tokens of a prompt, requests of a decode batch) the cpu grid measures each of
+SMALL = 8
+
+
 GRIDS = {
     # a CPU, one thread: 25 s for experiments/fidelity's 5M-parameter Llama (52 s at a load of
     # 4); SmolLM2-135M does ~12k tokens a pass (~45 s on a quiet core, ~5 min for the 6 passes
     # by default, before the unmeasured step of each point added ~30% (19 -> 25 s on the 5M
     # Llama); measured 3.6 s a step, ~26 min, under a load average of 10 on 2 cores)
-    "cpu": Grid(linear=(1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 1024, 2048),
+    # Every size up to SMALL is measured, not read between powers of two: on a CPU an odd
+    # number of rows in a matrix multiply costs more than the even number above it (the
+    # kernels block rows; a remainder takes a slower path), by more than the model's other
+    # small terms (experiments/fidelity's model, steady streams: a 3-token forward's linear layers 2.86 ms
+    # against 2.75 for 4 tokens, 3.11 for 5 against 2.84 for 6; a decode step of 3 requests 5.40
+    # ms against 5.16 and 5.19 for 2 and 4). Read between 2 and 4, the real runs' decode steps of
+    # 3 requests took 1.10-1.12x the prediction where those of 2 took 1.01-1.04x.
+    "cpu": Grid(linear=(*range(1, SMALL + 1), 16, 32, 64, 128, 256, 384, 512, 1024, 2048),
                 prefill=_prod((16, 64, 128, 256, 512), (0, 256, 512, 1024))
                 + ((768, 0), (768, 256), (1024, 0)),
-                decode=_prod((1, 2, 4, 8, 16, 32, 64), (16, 256, 512, 1024)),
+                decode=_prod((*range(1, SMALL + 1), 16, 32, 64), (16, 256, 512, 1024)),
                 mixed=((64, 128, 4, 256), (128, 0, 8, 512), (256, 256, 16, 128),
                        (32, 512, 2, 64), (200, 100, 12, 300)),
                 rewarm=(64, 128, 256, 512)),

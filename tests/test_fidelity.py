@@ -195,7 +195,17 @@ def test_toy_study_writes_its_table_and_plots(toy):
     from sarathi_lab.profiler import profile_meta
     assert profile_meta(out / "profile_mean.parquet")["statistic"] == "mean"
     assert profile_meta(out / "profile.parquet")["statistic"] == "median"
-    assert set(info["bias"]) == {"profiled", "jitter", "mean", "mean_jitter", "jitter_real"}
+    assert set(info["bias"]) == {"profiled", "jitter", "mean", "mean_jitter", "jitter_real",
+                                 "speed"}
+    # the speed spread is the profile parts', and its middle node (factor 1) is the profile
+    # itself: the same run as the plain simulation
+    assert info["speed_sigma"] == pytest.approx(np.std(info["speed_levels"], ddof=1))
+    assert len(info["speed_levels"]) == 3
+    middle = F.SPEED_NODES // 2
+    for p in F.POLICIES:
+        a = json.loads((out / "runs" / p / "sim" / "summary.json").read_text())
+        b = json.loads((out / "runs" / p / "speed" / str(middle) / "summary.json").read_text())
+        assert F.figures(a) == F.figures(b)
     goal = info["bias"]["profiled"]["goal"]
     assert goal["interval"]["bias"] == pytest.approx(goal["bias"])
     assert goal["interval"]["lo"] <= goal["bias"] <= goal["interval"]["hi"]
@@ -267,6 +277,50 @@ def test_jitter_sigma_by_hand(tmp_path):
     rows.assign(time_p10_s=0.0).to_parquet(tmp_path / "q.parquet")
     with pytest.raises(ValueError, match="no row with a measured spread"):
         F.jitter_sigma(tmp_path / "q.parquet")
+
+
+def test_part_levels_by_hand(tmp_path):
+    """Three parts at speeds 1, 1.1 and 0.9 on the points of >= 0.1 ms: each point's median
+    over the parts is part 0's, so the levels are 0, ln 1.1, ln 0.9. A point under 0.1 ms in
+    some part (timer noise) is left out, however far it is off."""
+    base = np.array([1e-3, 2e-3, 5e-3, 5e-5])
+    paths = []
+    for i, (f, odd) in enumerate(((1.0, 1.0), (1.1, 30.0), (0.9, 0.01))):
+        t = base * f
+        t[3] = base[3] * odd
+        paths.append(tmp_path / f"{i}.parquet")
+        pd.DataFrame({"time_s": t}).to_parquet(paths[-1])
+    assert F.part_levels(paths) == pytest.approx([0.0, np.log(1.1), np.log(0.9)])
+    with pytest.raises(ValueError, match=">= 2 profile parts"):
+        F.part_levels(paths[:1])
+
+
+def test_speed_nodes_integrate_a_lognormal():
+    """E exp(sZ) = exp(s^2 / 2) and E (ln factor)^2 = s^2, to the quadrature's accuracy;
+    a spread of 0 gives every node factor 1."""
+    s = 0.12
+    f, w = F.speed_nodes(s)
+    assert w.sum() == pytest.approx(1.0) and len(f) == F.SPEED_NODES
+    assert np.dot(w, f) == pytest.approx(np.exp(s * s / 2), rel=1e-9)
+    assert np.dot(w, np.log(f) ** 2) == pytest.approx(s * s)
+    assert np.allclose(F.speed_nodes(0.0)[0], 1.0)
+    with pytest.raises(ValueError, match="log-sd"):
+        F.speed_nodes(-0.1)
+
+
+def test_scaled_profile_times_every_time_and_keeps_the_metadata(tmp_path):
+    """What a machine 1.5x slower measures, as the quadrature over speeds reads it."""
+    from sarathi_lab.profiler import COLUMNS, profile_meta
+    from sarathi_lab.profiler.files import write
+    rows = [{**dict.fromkeys(COLUMNS), "operator": "linear", "num_tokens": 4, "time_s": 2e-3,
+             "time_p10_s": 1e-3, "time_p90_s": 3e-3, "repeats": 5}]
+    src = write(rows, {"device": "cpu", "statistic": "median"}, tmp_path / "p.parquet")
+    dst = F.scaled_profile(src, 1.5, tmp_path / "q.parquet")
+    q = pd.read_parquet(dst)
+    assert q[["time_s", "time_p10_s", "time_p90_s"]].iloc[0].tolist() == \
+        pytest.approx([3e-3, 1.5e-3, 4.5e-3])
+    assert q["repeats"].iloc[0] == 5
+    assert profile_meta(dst) == profile_meta(src)
 
 
 def test_real_sigma_by_hand():
@@ -404,7 +458,28 @@ def test_noise_memory_on_a_kept_toy_study(toy):
     assert all(f"| with memory | {p} |" in md for p in F.POLICIES)
     # the study's own table is read from its runs as before: the new runs are not a variant
     assert set(F.reread(out)["sims"]) == {"profiled", "jitter", "mean", "mean_jitter",
-                                          "jitter_real"}
+                                          "jitter_real", "speed"}
+
+
+_ss_spec = importlib.util.spec_from_file_location(
+    "fidelity_speed_spread", ROOT / "experiments" / "fidelity" / "speed_spread.py")
+SS = importlib.util.module_from_spec(_ss_spec)
+_ss_spec.loader.exec_module(SS)
+
+
+def test_speed_spread_on_a_kept_toy_study(toy, tmp_path):
+    """speed_spread.py recomputes, from the kept parts and runs, the study's own "speed"
+    variant: the same spread, the same simulations, the same bias."""
+    out, _ = toy
+    info = json.loads((out / "fidelity.json").read_text())
+    md = SS.main([str(out)])
+    assert (out / "speed_spread.md").read_text() == md
+    assert f"log-sd {info['speed_sigma']:.3f}" in md
+    goal = info["bias"]["speed"]["goal"]
+    assert f"| speed | goal | {goal['bias']:+.1%} |" in md
+    assert f"| profiled | goal | {info['bias']['profiled']['goal']['bias']:+.1%} |" in md
+    with pytest.raises(SystemExit, match="not a kept fidelity study"):
+        SS.main([str(tmp_path)])
 
 
 def test_bias_table_from_the_command_line(toy, capsys):

@@ -483,3 +483,14 @@ def test_rewarm_rows_time_the_decodes_after_a_prompt_step():
         assert got[1] - steady > 0.9 * _Machine.COLD      # the first decodes run cold
     assert not [r for r in P.measure(_Machine(), grid, repeats=1, warmup=0, warm=0)
                 if r["operator"] == "decode_rewarm"]
+
+
+def test_cpu_grid_measures_every_small_size():
+    """A CPU prices an odd row count above the even one after it, which a curve read between
+    powers of two cannot show: every prompt and decode batch size up to SMALL is a point."""
+    from sarathi_lab.profiler.grids import GRIDS, SMALL
+    g = GRIDS["cpu"]
+    assert set(range(1, SMALL + 1)) <= set(g.linear)
+    contexts = {k for _, k in g.decode}
+    for b in range(1, SMALL + 1):
+        assert {(b, k) for k in contexts} <= set(g.decode), b

@@ -219,6 +219,10 @@ def reread(out: Path) -> dict:
         v = "profiled" if d.name == "sim" else d.name[len("sim_"):]
         if all((base / p / d.name / "summary.json").is_file() for p in policies):
             sims[v] = {p: summary(base / p / d.name) for p in policies}
+    if (base / "speed.json").is_file():
+        w = json.loads((base / "speed.json").read_text())["weights"]
+        sims["speed"] = {p: weighted([summary(base / p / "speed" / str(i))
+                                      for i in range(len(w))], w) for p in policies}
     return {"real": real, "sims": sims}
 
 
@@ -254,6 +258,77 @@ def jitter_sigma(profile) -> float:
         raise ValueError(f"{profile}: no row with a measured spread (p10 > 0)")
     return float(np.median(r))
 
+
+
+def part_levels(paths) -> np.ndarray:
+    """The machine's speed in each part of a study's profile (measured minutes apart, merged by
+    `profiler.merge`) against the parts' typical speed: per part, the median over the grid's
+    points of ln(its time / the point's median over the parts), over the points of at least
+    0.1 ms in every part (the shorter ones are mostly the timer's noise). The parts hold the
+    same points in the same order (`merge` checks)."""
+    times = np.array([pd.read_parquet(x)["time_s"].to_numpy(dtype=float) for x in paths])
+    if len(times) < 2:
+        raise ValueError(f"the speed's spread needs >= 2 profile parts, got {len(times)}")
+    ok = (times >= 1e-4).all(axis=0)
+    if not ok.any():
+        raise ValueError(f"{paths[0]}...: no point of >= 0.1 ms in every part")
+    lt = np.log(times[:, ok])
+    return np.median(lt - np.median(lt, axis=0), axis=1)
+
+
+# points of the quadrature over the machine's speed (`speed_nodes`): exact for figures that are
+# polynomials of degree up to 2n - 1 in the log speed, plenty for a smooth queue
+SPEED_NODES = 5
+
+
+def speed_nodes(sigma: float, n: int = SPEED_NODES) -> tuple[np.ndarray, np.ndarray]:
+    """(factors, weights): Gauss-Hermite quadrature of a log-normal slowdown of log-sd `sigma`
+    about 1 (factor exp(sigma x_i), weight w_i / sum w, x and w the probabilists' nodes and
+    weights); sum_i w_i f(factor_i) is E f(exp(sigma Z)), Z standard normal."""
+    if not sigma >= 0:
+        raise ValueError(f"the speed's log-sd must be >= 0, got {sigma}")
+    x, w = np.polynomial.hermite_e.hermegauss(n)
+    return np.exp(sigma * x), w / w.sum()
+
+
+def scaled_profile(src, factor: float, dst) -> Path:
+    """`src` on a machine `factor` times slower: every time (time_s, p10, p90) times `factor`,
+    the metadata kept. The decode rewarm's factors, ratios of its rows, are unchanged."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    t = pq.read_table(src)
+    for c in ("time_s", "time_p10_s", "time_p90_s"):
+        t = t.set_column(t.schema.get_field_index(c), c, pc.multiply(t[c], float(factor)))
+    pq.write_table(t, dst)
+    return Path(dst)
+
+
+def speed_spread(scale: dict, policies, profile, sigma: float, hardware, base: Path,
+                 n: int = SPEED_NODES) -> dict:
+    """Per policy, the simulation's figures averaged over the machine's speed (`speed_nodes`):
+    the profile run at each quadrature factor (runs in base/<policy>/speed/<i>; base/speed.json
+    records the factors and weights for `reread`). Latencies are convex in the step time where
+    requests queue (a queue's wait grows as 1 / (1 - load)), so runs on a machine whose speed
+    moves from one run to the next average above the simulation at its typical speed: with the
+    speed's spread as the profile's parts measured it, this is the simulation's prediction of
+    the real runs' mean."""
+    from sarathi_lab import runner
+    f, w = speed_nodes(sigma, n)
+    base.mkdir(parents=True, exist_ok=True)
+    figs = {p: [] for p in policies}
+    for i, fi in enumerate(f):
+        prof = scaled_profile(profile, fi, base / f"speed_profile_{i}.parquet")
+        for p in policies:
+            figs[p].append(figures(runner.run(run_config(scale, p, sim_overrides(prof),
+                                                         hardware), base / p / "speed" / str(i))))
+    (base / "speed.json").write_text(json.dumps({"sigma": sigma, "factors": f.tolist(),
+                                                 "weights": w.tolist()}))
+    return {p: weighted(v, w) for p, v in figs.items()}
+
+
+def weighted(figs: list[dict], w) -> dict:
+    """The figures' weighted mean, figure by figure."""
+    return {k: float(np.dot(w, [x[k] for x in figs])) for k in figs[0]}
 
 BIAS_HEAD = ("Bias (mean signed error of the simulation against the real runs' mean), the "
              "bias's own 90% interval over the rounds of real runs (`bias_interval`: per "
@@ -611,9 +686,20 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
             d = out / "runs" / policy / ("sim" if v == "profiled" else f"sim_{v}")
             sims[v][policy] = figures(runner.run(run_config(scale, policy, ex, hardware), d))
         runs[policy]["sim"] = out / "runs" / policy / "sim"
-    tables = {v: verdict(real, sims[v]) for v in variants}
+    # The machine's speed moves between runs, and where requests queue a latency is convex in
+    # the step time: the real runs' mean lies above the simulation at the typical speed. The
+    # profile's parts, minutes apart, measure how far the speed moves (`part_levels`); the
+    # simulation averaged over that spread (`speed_spread`) predicts the runs' mean from the
+    # profile alone.
+    levels = sigma_speed = None
+    if parts is not None:
+        levels = part_levels(parts)
+        sigma_speed = float(np.std(levels, ddof=1))
+        sims["speed"] = speed_spread(scale, chosen, profile, sigma_speed, hardware,
+                                     out / "runs")
+    tables = {v: verdict(real, sims[v]) for v in sims}
     table = tables["profiled"]
-    for v in list(variants)[1:]:
+    for v in list(tables)[1:]:
         for c in ("sim", "error", "inside"):
             table[f"{c}_{v}"] = tables[v][c].to_numpy()
     table.to_csv(out / "fidelity.csv", index=False)
@@ -631,6 +717,8 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
     info = {"profile": str(profile), "profile_meta": meta, "profile_s": t_profile,
             "profile_noise_median": float(noise.median()), "step_jitter": sigma,
             "step_jitter_real": sigma_real,
+            "speed_levels": None if levels is None else [float(x) for x in levels],
+            "speed_sigma": sigma_speed,
             "load_average_1min": load, "cpus": os.cpu_count(), "policies": chosen,
             "real_run_s": walls, "repeats": repeats, "scale": scale,
             "torch_threads": torch.get_num_threads(), "clock": CLOCK.split("=")[1],
@@ -649,10 +737,13 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
             "mean_jitter": f"profile of means, with step jitter (log-sd {sigma:.3f})",
             "jitter_real": f"diagnostic: profile of medians with step jitter of log-sd "
                            f"{sigma_real:.3f}, the real runs' own steps' spread about the model "
-                           "(fitted to these runs: not a prediction)"}
+                           "(fitted to these runs: not a prediction)",
+            "speed": f"profile of medians, averaged over the machine's speed: log-sd "
+                     f"{sigma_speed or 0:.3f}, the spread of the profile parts' speeds "
+                     f"(part_levels; Gauss-Hermite, {SPEED_NODES} speeds)"}
     summary = bias_summary(info["bias"])
     md = (BIAS_HEAD + table_markdown(summary, bias_fmt(summary)) + "\n"
-          + "\n".join(verdict_markdown(tables[v], what[v]) for v in variants) +
+          + "\n".join(verdict_markdown(tables[v], what[v]) for v in tables) +
         f"\nMachine: {os.cpu_count()} CPUs, 1-minute load average {min(load.values()):.1f}-"
         f"{max(load.values()):.1f} from before the real runs to after the last; the profile's "
         f"repeats spread by a median {float(noise.median()):.0%} ((p90 - p10) / median over its "

@@ -70,6 +70,35 @@ def test_bias_interval_by_hand():
         F.bias_interval({"orca": real["orca"], "vllm": real["vllm"][:2]}, sim)
 
 
+def test_matched_bias_by_hand():
+    """Log levels -1, 0, 1 with round biases 1, 0, 2: the least-squares line 1 + 0.5 x; its
+    residuals 0.5, -1, 0.5 (sum of squares 1.5 over 1 degree of freedom), the intercept's
+    variance 1.5 / 3, half-width t95(1) sqrt(0.5) = 4.4646; correlation 1 / sqrt(2 x 2)."""
+    m = F.matched_bias([1.0, 0.0, 2.0], np.exp([-1.0, 0.0, 1.0]))
+    assert m["bias"] == pytest.approx(1.0) and m["slope"] == pytest.approx(0.5)
+    assert m["hi"] - m["bias"] == pytest.approx(6.314 * np.sqrt(0.5))
+    assert m["r"] == pytest.approx(0.5) and m["rounds"] == 3
+    # biases exactly on a line: the line itself, with no width
+    x = np.array([0.0, 0.1, -0.1, 0.2])
+    m = F.matched_bias(-0.02 - 1.1 * x, np.exp(x))
+    assert m["bias"] == pytest.approx(-0.02) and m["slope"] == pytest.approx(-1.1)
+    assert m["hi"] - m["lo"] == pytest.approx(0.0, abs=1e-12) and m["r"] == pytest.approx(-1)
+    with pytest.raises(ValueError, match=">= 3"):
+        F.matched_bias([0.1, 0.2], [1.0, 1.1])
+    with pytest.raises(ValueError, match="same level"):
+        F.matched_bias([0.1, 0.2, 0.0], [1.0, 1.0, 1.0])
+
+
+def test_round_levels_by_hand():
+    """Round 0: orca's and vllm's steps, 3 + 1 ms measured against 2 + 2 predicted: 1.0;
+    round 1: 3 ms against 2: 1.5. Rounds by their number, not their order in the table."""
+    res = pd.DataFrame({"run": ["x/orca/real-1", "x/orca/real-0", "x/vllm/real-0"],
+                        "measured_s": [3e-3, 3e-3, 1e-3], "predicted_s": [2e-3, 2e-3, 2e-3]})
+    assert F.round_levels(res) == pytest.approx([1.0, 1.5])
+    with pytest.raises(ValueError, match="real-<i>"):
+        F.round_levels(res.assign(run="x/orca/sim"))
+
+
 def test_t_quantiles():
     """The table's ends and the series beyond it, against published values (t 0.95 at 40 and
     120 degrees of freedom: 1.6839, 1.6577); fewer than two runs have no interval."""
@@ -459,6 +488,34 @@ def test_noise_memory_on_a_kept_toy_study(toy):
     # the study's own table is read from its runs as before: the new runs are not a variant
     assert set(F.reread(out)["sims"]) == {"profiled", "jitter", "mean", "mean_jitter",
                                           "jitter_real", "speed"}
+
+
+_po_spec = importlib.util.spec_from_file_location(
+    "fidelity_pooled", ROOT / "experiments" / "fidelity" / "pooled.py")
+PO = importlib.util.module_from_spec(_po_spec)
+_po_spec.loader.exec_module(PO)
+
+
+def test_pooled_rounds_of_kept_toy_studies(toy):
+    """Two studies of 2 rounds each: no line per study, one through their 4 rounds, which is
+    `matched_bias` of the rounds' own biases and levels; every variant's rounds are read
+    against its own profile's priced iterations."""
+    out, _ = toy
+    info = json.loads((out / "fidelity.json").read_text())
+    assert {k: len(v) for k, v in info["round_levels"].items()} == {"median": 2, "mean": 2}
+    assert "matched" not in info["bias"]["profiled"]["goal"]   # 2 rounds: no line
+    t = PO.pooled([out, out])
+    per = info["bias"]["profiled"]["goal"]["interval"]["per_round"]
+    want = F.matched_bias(per * 2, info["round_levels"]["median"] * 2)
+    assert t["at_profile_speed"].tolist() == ["", "", F.matched_text(want)]
+    assert t["rounds"].tolist() == [2, 2, 4]
+    mean = PO.pooled([out, out], "mean")
+    per = info["bias"]["mean"]["goal"]["interval"]["per_round"]
+    assert mean["at_profile_speed"].iloc[-1] == F.matched_text(
+        F.matched_bias(per * 2, info["round_levels"]["mean"] * 2))
+    assert "| all | 4 |" in PO.main([str(out), str(out)])
+    with pytest.raises(SystemExit, match="no kept simulation 'nope'"):
+        PO.main([str(out), "--variant", "nope"])
 
 
 _ss_spec = importlib.util.spec_from_file_location(

@@ -202,6 +202,62 @@ def bias_interval(real: dict[str, list[dict]], sim: dict[str, dict], metrics=Non
             "hi": b + (m - lo)}
 
 
+def round_levels(res: pd.DataFrame) -> list[float]:
+    """Per round of real runs (repeat i of every policy: runs named real-<i>), its steps'
+    measured time over what the profile predicts for them (`residuals`, a ratio of sums, which
+    is what a latency sees): how slow the machine ran that round against the profile."""
+    rep = res["run"].str.extract(r"real-(\d+)$")[0]
+    if rep.isna().any():
+        raise ValueError("round_levels: every run's folder must be named real-<i>")
+    g = res.groupby(rep.astype(int))
+    return (g["measured_s"].sum() / g["predicted_s"].sum()).sort_index().tolist()
+
+
+def matched_bias(per_round, levels) -> dict:
+    """The bias at the profile's own speed. A round whose machine ran slower than the profile
+    has every figure's error lower by about the same share, so a study's bias is mostly its
+    rounds' speed (on this machine 0.85-1.17 of the profile from one round to the next), not
+    the simulation's. The per-round biases (`bias_interval`'s) against the log of the rounds'
+    levels (`round_levels`), a least-squares line: its intercept, the bias of a round whose
+    steps took in sum what the profile predicts, with its 90% t-interval (n - 2 degrees of
+    freedom), the slope (the bias per unit of log level) and the correlation."""
+    x, y = np.log(np.asarray(levels, dtype=float)), np.asarray(per_round, dtype=float)
+    n = len(y)
+    if n != len(x) or n < 3:
+        raise ValueError(f"matched_bias: needs as many levels as rounds, >= 3 (got {n} "
+                         f"rounds, {len(x)} levels)")
+    if np.ptp(x) == 0:
+        raise ValueError("matched_bias: every round ran at the same level; no line through them")
+    a = np.c_[np.ones(n), x]
+    coef = np.linalg.lstsq(a, y, rcond=None)[0]
+    resid = y - a @ coef
+    cov = float(resid @ resid) / (n - 2) * np.linalg.inv(a.T @ a)
+    h = t95(n - 2) * float(np.sqrt(cov[0, 0]))
+    return {"bias": float(coef[0]), "lo": float(coef[0] - h), "hi": float(coef[0] + h),
+            "slope": float(coef[1]), "r": float(np.corrcoef(x, y)[0, 1]), "rounds": n}
+
+
+# every real iteration priced on each profile (`residuals`), kept in a study's runs/ folder
+RESIDUALS = {"median": "residuals.parquet", "mean": "residuals_mean.parquet"}
+
+
+def profile_of(variant: str) -> str:
+    """Which profile a simulation variant runs on: the rounds' speeds are taken against it."""
+    return "mean" if variant.startswith("mean") else "median"
+
+
+def variant_bias(real: dict, sim: dict, levels=None) -> dict:
+    """{"latency" | "goal": `bias` over those figures, its "interval" (`bias_interval`) and,
+    given the rounds' levels (>= 3 rounds), its "matched" bias (`matched_bias`)}."""
+    t = verdict(real, sim)
+    out = {}
+    for g, ms in (("latency", None), ("goal", GOAL)):
+        iv = bias_interval(real, sim, ms)
+        out[g] = {**bias(t, ms), "interval": iv}
+        if levels is not None and len(levels) >= 3:
+            out[g]["matched"] = matched_bias(iv["per_round"], levels)
+    return out
+
 def reread(out: Path) -> dict:
     """From a study's kept runs (OUT/runs/<policy>/real-<i> and sim or sim_<variant>): the real
     runs' figures by policy and each variant's, for `bias_interval`."""
@@ -230,11 +286,10 @@ def reread_bias(out: Path) -> str:
     """`--bias DIR`: the bias table (`BIAS_HEAD`) of a study's kept runs, recomputed from their
     summaries (figures, intervals and the bias's own interval; no run is repeated)."""
     kept = reread(out)
-    biases = {}
-    for v, sim in kept["sims"].items():
-        t = verdict(kept["real"], sim)
-        biases[v] = {"latency": {**bias(t), "interval": bias_interval(kept["real"], sim)},
-                     "goal": {**bias(t, GOAL), "interval": bias_interval(kept["real"], sim, GOAL)}}
+    levels = {k: round_levels(pd.read_parquet(out / "runs" / f))
+              for k, f in RESIDUALS.items() if (out / "runs" / f).is_file()}
+    biases = {v: variant_bias(kept["real"], sim, levels.get(profile_of(v)))
+              for v, sim in kept["sims"].items()}
     summary = bias_summary(biases)
     return BIAS_HEAD + table_markdown(summary, bias_fmt(summary))
 
@@ -257,7 +312,6 @@ def jitter_sigma(profile) -> float:
     if not len(r):
         raise ValueError(f"{profile}: no row with a measured spread (p10 > 0)")
     return float(np.median(r))
-
 
 
 def part_levels(paths) -> np.ndarray:
@@ -330,26 +384,40 @@ def weighted(figs: list[dict], w) -> dict:
     """The figures' weighted mean, figure by figure."""
     return {k: float(np.dot(w, [x[k] for x in figs])) for k in figs[0]}
 
+
 BIAS_HEAD = ("Bias (mean signed error of the simulation against the real runs' mean), the "
              "bias's own 90% interval over the rounds of real runs (`bias_interval`: per "
              "round, the mean error against that round's runs) and the spread of the errors "
              "(sd), over the goal's 4 figures per policy (P50/P99 TTFT and TBT) and over all 9 "
              "latency figures per policy; `inside`: figures inside the real runs' 90% "
-             "t-interval of the mean:\n\n")
+             "t-interval of the mean; with 3 or more rounds, `bias_goal_at_profile_speed`: the "
+             "goal's bias in a round whose steps took in sum what the profile predicts "
+             "(`matched_bias`: the rounds' biases against their machine's speed, the line's "
+             "intercept and its 90% interval):\n\n")
 
 
 def bias_summary(biases: dict) -> pd.DataFrame:
-    """One row per simulation variant from `{variant: {"goal"|"latency": bias() + interval}}`."""
-    return pd.DataFrame([{"simulation": v, **{
+    """One row per simulation variant from `{variant: {"goal"|"latency": bias() + interval}}`
+    (`variant_bias`); the bias at the profile's speed blank where it was not taken."""
+    t = pd.DataFrame([{"simulation": v, **{
         k: val for g in ("goal", "latency") for k, val in (
             (f"bias_{g}", b[g]["bias"]),
             (f"bias_{g}_90", f"{b[g]['interval']['lo']:+.1%} to {b[g]['interval']['hi']:+.1%}"),
-            (f"error_sd_{g}", b[g]["error_sd"]), (f"inside_{g}", b[g]["inside"]))}}
+            (f"error_sd_{g}", b[g]["error_sd"]), (f"inside_{g}", b[g]["inside"]))},
+        **({"bias_goal_at_profile_speed": matched_text(b["goal"]["matched"])}
+           if "matched" in b["goal"] else {})}
         for v, b in biases.items()])
+    if "bias_goal_at_profile_speed" in t:
+        t["bias_goal_at_profile_speed"] = t["bias_goal_at_profile_speed"].fillna("")
+    return t
+
+
+def matched_text(m: dict) -> str:
+    return f"{m['bias']:+.1%} ({m['lo']:+.1%} to {m['hi']:+.1%})"
 
 
 def bias_fmt(summary: pd.DataFrame) -> dict:
-    return {c: "+.1%" if c.startswith("bias") and not c.endswith("_90") else
+    return {c: "+.1%" if c.startswith("bias") and not c.endswith(("_90", "_speed")) else
             (".1%" if c.startswith("error") else "") for c in summary.columns}
 
 
@@ -662,10 +730,11 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
     res = pd.concat([residuals(runs[p]["real"], shapes[p], cm).assign(policy=p)
                      for p in chosen], ignore_index=True)
     res_t = residual_table(res)
+    levels = {"median": round_levels(res)}   # the rounds' speeds, against each profile
     res_t.to_csv(out / "residuals.csv", index=False)
     stream_t = stream_table(res)
     stream_t.to_csv(out / "decode_streams.csv", index=False)
-    res.to_parquet(out / "runs" / "residuals.parquet")   # every iteration, for a closer look
+    res.to_parquet(out / "runs" / RESIDUALS["median"])   # every iteration, for a closer look
     res_mean_t = None
     if parts is not None:
         cm_mean = ProfiledCostModel(run_config(scale, chosen[0], sim_ex, hardware)["model"],
@@ -674,6 +743,8 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
                               for p in chosen], ignore_index=True)
         res_mean_t = residual_table(res_mean)
         res_mean_t.to_csv(out / "residuals_mean.csv", index=False)
+        res_mean.to_parquet(out / "runs" / RESIDUALS["mean"])
+        levels["mean"] = round_levels(res_mean)
     # A diagnostic, not a prediction: jitter with the spread the real runs' own steps showed
     # about the model (`real_sigma`), fitted to these very runs. If it closes the bias, the
     # missing term is the steps' variability, which queueing and the tail percentiles turn into
@@ -691,10 +762,10 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
     # profile's parts, minutes apart, measure how far the speed moves (`part_levels`); the
     # simulation averaged over that spread (`speed_spread`) predicts the runs' mean from the
     # profile alone.
-    levels = sigma_speed = None
+    speeds = sigma_speed = None
     if parts is not None:
-        levels = part_levels(parts)
-        sigma_speed = float(np.std(levels, ddof=1))
+        speeds = part_levels(parts)
+        sigma_speed = float(np.std(speeds, ddof=1))
         sims["speed"] = speed_spread(scale, chosen, profile, sigma_speed, hardware,
                                      out / "runs")
     tables = {v: verdict(real, sims[v]) for v in sims}
@@ -717,16 +788,15 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
     info = {"profile": str(profile), "profile_meta": meta, "profile_s": t_profile,
             "profile_noise_median": float(noise.median()), "step_jitter": sigma,
             "step_jitter_real": sigma_real,
-            "speed_levels": None if levels is None else [float(x) for x in levels],
+            "speed_levels": None if speeds is None else [float(x) for x in speeds],
             "speed_sigma": sigma_speed,
             "load_average_1min": load, "cpus": os.cpu_count(), "policies": chosen,
             "real_run_s": walls, "repeats": repeats, "scale": scale,
             "torch_threads": torch.get_num_threads(), "clock": CLOCK.split("=")[1],
             "busy_share": {p: [busy_share(d) for d in r["real"]] for p, r in runs.items()},
-            "bias": {v: {"latency": {**bias(t), "interval": bias_interval(real, sims[v])},
-                         "goal": {**bias(t, GOAL),
-                                  "interval": bias_interval(real, sims[v], GOAL)}}
-                     for v, t in tables.items()},
+            "round_levels": levels,
+            "bias": {v: variant_bias(real, sims[v], levels.get(profile_of(v)))
+                     for v in tables},
             "study_s": time.perf_counter() - t0}
     busy = [b for v in info["busy_share"].values() for b in v]
     f2, pct = ".2f", ".1%"

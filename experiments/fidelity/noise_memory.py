@@ -87,11 +87,7 @@ def main(argv=None) -> str:
     for name, (tag, jitter) in variants.items():
         sims = simulate(out, info, tag, jitter, a.seeds)
         t = study.verdict(real, sims)
-        for g, ms in (("goal", study.GOAL), ("latency", None)):
-            b, iv = study.bias(t, ms), study.bias_interval(real, sims, ms)
-            rows.append({"jitter": name, "figures": g, "bias": b["bias"],
-                         "bias_90": f"{iv['lo']:+.1%} to {iv['hi']:+.1%}",
-                         "error_sd": b["error_sd"], "inside": b["inside"], "of": b["figures"]})
+        rows += study.bias_rows(real, sims, jitter=name)
         tbt.append(t[t["metric"].isin(TBT)].pivot(index="policy", columns="metric",
                                                   values="error")[TBT].assign(jitter=name))
     summary = pd.DataFrame(rows)

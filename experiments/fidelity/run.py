@@ -237,6 +237,18 @@ def matched_bias(per_round, levels) -> dict:
             "slope": float(coef[1]), "r": float(np.corrcoef(x, y)[0, 1]), "rounds": n}
 
 
+def bias_rows(real: dict, sim: dict, **label) -> list[dict]:
+    """The goal's and all latency figures' bias of `sim` against the real runs, a row each
+    (with `label`'s columns first): bias, its 90% interval, the errors' sd, figures inside."""
+    t, rows = verdict(real, sim), []
+    for g, ms in (("goal", GOAL), ("latency", None)):
+        b, iv = bias(t, ms), bias_interval(real, sim, ms)
+        rows.append({**label, "figures": g, "bias": b["bias"],
+                     "bias_90": f"{iv['lo']:+.1%} to {iv['hi']:+.1%}",
+                     "error_sd": b["error_sd"], "inside": b["inside"], "of": b["figures"]})
+    return rows
+
+
 # every real iteration priced on each profile (`residuals`), kept in a study's runs/ folder
 RESIDUALS = {"median": "residuals.parquet", "mean": "residuals_mean.parquet"}
 

@@ -55,14 +55,7 @@ def main(argv=None) -> str:
     sims = {"profiled": kept["sims"]["profiled"],
             "speed": study.speed_spread(info["scale"], info["policies"], profile, sigma,
                                         hardware, out / "runs")}
-    rows = []
-    for v, sim in sims.items():
-        t = study.verdict(real, sim)
-        for g, ms in (("goal", study.GOAL), ("latency", None)):
-            b, iv = study.bias(t, ms), study.bias_interval(real, sim, ms)
-            rows.append({"simulation": v, "figures": g, "bias": b["bias"],
-                         "bias_90": f"{iv['lo']:+.1%} to {iv['hi']:+.1%}",
-                         "error_sd": b["error_sd"], "inside": b["inside"], "of": b["figures"]})
+    rows = [r for v, sim in sims.items() for r in study.bias_rows(real, sim, simulation=v)]
     md = (f"The machine's speed in each of the profile's {len(parts)} parts against their "
           f"typical speed (`part_levels`): "
           + ", ".join(f"{np.exp(x):.3f}" for x in levels)

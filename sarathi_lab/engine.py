@@ -53,7 +53,8 @@ class Engine(SkipRuns):
     progress(num_done, num_tokens) after iterations that end requests."""
 
     def __init__(self, policy: Policy, executor: Executor, *, fast_forward: bool = True,
-                 progress=None, overlong: str = "reject"):
+                 progress=None, overlong: str = "reject",
+                 why_not: str = "run.fast_forward=false"):
         self.policy = policy
         self.executor = executor
         self.kv = policy.kv
@@ -61,16 +62,23 @@ class Engine(SkipRuns):
         self.speculative = check_speculation(policy.cfg.num_speculative_tokens, executor)
         if policy.oracle:
             policy._output_len = executor.output_len
-        # skipping steady decode runs needs predicted durations and no real tokens
-        # (and every step: a steady run's tokens per step would depend on the drafts accepted)
-        self.fast_forward = fast_forward and executor.supports_fast_forward \
-            and not self.speculative
-        # the policy's declaration of its steady runs, the only thing read to skip them
+        # skipping steady decode runs needs predicted durations and no real tokens (and every
+        # step: a steady run's tokens per step would depend on the drafts accepted), and the
+        # policy's declaration of its steady runs, the only thing read to skip them;
+        # `fast_forward_off` says which is missing (`why_not`: why it was not asked for), for
+        # the summary's record (`runner.results`)
         self._ff = policy.fast_forward
-        if self.fast_forward and self._ff is None:
-            log.info("%s declares no fast_forward (schedulers/mechanics/fast_forward.py): "
-                     "stepped one iteration at a time", type(policy).__qualname__)
-            self.fast_forward = False
+        undeclared = f"{type(policy).__qualname__} declares no fast_forward"
+        self.fast_forward_off = (
+            why_not if not fast_forward else
+            executor.no_fast_forward if not executor.supports_fast_forward else
+            "speculative decoding: a steady run's tokens per step depend on the drafts "
+            "accepted" if self.speculative else
+            undeclared if self._ff is None else None)
+        self.fast_forward = self.fast_forward_off is None
+        if self.fast_forward_off == undeclared:
+            log.info("%s (schedulers/mechanics/fast_forward.py): stepped one iteration at a "
+                     "time", undeclared)
         # progress(num_done, num_tokens), or None: called once per executed iteration with the
         # requests done so far (finished or rejected) and the tokens computed so far in executed
         # iterations (the simulator's fast-forwarded runs are not counted)

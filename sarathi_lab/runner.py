@@ -120,6 +120,10 @@ def _progress_bar(total: int, enabled, simulated: bool = True):
     return bar, update
 
 
+def _pipelined(pp: int) -> str:
+    return f"executor.pipeline_parallel={pp}: the pipeline places every batch"
+
+
 def build_topology(c: dict, r: Resolved, engine: Engine, progress=None):
     """The run's topology around `engine` (the first replica, already built): one engine, a
     fleet behind the router, a pipeline's virtual engines, or disaggregated pools; every other
@@ -130,7 +134,8 @@ def build_topology(c: dict, r: Resolved, engine: Engine, progress=None):
         return build_pools(r, engine, progress)
     if pp > 1:   # one virtual engine per stage, each micro-batch placed (no fast-forward)
         from sarathi_lab.topology.pipeline import PipelineReplica
-        return PipelineReplica([engine] + [Engine(*build(c, r), fast_forward=False, overlong=ov)
+        return PipelineReplica([engine] + [Engine(*build(c, r), fast_forward=False, overlong=ov,
+                                                  why_not=_pipelined(pp))
                                            for _ in range(pp - 1)], progress=progress)
     n = r.cluster.num_replicas
     if n > 1:   # the same replica n times, behind the router
@@ -225,7 +230,8 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
     bar, progress = _progress_bar(len(requests), r.run.progress, executor.simulated)
     pp = getattr(r.executor_cfg, "pipeline_parallel", 1)
     engine = Engine(policy, executor, fast_forward=r.run.fast_forward and pp == 1,
-                    progress=progress, overlong=r.run.overlong)
+                    progress=progress, overlong=r.run.overlong,
+                    why_not="run.fast_forward=false" if pp == 1 else _pipelined(pp))
     topology = build_topology(c, r, engine, progress)
     load = build_load(requests, r.trace, frame)
     drive(topology, load)
@@ -256,10 +262,20 @@ def results(c: dict, r: Resolved, topology, load, requests, policy, executor, wa
     summary["wall_time_s"] = wall
     summary["simulated"] = executor.simulated
     summary["cost_model"] = executor.cost_model_record()
+    summary["fast_forward"] = fast_forward_record(topology)
     summary["config"] = c
     summary["settings"] = used_settings(r, policy) if r.disagg is None else \
         disagg_settings(r, policy, topology.decode[0].policy)
     return req_df, it_df, summary
+
+
+def fast_forward_record(topology) -> dict:
+    """Whether the run's engines skipped through steady runs (`run.fast_forward`, exact either
+    way, faster where on), and why not where they did not: the setting is on by default, and a
+    profile's decode_rewarm rows, step jitter, speculation, pipeline stages, a real executor or
+    a policy without the declaration turn it off."""
+    off = sorted({e.fast_forward_off for _, e in topology.named_engines()} - {None})
+    return {"enabled": not off, "why_not": "; ".join(off) or None}
 
 
 def write_run(run_dir: Path, req_df, it_df, summary: dict) -> None:

@@ -155,6 +155,11 @@ def test_a_profile_with_rewarm_rows_from_the_cli(tmp_path):
                      pd.read_parquet(tmp_path / name / "iterations.parquet")["duration"])
     assert got["on"][0]["cost_model"]["rewarm"]["first_place"] == [2.0]
     assert got["off"][0]["cost_model"]["rewarm"] is None
+    # the default fast_forward=true cannot act on a run priced by its step order, and says so
+    assert got["on"][0]["fast_forward"] == {
+        "enabled": False, "why_not": "the profile's decode_rewarm rows price each decode by "
+                                     "its place after the last prompt step"}
+    assert got["off"][0]["fast_forward"] == {"enabled": True, "why_not": None}
     on, off = got["on"][1], got["off"][1]
     assert on.iloc[1] == pytest.approx(2.0 * off.iloc[1], rel=1e-9)    # the 1st decode: x2
     assert on.iloc[2] == pytest.approx(1.5 * off.iloc[2], rel=1e-9)    # the 2nd: x1.5

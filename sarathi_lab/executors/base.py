@@ -67,6 +67,8 @@ class Executor(abc.ABC):
     uses_hardware: ClassVar[bool] = False
     #: True when `decode_run` is implemented (lets the engine skip through steady decode runs)
     supports_fast_forward: ClassVar[bool] = False
+    #: where it is False: why, for the summary's `fast_forward` record
+    no_fast_forward: ClassVar[str] = "the executor runs every iteration (no decode_run)"
     #: True when `execute` copies (or charges) the KV blocks of a batch's swap-outs and
     #: swap-ins (`SchedulerOutput.blocks_to_swap_out` / `blocks_to_swap_in`) before it runs,
     #: and reports their time in `StepResult.swap_s`; scheduler.preemption_mode=swap needs it

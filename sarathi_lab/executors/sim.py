@@ -229,11 +229,14 @@ class SimExecutor(Executor):
                     "only; use a profile without them or pipeline_parallel=1")
             self._warmth = self.cost_model.rewarm.track()
             self.supports_fast_forward = False
+            self.no_fast_forward = ("the profile's decode_rewarm rows price each decode by its "
+                                    "place after the last prompt step")
         self._jitter = None
         if cfg.step_jitter is not None:
             self._jitter = _StepJitter(cfg.step_jitter, cfg.step_jitter_memory,
                                        cfg.step_jitter_seed)
             self.supports_fast_forward = False
+            self.no_fast_forward = "executor.step_jitter draws a factor for every executed step"
 
     @classmethod
     def check_model(cls, cfg: SimConfig, model: dict) -> None:

@@ -34,7 +34,6 @@ def ranked(rows: list[dict]) -> pd.DataFrame:
 def pareto(df: pd.DataFrame, latency: str) -> pd.Series:
     """Which feasible rows no other feasible row beats on both cost and `latency` (a P99
     column): as cheap and as fast, and strictly better in one."""
-    import numpy as np
     f = df["status"] == "feasible"
     cost = df.loc[f, "usd_per_1m_output_tokens"].to_numpy(float)
     lat = df.loc[f, latency].to_numpy(float)

@@ -39,7 +39,7 @@ def check_url(url: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"--base-url {url}: expected http(s)://HOST[:PORT]/v1")
     if parts.username or parts.password:
-        raise ConfigError(f"--base-url: credentials in the URL would be written to "
+        raise ConfigError("--base-url: credentials in the URL would be written to "
                           "summary.json; give the key in an environment variable (--api-key-env)")
     return url
 

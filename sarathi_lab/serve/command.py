@@ -99,7 +99,8 @@ def serve(c: dict, resolved, run_dir: Path, sc) -> dict:
     tokenizer = load_tokenizer(sc.tokenizer, c["model"].get("path"))
     policy, executor = build(c, resolved)
     # a served request brings its own prompt: it ends at the model's EOS unless it asks not to
-    engine = Engine(policy, executor, fast_forward=False, overlong=resolved.run.overlong)
+    engine = Engine(policy, executor, fast_forward=False, overlong=resolved.run.overlong,
+                    why_not="a served session steps as its requests come")
     stop_watch = None if tokenizer is None else (lambda stops: StopWatch(tokenizer, stops))
     worker = Worker(engine, stop_watch)
     name = sc.model_name or str(c["model"].get("name"))

@@ -240,9 +240,9 @@ def matched_bias(per_round, levels) -> dict:
 def bias_rows(real: dict, sim: dict, **label) -> list[dict]:
     """The goal's and all latency figures' bias of `sim` against the real runs, a row each
     (with `label`'s columns first): bias, its 90% interval, the errors' sd, figures inside."""
-    t, rows = verdict(real, sim), []
-    for g, ms in (("goal", GOAL), ("latency", None)):
-        b, iv = bias(t, ms), bias_interval(real, sim, ms)
+    vb, rows = variant_bias(real, sim), []
+    for g in ("goal", "latency"):
+        b, iv = vb[g], vb[g]["interval"]
         rows.append({**label, "figures": g, "bias": b["bias"],
                      "bias_90": f"{iv['lo']:+.1%} to {iv['hi']:+.1%}",
                      "error_sd": b["error_sd"], "inside": b["inside"], "of": b["figures"]})

@@ -37,11 +37,11 @@ GRIDS = {
     # Llama); measured 3.6 s a step, ~26 min, under a load average of 10 on 2 cores)
     # Every size up to SMALL is measured, not read between powers of two: on a CPU an odd
     # number of rows in a matrix multiply costs more than the even number above it (the
-    # kernels block rows; a remainder takes a slower path), by more than the model's other
-    # small terms (experiments/fidelity's model, steady streams: a 3-token forward's linear layers 2.86 ms
-    # against 2.75 for 4 tokens, 3.11 for 5 against 2.84 for 6; a decode step of 3 requests 5.40
-    # ms against 5.16 and 5.19 for 2 and 4). Read between 2 and 4, the real runs' decode steps of
-    # 3 requests took 1.10-1.12x the prediction where those of 2 took 1.01-1.04x.
+    # kernels block rows; a remainder takes a slower path). On experiments/fidelity's model,
+    # steady streams: a 3-token forward's linear layers 2.86 ms against 2.75 for 4 tokens,
+    # 3.11 for 5 against 2.84 for 6; a decode step of 3 requests 5.40 ms against 5.16 and 5.19
+    # for 2 and 4. Read between 2 and 4, the real runs' decode steps of 3 requests took
+    # 1.10-1.12x the prediction where those of 2 took 1.01-1.04x.
     "cpu": Grid(linear=(*range(1, SMALL + 1), 16, 32, 64, 128, 256, 384, 512, 1024, 2048),
                 prefill=_prod((16, 64, 128, 256, 512), (0, 256, 512, 1024))
                 + ((768, 0), (768, 256), (1024, 0)),

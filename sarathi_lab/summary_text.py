@@ -111,9 +111,11 @@ def _offered_line(s: dict) -> str:
     if off["requests_per_s"] is None:
         return (f"offered load: {off['num_requests']} request(s) arriving at once "
                 "(no arrival rate)")
-    return (f"offered load {off['requests_per_s']:.2f} req/s over {off['arrival_span_s']:.1f} s "
-            f"of arrivals: {off['prompt_tokens_per_s']:.0f} prompt + "
-            f"{off['output_tokens_per_s']:.0f} output tok/s")
+    head = (f"offered load {off['requests_per_s']:.2f} req/s over "
+            f"{off['arrival_span_s']:.1f} s of arrivals: {off['prompt_tokens_per_s']:.0f} prompt")
+    if off["output_tokens_per_s"] is None:   # served: the model ends each request
+        return f"{head} tok/s (output lengths not known in advance)"
+    return f"{head} + {off['output_tokens_per_s']:.0f} output tok/s"
 
 
 def _prefix_line(s: dict) -> str:

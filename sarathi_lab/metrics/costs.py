@@ -12,7 +12,8 @@ def offered_load(req_df: pd.DataFrame) -> dict:
     rate = (n - 1) / span if n > 1 and span > 0 else None
 
     def tok_s(col):
-        return None if rate is None else rate * float(req_df[col].mean())
+        mean = float(req_df[col].mean())   # NaN when no request has one: a served session's
+        return None if rate is None or mean != mean else rate * mean   # lengths are the model's
     return {"num_requests": n, "arrival_span_s": span, "requests_per_s": rate,
             "prompt_tokens_per_s": tok_s("num_prompt_tokens"),
             "output_tokens_per_s": tok_s("target_output_tokens")}

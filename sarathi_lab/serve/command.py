@@ -108,6 +108,15 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def exposure_warning(host: str, key: str | None) -> str | None:
+    """The start-up warning for an address other machines reach, served without a key."""
+    if key is not None or is_loopback(host):
+        return None
+    return (f"{PROG}: warning: serve.host={host} is reachable from other machines and no API "
+            f"key is set (serve.api_key or {API_KEY_ENV}): anyone who reaches the port can use "
+            "the model")
+
+
 def redact(run_dir: Path, secret: str) -> None:
     """Blank a key given as serve.api_key out of the .hydra files Hydra wrote (the config and
     the overrides), so that a run directory that is shared or committed holds no secret."""
@@ -144,10 +153,9 @@ async def _serve(server, sc, stop: asyncio.Event) -> None:
         raise ServeError(f"serve.host={sc.host} serve.port={sc.port}: cannot bind ({e})") \
             from None
     port = server.port = runner.addresses[0][1]
-    if server.api_key is None and not is_loopback(sc.host):
-        print(f"{PROG}: warning: serve.host={sc.host} is reachable from other machines and no "
-              f"API key is set (serve.api_key or {API_KEY_ENV}): anyone who reaches the port "
-              "can use the model", file=sys.stderr, flush=True)
+    warning = exposure_warning(sc.host, server.api_key)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     print(f"{PROG}: serving {server.model_name!r} on http://{sc.host}:{port}/v1 "
           f"(policy {server.worker.engine.policy.name}); stop with Ctrl-C", flush=True)
     loop = asyncio.get_running_loop()

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_serve import PROMPT, Served, _greedy
 
 from sarathi_lab.executors.sampling import draw, probabilities
 from sarathi_lab.metrics.costs import offered_load
 from sarathi_lab.serve import command
 from sarathi_lab.serve.protocol import ApiError, parse_generation
 from sarathi_lab.serve.settings import ServeConfig
-from test_serve import PROMPT, Served, _greedy, _ids
 
 pytestmark = pytest.mark.xdist_group("serve")
 MODEL = "tiny-llama"
@@ -283,8 +283,8 @@ def test_no_plain_text_500_reaches_a_client(served):
                                    "prompt"),
              ('{"model": "tiny-llama", "messages": [{"role": "user", "content": "\\udfff"}]}',
               True, "messages"),
-             ('{"model": "tiny-llama", "messages": [{"role": "user", "content": [{"type": '
-              '"text", "text": "x\\ud83d"}]}]}', True, "messages"),
+             (('{"model": "tiny-llama", "messages": [{"role": "user", "content": [{"type": '
+               '"text", "text": "x\\ud83d"}]}]}'), True, "messages"),
              ('{"model": "tiny-llama", "prompt": [1], "stop": ["\\ud800"]}', False, "stop"),
              ('{"model": "tiny-llama", "prompt": [1], "\\ud800": 1}', False, None),
              ("{not json", False, None), ("[1, 2]", False, None), ('"text"', True, None),

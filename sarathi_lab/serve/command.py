@@ -78,6 +78,7 @@ def help_text() -> str:
     """HELP with the ``serve`` keys, each with its default and help line (ServeConfig's)."""
     import textwrap
     from dataclasses import fields
+
     from sarathi_lab.serve.settings import ServeConfig
     rows = []
     for f in fields(ServeConfig):

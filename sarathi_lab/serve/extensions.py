@@ -10,8 +10,8 @@ when `ignore_eos` is set and no stop string is given (only `max_tokens` ends suc
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -80,11 +80,11 @@ FIELDS: dict[str, tuple[str, Callable, str]] = {
     "presence_penalty": (_BOTH, _is(None, 0), "0"),
     "frequency_penalty": (_BOTH, _is(None, 0), "0"),
     "repetition_penalty": (_BOTH, _is(None, 1), "1"),
-    "top_k": (_BOTH, _top_k, "-1, 0, a k at least the vocabulary size, or any k >= 1 with "
-                             "temperature 0"),
+    "top_k": (_BOTH, _top_k, ("-1, 0, a k at least the vocabulary size, or any k >= 1 with "
+                              "temperature 0")),
     "min_p": (_BOTH, _min_p, "0, or any value in [0, 1] with temperature 0"),
-    "min_tokens": (_BOTH, _min_tokens, "0, or up to max_tokens with ignore_eos and no stop "
-                                       "strings"),
+    "min_tokens": (_BOTH, _min_tokens, ("0, or up to max_tokens with ignore_eos and no stop "
+                                        "strings")),
     "logprobs": (_BOTH, _is(None, False), "null or false"),
     "top_logprobs": (_BOTH, _is(None, 0), "null or 0"),
     "prompt_logprobs": (_BOTH, _is(None), "null"),

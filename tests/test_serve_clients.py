@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_serve import PROMPT, Served, _greedy
+from test_serve import PROMPT, Served, _greedy, save_tokenizer
 
 from sarathi_lab.executors.sampling import draw, probabilities
 from sarathi_lab.metrics.costs import offered_load
@@ -36,7 +36,6 @@ def char_tokenizer(d: Path):
     GuideLLM synthesizes encodes and decodes back unchanged), the rest as `<wN>` pieces, a BOS
     added by `encode` (so add_special_tokens shows), and a chat template."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
     for c in string.printable.strip("\t\n\r\x0b\x0c") + " ":
         vocab.setdefault(c, len(vocab))
@@ -47,12 +46,8 @@ def char_tokenizer(d: Path):
     tok.decoder = decoders.Fuse()
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[
         ("<s>", 1)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                                   eos_token="</s>")
-    fast.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
-                          "{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
-    fast.save_pretrained(d)
-    return fast
+    return save_tokenizer(d, tok, "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
+                                  "{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
 
 
 # -- the real clients' bodies --------------------------------------------------------------------

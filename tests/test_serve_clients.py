@@ -420,3 +420,29 @@ def test_fields_read_in_process():
         assert refused({"prompt": p, "top_p": value}) == "top_p"
         assert refused({"prompt": p, "length_penalty": value}) == "length_penalty"
     assert refused({"prompt": p, "user": "\ud800"}) == "user"
+
+
+def test_a_bug_in_a_route_is_an_error_object_not_a_plain_text_500():
+    """The error middleware's last resort: any exception a handler raises is a 500 OpenAI error
+    object (aiohttp's own answer would be a plain-text page)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from sarathi_lab.serve.app import Server
+    engine = SimpleNamespace(policy=SimpleNamespace(max_model_len=64),
+                             executor=SimpleNamespace(args=SimpleNamespace(vocab_size=512)))
+    server = Server(SimpleNamespace(engine=engine, executor=engine.executor), MODEL, 4)
+
+    async def broken(request):
+        raise KeyError("a bug")
+    server.models = broken
+
+    async def go():
+        async with TestClient(TestServer(server.app())) as client:
+            resp = await client.get("/v1/models")
+            return resp.status, resp.headers["Content-Type"], await resp.json()
+    status, kind, body = asyncio.run(go())
+    assert status == 500 and kind.startswith("application/json")
+    assert body["error"]["code"] == "internal_error" and "KeyError" in body["error"]["message"]

@@ -68,6 +68,8 @@ class Server:
             code = "not_found" if e.status == 404 else None
             resp = web.json_response(ApiError(e.status, f"{request.method} {request.path}: "
                                               f"{e.reason}", code=code).body(), status=e.status)
+        except ConnectionError:   # the client went away mid-answer: nobody to tell
+            raise
         except Exception as e:   # a bug: said as an error object, never aiohttp's plain text
             log.exception("%s %s failed", request.method, request.path)
             err = ApiError(500, f"internal error: {type(e).__name__}: {e}",

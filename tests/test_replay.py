@@ -535,3 +535,48 @@ def test_max_concurrency_and_warmup(tmp_path):
     assert df["arrival_time"].max() > 0.25   # the later ones were sent later
     assert s["warmup"] == {"num_requests": 2, "num_finished": 2}
     assert s["load"] == {"mode": "open", "max_concurrency": 2}
+
+
+def test_two_endpoints_are_two_configurations(tmp_path):
+    """Replays of two servers that name the same model: two configurations in a report, each
+    labelled with its endpoint; two replays of one server: one configuration, two runs."""
+    from sarathi_lab.report.seeds import by_config
+    from sarathi_lab.report.tables import run_table
+    over = jsonl(tmp_path / "t.jsonl", [(OK, 3, 2, 0.0)])
+    with Stub(first_s=0.01, gap_s=0.01) as a, Stub(first_s=0.01, gap_s=0.01) as b:
+        for name, stub in (("a1", a), ("a2", a), ("b", b)):
+            run_replay(over, endpoint(stub.url), tmp_path / "runs" / name, progress=False)
+    t = run_table([tmp_path / "runs"])
+    assert sorted(t["endpoint"]) == sorted([a.url, a.url, b.url])
+    assert set(t["label"]) == {f"remote (endpoint={a.url}) [a1]", f"remote (endpoint={a.url}) [a2]",
+                               f"remote (endpoint={b.url})"}
+    c = by_config(t).set_index("endpoint")
+    assert len(c) == 2 and c.loc[a.url, "n_seeds"] == 2 and c.loc[b.url, "n_seeds"] == 1
+
+
+def test_labels_say_where_and_which_clock(tmp_path):
+    """A replay's report names the served endpoint, a real executor's run names the executor,
+    not "various GPUs"; a measured run's timeline is in wall-clock time, a simulated one's in
+    simulated time."""
+    from sarathi_lab.plots.style import context
+    from sarathi_lab.plots.timeline import timeline
+    sim = {"model": "m", "hardware": "a100-80gb", "simulated": True, "executor": None}
+    remote = {"model": "m", "hardware": None, "simulated": False, "executor": "remote",
+              "endpoint": "http://127.0.0.1:1/v1"}
+    served = {"model": "m", "hardware": None, "simulated": False, "executor": "torch",
+              "settings_executor_device": "cuda"}
+    assert context(pd.DataFrame([sim])) == "m on a100-80gb"
+    assert context(pd.DataFrame([remote])) == "m on served endpoint http://127.0.0.1:1/v1"
+    assert context(pd.DataFrame([served])) == "m on a real torch executor (device cuda)"
+    assert context(pd.DataFrame([sim, remote, {**remote, "endpoint": "http://h:2/v1"}])) == \
+        "m on simulated a100-80gb and 2 served endpoints"
+    run = tmp_path / "run"
+    run.mkdir()
+    pd.DataFrame({"start": [0.0, 0.1, 0.2], "duration": [0.1] * 3, "prefill_tokens": [4, 0, 0],
+                  "decode_tokens": [0, 1, 1]}).to_parquet(run / rundir.ITERATIONS)
+    pd.DataFrame({"token_times": [[0.1, 0.2, 0.3]]}).to_parquet(run / rundir.REQUESTS)
+    for simulated, clock in ((False, "wall-clock time (s)"), (True, "simulated time (s)")):
+        row = pd.Series({"run_dir": str(run), "label": "x", "simulated": simulated,
+                         "slo_p99_tbt": None, "model": "m"})
+        fig, _ = timeline.draw(row)
+        assert {ax.get_xlabel() for ax in fig.axes if ax.get_xlabel()} == {clock}

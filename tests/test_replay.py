@@ -580,3 +580,70 @@ def test_labels_say_where_and_which_clock(tmp_path):
                          "slo_p99_tbt": None, "model": "m"})
         fig, _ = timeline.draw(row)
         assert {ax.get_xlabel() for ax in fig.axes if ax.get_xlabel()} == {clock}
+
+
+@pytest.mark.slow   # `transformers serve` with SmolLM2 on the CPU, in a subprocess
+@pytest.mark.skipif(not (SMOLLM2_DIR / "prepared.json").exists(),
+                    reason="SmolLM2 not prepared (sarathi-lab-prepare-model smollm2)")
+def test_against_transformers_serve(tmp_path):
+    """A server nobody here wrote, that takes text prompts only, refuses ignore_eos and ends its
+    streams without [DONE]: 5 requests of synthesized text, completions and chat, all finished,
+    every token timed, and the server counts the prompts the trace asked for."""
+    import socket
+    import urllib.request
+    import fastapi  # noqa: F401  the serving extra (dev), imported so a broken install errors
+    import uvicorn  # noqa: F401
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # the `transformers` console script of this interpreter's package, wherever it lies
+    exe = [sys.executable, "-m", "transformers.cli.transformers"]
+    log = open(tmp_path / "serve.log", "w")
+    # one thread: on a loaded 2-core machine torch's default thread pool makes a token take
+    # 3 s instead of 0.3 s (measured)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([*exe, "serve", str(SMOLLM2_DIR), "--host", "127.0.0.1",
+                             "--port", str(port), "--device", "cpu"],
+                            stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-2000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "transformers serve did not start in 300 s"
+                time.sleep(1)
+        over = ["trace=synthetic", "trace.num_requests=5", "trace.prompt_len=12",
+                "trace.output_len=6", "trace.qps=2"]
+        for api in ("completions", "chat"):
+            ep = Endpoint(url, str(SMOLLM2_DIR), 300.0, 120.0, 8, False, api, max_concurrency=2)
+            s = run_replay(over, ep, tmp_path / api, progress=False, prompt="text",
+                           tokenizer=SMOLLM2_DIR, warmup=1)
+            df = pd.read_parquet(tmp_path / api / rundir.REQUESTS)
+            assert (df["status"] == "finished").all(), df["error"].tolist()
+            assert "slo" not in s   # none named
+            n = df["num_output_tokens"].to_numpy()
+            # every token the server counted was timed; as asked, unless it stopped at EOS
+            assert list(map(len, df["token_times"])) == list(n)
+            assert ((df["finish_reason"] == "length") & (n == 6) |
+                    (df["finish_reason"] == "stop") & (n <= 6)).all()
+            sp = df["server_prompt_tokens"].astype(int).to_numpy()
+            if api == "completions":   # the synthesized text is 12 tokens to the server too
+                assert (sp == 12).all() and (df["num_prompt_tokens"] == 12).all()
+            else:                      # plus the chat template's markers
+                assert (sp > 12).all() and len(set(sp)) == 1
+            assert s["warmup"] == {"num_requests": 1, "num_finished": 1}
+            print(api, df[["ttft", "e2e", "num_output_tokens", "finish_reason",
+                           "server_prompt_tokens"]].to_string())
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        log.close()

@@ -48,6 +48,13 @@ def _progress(total: int, enabled):
     return tqdm(total=total, unit="req", desc="replaying", mininterval=0.5, leave=False)
 
 
+def sent_at(r, t: float) -> None:
+    """A request sent at `t` rather than at its trace time; a relative deadline moves with it."""
+    if r.deadline is not None:
+        r.deadline = t + (r.deadline - r.arrival_time)
+    r.arrival_time = t
+
+
 async def _send_safely(session, ep: Endpoint, body: dict, headers: dict, clock) -> Outcome:
     """One request's outcome, whatever happens to it: a failure this client did not foresee
     fails the request (named in its `error`), not the replay."""
@@ -94,31 +101,19 @@ async def _replay(requests, prompts, ep: Endpoint, headers: dict, clients: int |
     async with aiohttp.ClientSession(connector=connector) as session:
         warm = await _warm_up(session, ep, *warmup, headers) if warmup else []
         clock = replay_clock()   # the measured replay starts after the warm-up
-        if clients is None and ep.max_concurrency:   # open loop, at most N in flight
-            gate = asyncio.Semaphore(ep.max_concurrency)
+        if clients is None:   # open loop: each at its time (or once a slot is free)
+            gate = asyncio.Semaphore(ep.max_concurrency) if ep.max_concurrency else None
 
             async def gated(i: int) -> None:
-                async with gate:
-                    r = requests[i]
-                    t = clock()
-                    if r.deadline is not None:   # a relative deadline moves with the send
-                        r.deadline = t + (r.deadline - r.arrival_time)
-                    r.arrival_time = max(r.arrival_time, t)
+                async with gate:   # its times run from the send, as vllm bench serve's
+                    sent_at(requests[i], max(requests[i].arrival_time, clock()))
                     await one(i)
             tasks = []
             for i, r in enumerate(requests):
                 wait = r.arrival_time - clock()
                 if wait > 0:
                     await asyncio.sleep(wait)
-                tasks.append(asyncio.ensure_future(gated(i)))
-            await asyncio.gather(*tasks)
-        elif clients is None:   # open loop: each at its time
-            tasks = []
-            for i, r in enumerate(requests):
-                wait = r.arrival_time - clock()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                tasks.append(asyncio.ensure_future(one(i)))
+                tasks.append(asyncio.ensure_future(gated(i) if gate else one(i)))
             await asyncio.gather(*tasks)
         else:
             from sarathi_lab.closed_loop import THINK_STREAM
@@ -128,11 +123,7 @@ async def _replay(requests, prompts, ep: Endpoint, headers: dict, clients: int |
                 draw = think.sampler(np.random.default_rng([THINK_STREAM, int(seed), u]))
                 await asyncio.sleep(draw())   # every user starts with one think time from 0
                 for i in queue:
-                    r = requests[i]
-                    t = clock()
-                    if r.deadline is not None:   # a relative deadline moves with the send
-                        r.deadline = t + (r.deadline - r.arrival_time)
-                    r.arrival_time = t
+                    sent_at(requests[i], clock())
                     users[i] = u
                     await one(i)
                     await asyncio.sleep(draw())

@@ -356,14 +356,24 @@ def test_the_command_and_the_report(tmp_path):
     with Stub(first_s=0.05, gap_s=0.02) as stub:
         r = subprocess.run([sys.executable, "-c", "from sarathi_lab.replay import main; main()",
                             "--base-url", stub.url, "--model", "stub-model",
+                            "--max-concurrency", "2", "--warmup", "1",
                             "--out", str(tmp_path / "remote"), *over],
                            capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     assert "3 requests: 2 finished, 1 rejected (HTTP 429), 0 errors, 0 timeouts" in r.stdout
+    assert len(stub.seen) == 4   # the warm-up first
+    s = json.loads((tmp_path / "remote" / rundir.SUMMARY).read_text())
+    assert s["load"]["max_concurrency"] == 2 and s["warmup"]["num_requests"] == 1
+    assert "slo" not in s   # none named
     bad = subprocess.run([sys.executable, "-c", "from sarathi_lab.replay import main; main()",
                           "--base-url", stub.url, "--model", "m", "scheduler=vllm"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and "scheduler=vllm: sarathi-lab-replay reads only" in bad.stderr
+    chat = subprocess.run([sys.executable, "-c", "from sarathi_lab.replay import main; main()",
+                           "--base-url", stub.url, "--model", "m", "--api", "chat", *over],
+                          capture_output=True, text=True, timeout=120)
+    assert chat.returncode == 1 and "--api chat: a chat message is text; give --prompt text" \
+        in chat.stderr
     # a simulated run of the same trace beside it, in one report
     cfg = composed("trace=sharegpt", *over[:1], "trace.name=stub", "trace.qps=null",
                    "trace.num_requests=null", "model=tiny-llama")

@@ -120,16 +120,20 @@ def read_event(obj, chat: bool) -> tuple[int | None, str | None, dict | None]:
 async def _lines(content):
     """The response's lines, each at most MAX_LINE_BYTES (aiohttp's own reader stops at 128
     KiB with an error that would not say which request)."""
-    buf = b""
+    parts, size = [], 0   # the line so far, in pieces (joined once: no quadratic copying)
     async for piece in content.iter_any():
-        buf += piece
-        *lines, buf = buf.split(b"\n")
-        for line in lines:
-            yield line
-        if len(buf) > MAX_LINE_BYTES:
-            raise Malformed(f"an event line over {MAX_LINE_BYTES} bytes")
-    if buf:
-        yield buf
+        *whole, rest = piece.split(b"\n")
+        for i, line in enumerate(whole):
+            yield b"".join(parts) + line if i == 0 and parts else line
+            if i == 0:
+                parts, size = [], 0
+        if rest:
+            parts.append(rest)
+            size += len(rest)
+            if size > MAX_LINE_BYTES:
+                raise Malformed(f"an event line over {MAX_LINE_BYTES} bytes")
+    if parts:
+        yield b"".join(parts)
 
 
 async def send(session, url: str, body: dict, headers: dict, clock, *, timeout: float,

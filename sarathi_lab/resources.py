@@ -88,6 +88,16 @@ def engines_setting(resolved) -> tuple[str, int]:
     return f"cluster.num_replicas={n}", n
 
 
+def output_tokens_held(prompt, output, max_model_len: int) -> int:
+    """The most output tokens the requests can hold (for `check_run`): no request emits past
+    max_model_len, whether it is rejected (overlong=reject) or served cut short
+    (overlong=cap), so a trace row asking for 1e12 tokens counts for what fits, and the engine
+    rejects that request alone with its reason."""
+    import numpy as np
+    room = np.maximum(max_model_len - np.asarray(prompt, np.int64), 0)
+    return int(np.minimum(np.asarray(output, np.int64), room).sum())
+
+
 def check_run(resolved, num_requests: int | None, output_tokens: int = 0) -> None:
     """Before a run is built: its engines and requests (`num_requests`: None when unknown
     before its trace is read; `output_tokens`: the workload's, once known) fit the limit."""

@@ -13,7 +13,7 @@ from sarathi_lab import rundir
 from sarathi_lab.config import Resolved, check_settings_act, resolve
 from sarathi_lab.engine import Engine
 from sarathi_lab.kv import KVCacheManager
-from sarathi_lab.resources import check_run
+from sarathi_lab.resources import check_run, output_tokens_held
 from sarathi_lab.settings import ConfigError, plain
 from sarathi_lab.topology import Fleet, OpenLoop, Single, drive
 
@@ -224,7 +224,8 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
         served = describe_trace(built)
         trace = frame = executor.prepare_trace(built, c["trace"])
         requests = to_requests(trace)
-        output_tokens = int(trace["num_output_tokens"].sum())
+        output_tokens = output_tokens_held(trace["num_prompt_tokens"],
+                                           trace["num_output_tokens"], policy.max_model_len)
     check_run(r, len(requests), output_tokens)
     check_settings_act(r, requests, (c.get("trace") or {}).get("name", "?"))
     bar, progress = _progress_bar(len(requests), r.run.progress, executor.simulated)

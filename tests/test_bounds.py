@@ -203,6 +203,22 @@ def test_a_run_past_the_memory_limit_is_refused_before_it_is_built(monkeypatch, 
         _run(*overrides)
 
 
+def test_a_row_asking_past_max_model_len_is_rejected_alone_not_the_run(memory, tmp_path):
+    """A trace row asking 1e12 output tokens counts for what fits within max_model_len in the
+    memory estimate (70 TB otherwise): the run goes on and the engine rejects that request
+    alone, with its reason (issue 35, item 5)."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,100,20\n"
+                     "0.1,50,1000000000000\n0.2,80,10\n")
+    memory(2**30)
+    s = run(composed(f"trace.path={trace}", "trace.num_requests=null"), None, write=False)
+    assert (s["num_finished"], s["num_rejected"]) == (2, 1)
+    assert list(s["rejections"]) == ["prompt of N + output of N tokens exceeds "
+                                     "max_model_len=N (overlong=cap serves it cut short)"]
+    assert resources.output_tokens_held([100, 50, 80, 5000], [20, 10**12, 4000, 1], 4096) == \
+        20 + 4046 + 4000 + 0
+
+
 SESSIONS = {"name": "s", "sessions": 100, "session_rate": 1.0, "turns": 3, "message_len": 20,
             "answer_len": 10, "system_prompt_len": 0}
 

@@ -25,3 +25,20 @@ def test_a_controller_that_raises_is_named_with_its_class():
     assert "controller test_plugin_errors:Raises: decide() raised ZeroDivisionError: " \
            "integer division or modulo by zero" in str(e.value), e.value
     assert isinstance(e.value.__cause__.__cause__, ZeroDivisionError)
+
+
+def test_a_plugin_module_not_found_gets_a_hint_about_pythonpath():
+    from helpers import composed
+
+    from sarathi_lab.config import resolve
+    from sarathi_lab.settings import ConfigError
+    with pytest.raises(ConfigError) as e:
+        resolve(composed("scheduler=custom", "scheduler.name=no_such_policy_module:Mine"))
+    assert str(e.value).startswith(
+        "scheduler.name: cannot load scheduler 'no_such_policy_module:Mine': No module named "
+        "'no_such_policy_module' (Python finds a plug-in module on PYTHONPATH: for "
+        "no_such_policy_module.py in the current folder, run PYTHONPATH=$PWD sarathi-lab"), e.value
+    # a module found that fails to import something of its own gets no such hint
+    with pytest.raises(ConfigError) as e:
+        resolve(composed("scheduler=custom", "scheduler.name=plugin_policy:NoSuchClass"))
+    assert "PYTHONPATH" not in str(e.value)

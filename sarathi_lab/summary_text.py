@@ -286,7 +286,9 @@ def format_summary(s: dict) -> str:
     hw = (s.get("settings") or {}).get("hardware", cfg.get("hardware")) or {}
     where = (f"simulated {hw.get('name', '(no hardware preset)')}" if sim else
              f"executor {ex.get('name')} ({ex.get('device', '?')})")
-    head = (f"{_policy(s, cfg)} | {cfg.get('model', {}).get('name', '?')}"
+    # the model as resolved: model=hf names itself after its config.json (name: null)
+    model = (s.get("settings") or {}).get("model", cfg.get("model")) or {}
+    head = (f"{_policy(s, cfg)} | {model.get('name') or '?'}"
             f" on {where} | trace {_trace_text(s)}")
     lines = [head]
     if "replicas" in s:

@@ -189,6 +189,13 @@ def _main(cfg: DictConfig):
         start_collecting()
         result = _execute(c, job, resolved)
     except Exception as e:   # recorded, never lost: the sweep goes on without this job
+        if not job.multirun and isinstance(e, ConfigError):
+            # a setting refused once the run was building (a bound, the trace's settings): as
+            # a configuration error, no run directory is left that holds no run
+            _remove_fresh_run_dir(job.dir)
+            if not job.dir.exists():
+                sys.stderr.write(f"sarathi-lab: error: {e}\n")
+                raise Abort(1) from None
         tb = traceback.format_exc()
         where = job.save_error(tb)
         if job.multirun:

@@ -1,7 +1,8 @@
 """What a new user tripped on (issue 40, item 5) and rejected requests made prominent (issue 35,
 item 5): the printed summary's labels, a run refused at start-up, the help text, the README's
 commands."""
-from helpers import composed
+import pytest
+from helpers import cli, composed
 
 from sarathi_lab.runner import run
 from sarathi_lab.summary_text import format_summary
@@ -15,3 +16,21 @@ def test_a_model_from_a_config_json_is_labelled_with_its_name():
             None, write=False)
     assert s["config"]["model"]["name"] is None   # as composed: named after its config.json
     assert format_summary(s).splitlines()[0].startswith("sarathi | qwen2.5-7b on simulated ")
+
+
+@pytest.mark.slow   # CLI subprocesses
+def test_a_run_refused_while_building_leaves_no_run_directory(tmp_path):
+    """A bound checked once the trace is built (resources.py) refuses the run as a setting
+    error does: no directory holding only error.txt for a report to meet."""
+    r = cli("trace=multi_turn", "trace.turns=1000000000", f"hydra.run.dir={tmp_path}/run",
+            env={"SARATHI_LAB_MEMORY_GIB": "1"}, cwd=tmp_path)
+    assert r.returncode == 1
+    assert r.stderr.startswith("sarathi-lab: error: trace.turns: the run would hold about"), \
+        r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "run").exists()
+    # a failure that is not a setting's keeps its traceback, in a directory a report lists as
+    # failed, with no result in it
+    r = cli("scheduler.controller=test_plugin_errors:Raises", *SMALL,
+            f"hydra.run.dir={tmp_path}/bug", cwd=tmp_path)
+    assert r.returncode == 1 and (tmp_path / "bug" / "error.txt").exists()
+    assert not (tmp_path / "bug" / "summary.json").exists()

@@ -267,6 +267,39 @@ def _composition_errors():
         os.environ.pop("HYDRA_FULL_ERROR", None)
 
 
+# Options of a config group that are not choices: the settings every policy option includes.
+INTERNAL_OPTIONS = {"scheduler": ("common",)}
+
+
+def public_help(text: str) -> str:
+    """Hydra's --help text without the internal options (`INTERNAL_OPTIONS`) in its list of
+    config groups ("scheduler: common, custom, ..." lists what `scheduler=` may choose)."""
+    lines = []
+    for line in text.splitlines(keepends=True):
+        group, sep, options = line.partition(": ")
+        if sep and group in INTERNAL_OPTIONS:
+            kept = [o for o in options.strip().split(", ") if o not in INTERNAL_OPTIONS[group]]
+            line = f"{group}: {', '.join(kept)}\n"
+        lines.append(line)
+    return "".join(lines)
+
+
+@contextlib.contextmanager
+def _public_help(argv: list[str]):
+    """--help prints Hydra's help (the config groups and the composed config), as
+    `public_help` words it."""
+    if not {"--help", "-h"} & set(argv):
+        yield
+        return
+    import io
+    text = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(text):
+            yield
+    finally:
+        sys.stdout.write(public_help(text.getvalue()))
+
+
 def _what_is_kept() -> str:
     """What a stopped command leaves: a sweep's finished jobs keep their results; a single run
     writes its results only when it ends, so a stopped one keeps none, and its directory goes
@@ -295,7 +328,8 @@ def main() -> None:
     warnings.filterwarnings("ignore", message="\n'hydra/launcher/ray' is validated against "
                             "ConfigStore schema with the same name", category=UserWarning)
     try:
-        with stop_on_signals() as received, _no_mode_probe(sys.argv[1:]), _composition_errors():
+        with stop_on_signals() as received, _no_mode_probe(sys.argv[1:]), \
+                _composition_errors(), _public_help(sys.argv[1:]):
             _main()
     except KeyboardInterrupt:   # Interrupted, or what a launcher (Ray) made of it
         stopped = Interrupted(received.signum or signal.SIGINT)

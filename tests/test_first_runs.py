@@ -34,3 +34,21 @@ def test_a_run_refused_while_building_leaves_no_run_directory(tmp_path):
             f"hydra.run.dir={tmp_path}/bug", cwd=tmp_path)
     assert r.returncode == 1 and (tmp_path / "bug" / "error.txt").exists()
     assert not (tmp_path / "bug" / "summary.json").exists()
+
+
+def test_help_lists_only_options_a_user_can_choose():
+    from sarathi_lab.cli import public_help
+    text = "cluster: default, disagg\nscheduler: common, custom, vllm\nscheduler:\n  name: x\n"
+    assert public_help(text) == ("cluster: default, disagg\nscheduler: custom, vllm\n"
+                                 "scheduler:\n  name: x\n")
+
+
+@pytest.mark.slow   # a CLI subprocess
+def test_cli_help():
+    r = cli("--help")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("sarathi-lab: one serving run")
+    groups = dict(ln.split(": ", 1) for ln in r.stdout.splitlines()
+                  if ln.startswith("scheduler: "))
+    assert groups["scheduler"].split(", ")[:2] == ["custom", "edf"]
+    assert "common" not in groups["scheduler"] and "token_budget: 512" in r.stdout

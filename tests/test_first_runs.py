@@ -52,3 +52,14 @@ def test_cli_help():
                   if ln.startswith("scheduler: "))
     assert groups["scheduler"].split(", ")[:2] == ["custom", "edf"]
     assert "common" not in groups["scheduler"] and "token_budget: 512" in r.stdout
+
+
+def test_the_settings_page_admission_example_runs():
+    """settings.md's admission-control example (it once named a trace without deadlines,
+    which deadline admission refuses), on its first 40 requests."""
+    from helpers import ROOT
+    line = next(ln for ln in (ROOT / "sarathi_lab" / "docs" / "settings.md").read_text()
+                .splitlines() if "deadline_admission=true" in ln and ln.startswith("sarathi-lab"))
+    args = line.split("#")[0].split()[1:]
+    s = run(composed(*args, "trace.num_requests=40", "progress=false"), None, write=False)
+    assert s["num_requests"] == 40 and s["num_finished"] + s["num_rejected"] == 40

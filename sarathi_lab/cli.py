@@ -78,6 +78,8 @@ def _key_metrics(mode: str, result: dict) -> str:
         return "-" if v is None else f"{v:.2f} s"
     parts = [f"TBT p99 {ms(s['tbt']['p99'])}", f"TTFT p50 {sec(s['ttft']['p50'])}",
              f"{s['throughput_rps']:.2f} req/s"]
+    if s.get("num_rejected"):   # a run that served only some of its requests says so
+        parts.insert(0, f"REJECTED {s['num_rejected']} of {s['num_requests']}")
     if slo:
         # only the criteria the SLO defines (a TTFT/TPOT SLO has no P99-TBT criterion)
         kinds = {c["criterion"] for c in slo.get("criteria", ())}

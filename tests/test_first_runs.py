@@ -63,3 +63,26 @@ def test_the_settings_page_admission_example_runs():
     args = line.split("#")[0].split()[1:]
     s = run(composed(*args, "trace.num_requests=40", "progress=false"), None, write=False)
     assert s["num_requests"] == 40 and s["num_finished"] + s["num_rejected"] == 40
+
+
+@pytest.mark.parametrize("limit, most", [(450, False), (200, True)])
+def test_rejected_requests_are_counted_with_their_share_and_reason(limit, most):
+    """scheduler.max_model_len on prompts of 64-512 tokens: the longer ones are rejected (6
+    of 40 within 450 tokens, 28 within 200). The printout gives their count and share, the
+    reason with the limit written in (no placeholder), and says the SLO attainment counts
+    them as missed; with most rejected, a banner says so."""
+    s = run(composed(*SMALL, "trace.num_requests=40", f"scheduler.max_model_len={limit}",
+                     "trace.prompt_len={dist: uniform, low: 64, high: 512}"), None, write=False)
+    n, rej = s["num_requests"], s["num_rejected"]
+    assert n == 40 and 0 < rej < 40 and s["slo"]["attainment"] <= (n - rej) / n
+    lines = format_summary(s).splitlines()
+    share = f"{100 * rej / n:.3g}%"
+    line = next(ln for ln in lines if ln.startswith("  REJECTED"))
+    assert line.startswith(f"  REJECTED {rej} of 40 requests ({share}), never served (no "
+                           "latency; missed in the SLO attainment): ")
+    assert f"prompt leaves no room to generate within max_model_len={limit}" in line
+    assert " N " not in line and "=N" not in line
+    slo = next(ln for ln in lines if ln.startswith("SLO "))
+    assert f"(of all 40 requests: the {rej} rejected count as missed)" in slo
+    banner = any(ln.startswith("!!! MOST REQUESTS WERE REJECTED") for ln in lines)
+    assert banner == most == (2 * rej >= n)

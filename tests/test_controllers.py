@@ -225,15 +225,30 @@ def test_a_decision_that_breaks_the_contract_names_the_controller(plugin, rule):
         eng.step()
 
 
-def test_a_controller_that_needs_a_predictor_without_one_is_an_error_naming_the_setting():
-    p = make_policy("sarathi", controller="tbt_target")
-    with pytest.raises(ConfigError, match="scheduler.controller=tbt_target.*predictor"):
+def test_the_oracle_without_a_cost_model_is_an_error_naming_the_setting():
+    p = make_policy("sarathi", controller="tbt_target", predictor="oracle", target_tbt_s=0.1)
+    with pytest.raises(ConfigError, match="scheduler.predictor=oracle .*controller=tbt_target.*"
+                                          "use scheduler.predictor=learned"):
         p.bind_predictor(None)
     make_policy("sarathi", controller="plugins:Fraction").bind_predictor(None)   # needs none
+    # the learned one (the default) needs no cost model: it learns from the executed steps
+    make_policy("sarathi", controller="tbt_target", target_tbt_s=0.1).bind_predictor(None)
     # and before any run directory or model: the executor class offers none
-    ov = ["executor=torch", "model=tiny-llama", "scheduler.controller=slo_dp"]
-    with pytest.raises(ConfigError, match="scheduler.controller=slo_dp: needs a predictor.*"
-                                          "executor 'torch' offers none"):
+    ov = ["executor=torch", "model=tiny-llama", "scheduler.controller=slo_dp",
+          "scheduler.predictor=oracle"]
+    with pytest.raises(ConfigError, match="scheduler.predictor=oracle .scheduler.controller="
+                                          "slo_dp.: needs a predictor.*executor 'torch' offers "
+                                          "none"):
+        resolve(composed(*ov), ov)
+    resolve(composed(*ov[:3]), ov[:3])   # learned: any executor
+    # the learned one's settings are unread with the oracle
+    ov = ["scheduler.controller=tbt_target", "scheduler.predictor=oracle",
+          "scheduler.predictor_quantile=0.9"]
+    with pytest.raises(ConfigError, match="predictor_quantile=0.9: read only with "
+                                          "predictor=learned"):
+        resolve(composed(*ov), ov)
+    ov = ["scheduler.controller=slack", "scheduler.predictor=exact"]
+    with pytest.raises(ConfigError, match="scheduler.predictor"):
         resolve(composed(*ov), ov)
 
 
@@ -271,7 +286,7 @@ def test_relegated_requests_are_served_after_the_others_and_recorded():
     reqs = [Request(0, 0.0, 40, 3, deadline=1.0), Request(1, 0.0, 500, 2, deadline=0.2),
             Request(2, 0.0, 40, 3, deadline=1.0)]
     p = make_policy("sarathi", token_budget=64, controller="slack", target_tbt_s=0.05,
-                    max_model_len=1024)
+                    max_model_len=1024, predictor="oracle")   # priced as the executor does
     p.bind_predictor(_linear)
     eng = Engine(p, LinearCost(), fast_forward=False)
     eng.run(reqs)

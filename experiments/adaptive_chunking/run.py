@@ -15,9 +15,10 @@ DIR/adaptive_chunking_medium.csv and .md (mean [min-max] over seeds). These and 
 controllers with the oracle predictor (the simulator's cost model) and no step noise, as their
 committed results were measured. --noise (issue 35): the mix (strict) at 2 and 3 req/s, seeds
 0-2, executor.step_jitter 0, 0.05 and 0.1 (told to no predictor), every controller with the
-oracle and with the learned predictor: DIR/adaptive_chunking_noise.csv and .md. --full (the default): the
-capacity of every configuration, Mistral-7B and Yi-34B TP2, ShareGPT, arXiv and the mix, strict
-and relaxed SLOs, 3 seeds (adaptive_capacity.py): DIR/adaptive_chunking_full.csv and .md.
+oracle and with the learned predictor: DIR/adaptive_chunking_noise.csv and .md. --full (the
+default): the capacity of every configuration, Mistral-7B and Yi-34B TP2, ShareGPT, arXiv and
+the mix, strict and relaxed SLOs, 3 seeds (adaptive_capacity.py): DIR/adaptive_chunking_full.csv
+and .md.
 """
 from __future__ import annotations
 

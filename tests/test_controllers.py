@@ -421,7 +421,11 @@ def test_slo_dp_in_a_run_learns_a_poor_draft_and_prices_a_costly_one(tmp_path):
     pull its estimate down; and a draft as costly as the target itself (layers:32 of
     Mistral-7B's 32) makes it stop speculating."""
     from sarathi_lab.runner import run
+    # priced by the cost model: what is tested is the acceptance estimate and the draft's price.
+    # The learned predictor prices each k from the steps run with it, and slo_dp, which never
+    # explores, can keep a k whose few early steps made another look dearer (docs/plugins.md)
     base = ["scheduler.controller=slo_dp", "scheduler.num_speculative_tokens=3",
+            "scheduler.predictor=oracle",
             "executor.acceptance_rate=0.05", "scheduler.assumed_acceptance=0.9", *SMALL]
 
     def proposed(*ov):

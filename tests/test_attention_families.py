@@ -1,8 +1,9 @@
 """Attention families from a config.json: DeepSeek-V2/V3's latent attention (MLA), Qwen3-MoE's
-q/k norms; per-token KV bytes and parameter counts by hand against the published figures; a field
+q/k norms, Gemma 2's local/global layers; per-token KV bytes and parameter counts by hand against the published figures; a field
 the shape reader does not understand refused by name; the roofline's latent-attention terms by
 hand. The configs are the shipped ones (sarathi_lab/data/models: deepseek-v2-lite, deepseek-v3,
 qwen3-30b-a3b; sources in its README)."""
+import dataclasses
 import json
 from pathlib import Path
 
@@ -86,6 +87,56 @@ def test_transformers5_spellings_give_the_same_shapes():
         ModelShape.from_hf(hf("deepseek-v2-lite", qk_head_dim=128), "d.json")
 
 
+def test_gemma2_local_global_layers_kv_and_parameters():
+    s = shape("gemma-2-9b", torch_dtype="bfloat16")
+    assert (s.sliding_window, s.full_attention_layers, s.windowed_layers) == (4096, 21, 21)
+    h = 3584
+    layer = h * 256 * (2 * 16 + 2 * 8) + 3 * h * 14336 + 4 * h   # 4 norms a layer
+    total = 42 * layer + 256000 * h + h                           # embeddings tied
+    assert s.num_params() == total and s.tie_word_embeddings
+    assert abs(total / 9.24e9 - 1) < 0.005                        # published: 9.24B
+    per_layer = 2 * 8 * 256 * 2                                   # K and V, 8 heads, bf16
+    assert s.kv_bytes_per_token() == 42 * per_layer == 344_064
+    # a 8192-token context: the 21 global layers hold every token, the 21 windowed 4096
+    assert s.kv_bytes(8192) == 21 * per_layer * 8192 + 21 * per_layer * 4096
+    assert s.kv_bytes(100) == 100 * s.kv_bytes_per_token()
+    # transformers 5 names each layer's kind; the same layout
+    types = ["sliding_attention", "full_attention"] * 21
+    assert shape("gemma-2-9b", torch_dtype="bfloat16", layer_types=types,
+                 sliding_window_size=None) == s
+    with pytest.raises(ValueError, match="layer_types=.*must name sliding_attention or "
+                                         "full_attention for each of num_hidden_layers=42"):
+        shape("gemma-2-9b", layer_types=types[:40])
+
+
+def test_roofline_local_and_global_layers_by_hand():
+    s, hw = shape("gemma-2-9b", torch_dtype="bfloat16"), _hw()
+    cm = RooflineCostModel(s, hw)
+    full = RooflineCostModel(dataclasses.replace(s, sliding_window=None,
+                                                 full_attention_layers=0), hw)
+    local = RooflineCostModel(dataclasses.replace(s, full_attention_layers=0), hw)
+    assert cm.decode_per_kv_token == full.decode_per_kv_token
+    rate = cm.decode_per_kv_token
+    # a decode after 10,000 cached tokens: half the layers read 4,096 keys, half 10,001
+    assert cm.chunk_attention_time(1, 10_000) == pytest.approx((0.5 * 4096 + 0.5 * 10_001) * rate,
+                                                               rel=1e-12)
+    assert cm.chunk_attention_time(1, 100) == pytest.approx(101 * rate, rel=1e-12)
+    # a prefill chunk beyond the window: the mean of the windowed and the plain prices
+    assert cm.chunk_attention_time(512, 6000) == pytest.approx(
+        0.5 * local.chunk_attention_time(512, 6000) + 0.5 * full.chunk_attention_time(512, 6000),
+        rel=1e-12)
+    # the hot paths price the same batch alike; decode_run as step_time step by step
+    from types import SimpleNamespace
+    reqs = [SimpleNamespace(num_computed_tokens=k, num_prompt_tokens=10, num_output_tokens=k - 9)
+            for k in (100, 4095, 9000)]
+    assert cm.step_time(reqs, [1, 1, 1]) == cm.iteration_time([], [100, 4095, 9000])
+    run = cm.decode_run([100, 4095, 9000], 3)
+    for j in range(3):
+        step = [SimpleNamespace(num_computed_tokens=k + j, num_prompt_tokens=10,
+                                num_output_tokens=k + j - 9) for k in (100, 4095, 9000)]
+        assert run[j] == cm.step_time(step, [1, 1, 1])
+
+
 # -- fields the reader does not understand ----------------------------------------------------
 
 def test_latent_attention_under_another_label_is_refused_naming_the_field():
@@ -97,8 +148,9 @@ def test_latent_attention_under_another_label_is_refused_naming_the_field():
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"sliding_window_pattern": 6}, "field 'sliding_window_pattern' is not understood by the "
-                                    "shape reader for model_type 'llama'"),
+    ({"sliding_window_pattern": 6},
+     "field 'sliding_window_pattern' is not understood by the shape reader for model_type "
+     "'llama'"),
     ({"attention_sink": True}, "field 'attention_sink' is not understood"),
     ({"quantization_config": {"quant_method": "fp8"}}, "field 'quantization_config'"),
     ({"sliding_window": 4096}, "field 'sliding_window' is not understood .*'llama'"),
@@ -204,3 +256,17 @@ def test_the_new_families_run_from_the_command_line():
         r = check_config(composed(*ov), ov)
         s = ModelShape.from_config(r.model)
         assert s.kv_bytes_per_token() == kv and s == shape(name)
+
+
+@pytest.mark.parametrize("name, field", [("deepseek-v2-lite", "kv_lora_rank"),
+                                         ("gemma-2-9b", "full_attention_layers"),
+                                         ("qwen3-30b-a3b", "qk_norm")])
+def test_the_real_executor_refuses_what_it_does_not_compute(name, field):
+    # a preset written from the shape (no config.json to name the model_type) is refused too
+    from sarathi_lab.models.loader import model_shape
+    preset = shape(name).to_preset()
+    with pytest.raises(ValueError, match=f"model '{name}': {field}=.* is not run by the real "
+                                         "executor"):
+        model_shape(preset)
+    with pytest.raises(ValueError, match=f"model_type .* does not run on the real executor"):
+        model_shape({"name": name, "hf_config": name})

@@ -137,7 +137,8 @@ def test_moe_width_defaults_to_the_mlp():
     ("deepseek-moe-16b", {"model_type": "deepseek_v2"},
      "model_type 'deepseek_v2' lacks kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, "
      "v_head_dim"),
-    ("deepseek-moe-16b", {"model_type": "gemma2"}, "model_type 'gemma2' is not supported"),
+    ("deepseek-moe-16b", {"model_type": "gemma3_text"},
+     "model_type 'gemma3_text' is not supported"),
 ])
 def test_layouts_the_shape_cannot_describe_are_refused(name, change, message):
     hf = json.loads((SHIPPED / name / "config.json").read_text())
@@ -196,7 +197,7 @@ def test_serving_choices_override_the_config_json():
 @pytest.mark.parametrize("overrides, message", [
     (["model=hf"], "model.hf_config: must be set: the model preset takes its shape from a "
                    "config.json .*shipped config: deepseek-moe-16b, deepseek-v2-lite, deepseek-v3, "
-                   "llama-2-70b"),
+                   "gemma-2-9b, llama-2-70b"),
     (["model=hf", "model.hf_config=nosuch"], "model.hf_config='nosuch': no such config.json"),
     (["model=hf", "model.hf_config=llama-3-8b", "model.max_model_len=0"],
      "model.hf_config=llama-3-8b: model 'llama-3-8b': max_model_len=0 must be a positive"),

@@ -31,7 +31,7 @@ from sarathi_lab.settings import plain
 _MLA_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
                "v_head_dim")
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek",
-                   "deepseek_v2", "deepseek_v3")
+                   "deepseek_v2", "deepseek_v3", "gemma2")
 
 # Every config.json field is understood or refused, never ignored: a field the reader does not
 # know may change the model's shape (a latent KV, a window on some layers, sinks, quantized
@@ -78,6 +78,14 @@ _READ_BY_TYPE = {
     "deepseek_v2": _DEEPSEEK_MOE + _MLA_FIELDS + _DEEPSEEK_V2,
     "deepseek_v3": _DEEPSEEK_MOE + _MLA_FIELDS + _DEEPSEEK_V2 + ("num_nextn_predict_layers",),
 }
+# Gemma 2: local (windowed) and global layers alternating, layer_types naming them in
+# transformers 5 (sliding_window_size: an older name of sliding_window); tanh soft-capping of
+# the attention and final logits and the query scale change values, not the work (a few
+# elementwise operations per score, not priced); cache_implementation: transformers' own cache
+_READ_BY_TYPE["gemma2"] = (
+    "sliding_window", "sliding_window_size", "layer_types", "hidden_activation",
+    "attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar",
+    "cache_implementation")
 # fields read only to check that they keep their default: value -> what it must be
 _MUST_BE = {"use_sliding_window": False, "use_mrope": False, "rope_interleaved": False}
 _INTS = ("num_layers", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads",
@@ -90,7 +98,11 @@ _BOOLS = ("tie_word_embeddings", "qkv_bias", "o_bias", "mlp_bias", "shared_exper
 # the MoE fields a dense model (num_experts 0) leaves at their defaults
 _MOE_FIELDS = ("num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
                "shared_expert_gate", "first_dense_layers")
-_FAMILY_FIELDS = ("qk_norm",) + _MLA_FIELDS
+_FAMILY_FIELDS = ("qk_norm", "full_attention_layers", "norms_per_layer", "hidden_act") \
+    + _MLA_FIELDS
+#: the fields beyond a Llama/MoE layer (the real executor refuses a shape that sets one)
+FAMILY_FIELDS = _FAMILY_FIELDS
+_ACTS = ("silu", "gelu_pytorch_tanh")
 # preset keys without a default; the HF names of the same settings
 _PRESET_REQUIRED = ("num_layers", "hidden_size", "intermediate_size", "num_heads", "vocab_size",
                     "max_model_len")
@@ -135,6 +147,14 @@ class ModelShape:
     # out at their defaults, so a recorded config of the other families is unchanged)
     # Qwen3: an RMSNorm over each query and key head (head_dim weights each) before RoPE
     qk_norm: bool = False
+    # layers with full attention when sliding_window is set (the others windowed: Gemma 2's
+    # alternating local/global layers); 0: every layer windowed (Mistral)
+    full_attention_layers: int = 0
+    # RMSNorms per layer (Gemma 2: 4, before and after attention and the MLP)
+    norms_per_layer: int = 2
+    # the MLP's gate activation: silu (SwiGLU) or gelu_pytorch_tanh (Gemma's GeGLU: the same
+    # three matrices, the same cost)
+    hidden_act: str = "silu"
     # DeepSeek-V2/V3 multi-head latent attention (MLA): the cache holds, per token and layer, one
     # latent of kv_lora_rank plus one decoupled RoPE key of qk_rope_head_dim, shared by every
     # head; queries go through a low-rank q_lora_rank bottleneck (0: a full projection); per head,
@@ -172,6 +192,7 @@ class ModelShape:
             object.__setattr__(self, key, float(v))
         self._check_moe(where)
         self._check_mla(where)
+        self._check_layers(where)
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"{where}: num_heads={self.num_heads} is not a multiple of "
                              f"num_kv_heads={self.num_kv_heads}")
@@ -214,6 +235,29 @@ class ModelShape:
         if self.first_dense_layers >= self.num_layers:
             raise ValueError(f"{where}: first_dense_layers={self.first_dense_layers} leaves no "
                              f"mixture-of-experts layer of num_layers={self.num_layers}")
+
+    def _check_layers(self, where: str) -> None:
+        """The per-layer attention layout: which layers are windowed, the norms, the MLP."""
+        for key in ("full_attention_layers", "norms_per_layer"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 \
+                    or not float(v).is_integer():
+                raise ValueError(f"{where}: {key}={v!r} must be a whole number >= 0")
+            object.__setattr__(self, key, int(v))
+        g = self.full_attention_layers
+        if g and self.sliding_window is None:
+            raise ValueError(f"{where}: full_attention_layers={g} without a sliding_window")
+        if g >= self.num_layers:
+            raise ValueError(f"{where}: full_attention_layers={g} leaves no windowed layer of "
+                             f"num_layers={self.num_layers}: drop sliding_window instead")
+        if self.hidden_act not in _ACTS:
+            raise ValueError(f"{where}: hidden_act={self.hidden_act!r} is not supported "
+                             f"({', '.join(_ACTS)} are)")
+
+    @property
+    def windowed_layers(self) -> int:
+        """Layers whose attention reads at most sliding_window keys (0: none)."""
+        return self.num_layers - self.full_attention_layers if self.sliding_window else 0
 
     def _check_mla(self, where: str) -> None:
         if not isinstance(self.qk_norm, bool):
@@ -304,7 +348,7 @@ class ModelShape:
         (active_params: top-k)."""
         h, L = self.hidden_size, self.num_layers
         dense = L - self.moe_layers
-        layers = L * (self.attention_params() + 2 * h) \
+        layers = L * (self.attention_params() + self.norms_per_layer * h) \
             + dense * self.mlp_params(self.intermediate_size) \
             + self.moe_layers * (self.moe_params(experts) if self.is_moe else 0)
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
@@ -321,6 +365,17 @@ class ModelShape:
         the model's)."""
         b = dtype_bytes(dtype) if dtype else self.dtype_bytes
         return self.num_layers * self.kv_elements_per_layer() * b
+
+    def kv_bytes(self, num_tokens: int, dtype: str | None = None) -> int:
+        """Bytes of the KV a context of num_tokens needs: its windowed layers keep at most the
+        window's sliding_window tokens (vLLM's sliding-window KV frees what falls out of it),
+        the others every token. (The KV manager still holds every layer's blocks for the whole
+        context: kv_bytes_per_token x num_tokens.)"""
+        b = dtype_bytes(dtype) if dtype else self.dtype_bytes
+        per_layer = self.kv_elements_per_layer() * b
+        local = self.windowed_layers
+        return (self.num_layers - local) * per_layer * num_tokens \
+            + local * per_layer * min(num_tokens, self.sliding_window or 0)
 
     def kv_elements_per_layer(self, tp: int = 1) -> int:
         """Elements one token keeps in one layer's cache on one GPU of a tensor-parallel group of
@@ -377,9 +432,12 @@ class ModelShape:
         if mtype not in SUPPORTED_TYPES:
             raise ValueError(f"{where}: model_type {mtype!r} is not supported "
                              f"({', '.join(SUPPORTED_TYPES)} are)")
-        if hf.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"{where}: hidden_act {hf['hidden_act']!r} is not supported "
-                             "(silu is)")
+        act = hf.get("hidden_activation", hf.get("hidden_act", "silu")) if mtype == "gemma2" \
+            else hf.get("hidden_act", "silu")
+        if act != ("gelu_pytorch_tanh" if mtype == "gemma2" else "silu"):
+            key = "hidden_activation" if "hidden_activation" in hf else "hidden_act"
+            raise ValueError(f"{where}: {key} {act!r} is not supported for model_type "
+                             f"{mtype!r}")
         _check_fields(hf, mtype, where)
         missing = [k for k in _HF_REQUIRED if k not in hf]
         if missing:
@@ -404,13 +462,15 @@ class ModelShape:
                 max_model_len=hf.get("max_position_embeddings", 2048),
                 # transformers 5 writes "dtype", 4.x "torch_dtype"
                 dtype=hf.get("dtype", hf.get("torch_dtype", "bfloat16")),
-                tie_word_embeddings=hf.get("tie_word_embeddings", False),
+                # Gemma ties them unless its file says otherwise (its configs omit the key)
+                tie_word_embeddings=hf.get("tie_word_embeddings", mtype == "gemma2"),
                 rms_norm_eps=hf.get("rms_norm_eps", 1e-6), rope_theta=theta, rope_scaling=rope,
                 qkv_bias=_flag(hf, "qkv_bias", where, True) if qwen2 else attn_bias,
                 o_bias=attn_bias and not qwen2,
                 mlp_bias=hf.get("mlp_bias", False),
                 # Qwen2 configs name a window they do not use (use_sliding_window: false)
-                sliding_window=hf.get("sliding_window") if mtype in ("mistral", "mixtral")
+                sliding_window=hf.get("sliding_window") if mtype in ("mistral", "mixtral",
+                                                                     "gemma2")
                 else None, **moe, **family)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
@@ -481,7 +541,7 @@ def _check_fields(hf: dict, mtype: str, where: str) -> None:
         if key in hf and hf[key] != want:
             raise ValueError(f"{where}: {key}={hf[key]!r} is not modelled ({want!r} is)")
     types = hf.get("layer_types")
-    if types is not None and (not isinstance(types, list)
+    if mtype != "gemma2" and types is not None and (not isinstance(types, list)
                               or any(t != "full_attention" for t in types)):
         raise ValueError(f"{where}: layer_types={types!r}: only full attention on every layer "
                          "is modelled for this model type")
@@ -493,6 +553,8 @@ def _hf_attention(hf: dict, mtype: str, where: str) -> dict:
     one latent)."""
     if mtype == "qwen3_moe":
         return {"qk_norm": True}
+    if mtype == "gemma2":
+        return _gemma2_layers(hf, where)
     if mtype not in ("deepseek_v2", "deepseek_v3"):
         return {}
     missing = [k for k in _MLA_FIELDS if k != "q_lora_rank" and k not in hf]
@@ -517,6 +579,27 @@ def _hf_attention(hf: dict, mtype: str, where: str) -> dict:
         raise ValueError(f"{where}: num_key_value_heads={heads!r} must equal "
                          "num_attention_heads under latent attention")
     return out
+
+
+def _gemma2_layers(hf: dict, where: str) -> dict:
+    """Gemma 2's layer layout: even layers windowed, odd ones global (transformers' Gemma2
+    model), or as its layer_types name them; four norms a layer; GeGLU."""
+    L, w = hf.get("num_hidden_layers"), hf.get("sliding_window")
+    if not isinstance(L, int) or isinstance(L, bool):
+        return {}                                  # the missing/invalid count is named later
+    if w is None:
+        raise ValueError(f"{where}: model_type 'gemma2' lacks sliding_window")
+    if hf.get("sliding_window_size", w) != w:
+        raise ValueError(f"{where}: sliding_window_size={hf['sliding_window_size']!r} and "
+                         f"sliding_window={w!r} disagree")
+    types = hf.get("layer_types", ["sliding_attention" if i % 2 == 0 else "full_attention"
+                                   for i in range(L)])
+    if not isinstance(types, list) or len(types) != L or \
+            any(t not in ("sliding_attention", "full_attention") for t in types):
+        raise ValueError(f"{where}: layer_types={types!r} must name sliding_attention or "
+                         f"full_attention for each of num_hidden_layers={L}")
+    return {"full_attention_layers": types.count("full_attention"), "norms_per_layer": 4,
+            "hidden_act": "gelu_pytorch_tanh"}
 
 
 def _flag(c: dict, key: str, where: str, default: bool = False) -> bool:

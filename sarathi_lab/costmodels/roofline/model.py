@@ -37,7 +37,9 @@ reads kv_tokens = k + c tokens of KV. The two kinds of pairs run at their own me
 the profile as well as a max, see the calibration), so every chunk's re-read of the KV of the
 chunks before it is charged at any chunk size. A decode is the chunk c = 1: k + 1 context pairs
 and k + 1 tokens of KV. With a sliding window W (Mistral-7B v0.1) query j sees min(j, W) keys and
-the chunk reads min(k + c, W + c - 1) tokens of KV.
+the chunk reads min(k + c, W + c - 1) tokens of KV. With local and global layers (Gemma 2: every other
+layer windowed) each term is the windowed one for the windowed layers' share of L and the plain one
+for the rest.
 
 Quantization (executor.weight_dtype, weight_only, kv_cache_dtype): the linear layers' weights
 are read, and held, at b_w bytes (lin_weights, weight memory); with 8-bit weights and 8-bit
@@ -131,6 +133,9 @@ class RooflineCostModel(RooflineMemory, CostModel):
         self.kv_heads = max(1, m.num_kv_heads // tp)
         inter = m.intermediate_size / tp
         self.window = m.sliding_window or _NO_WINDOW
+        # local/global layers (Gemma 2): the share of the L layers that read at most the window
+        # (the others every key); 0.0: all layers alike (every one windowed if window is set)
+        self.local_share = m.windowed_layers / L if m.full_attention_layers else 0.0
 
         # -- weights and KV per GPU
         # one layer's attention weights on one GPU (Q, K, V, O sharded by heads)
@@ -267,13 +272,25 @@ class RooflineCostModel(RooflineMemory, CostModel):
         """Attention of c new tokens after k cached ones (a decode is c = 1, priced as one)."""
         w = self.window
         if c == 1:
-            return min(k + 1, w) * self.decode_per_kv_token
+            return self._decode_keys(k) * self.decode_per_kv_token
         if self.ctx_upproj:
-            return self._plain_chunk_time(c, k) + k * self.ctx_upproj
-        return self._plain_chunk_time(c, k)
+            return self._plain_chunk_time(c, k, w) + k * self.ctx_upproj
+        f = self.local_share
+        if f:
+            # the windowed layers' share at the window, the global layers' at every key
+            return f * self._plain_chunk_time(c, k, w) \
+                + (1.0 - f) * self._plain_chunk_time(c, k, _NO_WINDOW)
+        return self._plain_chunk_time(c, k, w)
 
-    def _plain_chunk_time(self, c: int, k: int) -> float:
+    def _decode_keys(self, k: int):
+        """Keys a decode after k cached tokens reads, averaged over the layers."""
         w = self.window
+        if k < w:
+            return k + 1
+        f = self.local_share
+        return f * w + (1.0 - f) * (k + 1) if f else w
+
+    def _plain_chunk_time(self, c: int, k: int, w: int) -> float:
         if k + c <= w:
             return c * k * self.attn_per_pair + c * (c + 1) // 2 * self.attn_per_self_pair \
                 + (k + c) * self.attn_per_kv_token
@@ -287,6 +304,10 @@ class RooflineCostModel(RooflineMemory, CostModel):
             pre += self.chunk_attention_time(c, k)
         w = self.window
         dec = 0
+        if self.local_share:
+            for k in decode_contexts:
+                dec += self._decode_keys(k)
+            return pre + dec * self.decode_per_kv_token
         for k in decode_contexts:                # each decode reads k + 1 tokens, at most w
             dec += k + 1 if k < w else w
         return pre + dec * self.decode_per_kv_token
@@ -380,7 +401,7 @@ class RooflineCostModel(RooflineMemory, CostModel):
             if k + c == r.num_prompt_tokens + r.num_output_tokens:
                 S += 1
             if c == 1:
-                dec += k + 1 if k < w else w
+                dec += (k + 1 if k < w else w) if not self.local_share else self._decode_keys(k)
             else:
                 pre += self.chunk_attention_time(c, k)
         return self._fixed(T, S, len(num_new_tokens)) + (pre + dec * self.decode_per_kv_token)
@@ -392,6 +413,16 @@ class RooflineCostModel(RooflineMemory, CostModel):
         B = int(ctx.size)
         fixed = self._fixed(B, B, B)
         w = self.window
+        if self.local_share and int(ctx.max(initial=0)) + k > w:
+            # local and global layers: step_time's sums, request by request
+            rate, keys, cs = self.decode_per_kv_token, self._decode_keys, ctx.tolist()
+            out = []
+            for j in range(k):
+                dec = 0
+                for c in cs:
+                    dec += keys(c + j)
+                out.append(fixed + (0.0 + dec * rate))
+            return np.array(out)
         if w == _NO_WINDOW or int(ctx.max(initial=0)) + k <= w:
             total = sum(ctx.tolist())
             if k <= _SHORT_RUN:

@@ -1,5 +1,5 @@
 """Attention families from a config.json: DeepSeek-V2/V3's latent attention (MLA), Qwen3-MoE's
-q/k norms, Gemma 2's local/global layers; per-token KV bytes and parameter counts by hand against the published figures; a field
+q/k norms, Gemma 2's local/global layers, GPT-OSS's sinks; per-token KV bytes and parameter counts by hand against the published figures; a field
 the shape reader does not understand refused by name; the roofline's latent-attention terms by
 hand. The configs are the shipped ones (sarathi_lab/data/models: deepseek-v2-lite, deepseek-v3,
 qwen3-30b-a3b; sources in its README)."""
@@ -109,6 +109,34 @@ def test_gemma2_local_global_layers_kv_and_parameters():
         shape("gemma-2-9b", layer_types=types[:40])
 
 
+def test_gpt_oss_sinks_windows_and_biased_experts():
+    s = shape("gpt-oss-20b")
+    assert (s.sliding_window, s.full_attention_layers, s.attention_sinks, s.router_bias) == \
+        (128, 12, True, True)
+    h, H, K, d, E = 2880, 64, 8, 64, 32
+    # Q, K, V, O with biases; one sink logit per head (nothing cached)
+    attn = h * d * (2 * H + 2 * K) + (H + 2 * K) * d + h + H
+    assert s.attention_params() == attn
+    expert = 3 * h * 2880 + 2 * 2880 + h                          # SwiGLU with biases
+    moe = (h + 1) * E + E * expert                                # router with its bias
+    total = 24 * (attn + 2 * h + moe) + 2 * 201088 * h + h
+    assert s.num_params() == total
+    assert abs(total / 20.9e9 - 1) < 0.005                        # published: 20.9B
+    # published 3.61B active: the unembedding counted, the embedding lookup not
+    active = s.active_params() - 201088 * h
+    assert active == total - 24 * 28 * expert - 201088 * h
+    assert abs(active / 3.61e9 - 1) < 0.005
+    # sinks hold no KV: K and V of 8 heads of 64, 24 layers, bf16; half the layers windowed
+    assert s.kv_bytes_per_token() == 24 * 2 * 8 * 64 * 2 == 49_152
+    assert s.kv_bytes(1000) == 12 * 2048 * 1000 + 12 * 2048 * 128
+    # the published file's mxfp4 experts are refused by name (the shipped copy leaves them out)
+    with pytest.raises(ValueError, match="o.json: field 'quantization_config'"):
+        ModelShape.from_hf(hf("gpt-oss-20b", quantization_config={"quant_method": "mxfp4"}),
+                           "o.json")
+    with pytest.raises(ValueError, match="o.json: model_type 'gpt_oss' lacks layer_types"):
+        ModelShape.from_hf(hf("gpt-oss-20b", layer_types=None), "o.json")
+
+
 def test_roofline_local_and_global_layers_by_hand():
     s, hw = shape("gemma-2-9b", torch_dtype="bfloat16"), _hw()
     cm = RooflineCostModel(s, hw)
@@ -149,8 +177,8 @@ def test_latent_attention_under_another_label_is_refused_naming_the_field():
 
 @pytest.mark.parametrize("change, message", [
     ({"sliding_window_pattern": 6},
-     "field 'sliding_window_pattern' is not understood by the shape reader for model_type "
-     "'llama'"),
+     ("field 'sliding_window_pattern' is not understood by the shape reader for model_type "
+      "'llama'")),
     ({"attention_sink": True}, "field 'attention_sink' is not understood"),
     ({"quantization_config": {"quant_method": "fp8"}}, "field 'quantization_config'"),
     ({"sliding_window": 4096}, "field 'sliding_window' is not understood .*'llama'"),
@@ -260,7 +288,8 @@ def test_the_new_families_run_from_the_command_line():
 
 @pytest.mark.parametrize("name, field", [("deepseek-v2-lite", "kv_lora_rank"),
                                          ("gemma-2-9b", "full_attention_layers"),
-                                         ("qwen3-30b-a3b", "qk_norm")])
+                                         ("qwen3-30b-a3b", "qk_norm"),
+                                         ("gpt-oss-20b", "full_attention_layers")])
 def test_the_real_executor_refuses_what_it_does_not_compute(name, field):
     # a preset written from the shape (no config.json to name the model_type) is refused too
     from sarathi_lab.models.loader import model_shape
@@ -268,5 +297,5 @@ def test_the_real_executor_refuses_what_it_does_not_compute(name, field):
     with pytest.raises(ValueError, match=f"model '{name}': {field}=.* is not run by the real "
                                          "executor"):
         model_shape(preset)
-    with pytest.raises(ValueError, match=f"model_type .* does not run on the real executor"):
+    with pytest.raises(ValueError, match="model_type .* does not run on the real executor"):
         model_shape({"name": name, "hf_config": name})

@@ -197,7 +197,7 @@ def test_serving_choices_override_the_config_json():
 @pytest.mark.parametrize("overrides, message", [
     (["model=hf"], "model.hf_config: must be set: the model preset takes its shape from a "
                    "config.json .*shipped config: deepseek-moe-16b, deepseek-v2-lite, deepseek-v3, "
-                   "gemma-2-9b, llama-2-70b"),
+                   "gemma-2-9b, gpt-oss-20b, llama-2-70b"),
     (["model=hf", "model.hf_config=nosuch"], "model.hf_config='nosuch': no such config.json"),
     (["model=hf", "model.hf_config=llama-3-8b", "model.max_model_len=0"],
      "model.hf_config=llama-3-8b: model 'llama-3-8b': max_model_len=0 must be a positive"),

@@ -31,7 +31,7 @@ from sarathi_lab.settings import plain
 _MLA_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
                "v_head_dim")
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek",
-                   "deepseek_v2", "deepseek_v3", "gemma2")
+                   "deepseek_v2", "deepseek_v3", "gemma2", "gpt_oss")
 
 # Every config.json field is understood or refused, never ignored: a field the reader does not
 # know may change the model's shape (a latent KV, a window on some layers, sinks, quantized
@@ -86,6 +86,13 @@ _READ_BY_TYPE["gemma2"] = (
     "sliding_window", "sliding_window_size", "layer_types", "hidden_activation",
     "attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar",
     "cache_implementation")
+# GPT-OSS: local (sliding_window 128) and global layers named by layer_types, attention sinks,
+# biases on attention, experts and router; swiglu_limit clamps the gate (values, not work);
+# experts_per_token repeats num_experts_per_tok; initial_context_length is the YaRN base
+# (rope_scaling carries it too)
+_READ_BY_TYPE["gpt_oss"] = (
+    "sliding_window", "layer_types", "num_local_experts", "num_experts_per_tok",
+    "experts_per_token", "swiglu_limit", "initial_context_length")
 # fields read only to check that they keep their default: value -> what it must be
 _MUST_BE = {"use_sliding_window": False, "use_mrope": False, "rope_interleaved": False}
 _INTS = ("num_layers", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads",
@@ -98,8 +105,8 @@ _BOOLS = ("tie_word_embeddings", "qkv_bias", "o_bias", "mlp_bias", "shared_exper
 # the MoE fields a dense model (num_experts 0) leaves at their defaults
 _MOE_FIELDS = ("num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
                "shared_expert_gate", "first_dense_layers")
-_FAMILY_FIELDS = ("qk_norm", "full_attention_layers", "norms_per_layer", "hidden_act") \
-    + _MLA_FIELDS
+_FAMILY_FIELDS = ("qk_norm", "full_attention_layers", "norms_per_layer", "hidden_act",
+                  "attention_sinks", "router_bias") + _MLA_FIELDS
 #: the fields beyond a Llama/MoE layer (the real executor refuses a shape that sets one)
 FAMILY_FIELDS = _FAMILY_FIELDS
 _ACTS = ("silu", "gelu_pytorch_tanh")
@@ -155,6 +162,11 @@ class ModelShape:
     # the MLP's gate activation: silu (SwiGLU) or gelu_pytorch_tanh (Gemma's GeGLU: the same
     # three matrices, the same cost)
     hidden_act: str = "silu"
+    # GPT-OSS: attention sinks (a learned logit per head that every query's softmax also
+    # normalises over: num_heads weights a layer, nothing in the KV cache) and a bias on the
+    # router's logits (num_experts weights a MoE layer)
+    attention_sinks: bool = False
+    router_bias: bool = False
     # DeepSeek-V2/V3 multi-head latent attention (MLA): the cache holds, per token and layer, one
     # latent of kv_lora_rank plus one decoupled RoPE key of qk_rope_head_dim, shared by every
     # head; queries go through a low-rank q_lora_rank bottleneck (0: a full projection); per head,
@@ -203,13 +215,17 @@ class ModelShape:
         object.__setattr__(self, "rope_scaling", dict(self.rope_scaling)
                            if self.rope_scaling else None)
 
-    def _check_moe(self, where: str) -> None:
-        for key in _COUNTS:
+    def _whole_numbers(self, keys, where: str) -> None:
+        """Each of `keys` a whole number >= 0 (stored as an int), or an error naming it."""
+        for key in keys:
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 \
                     or not float(v).is_integer():
                 raise ValueError(f"{where}: {key}={v!r} must be a whole number >= 0")
             object.__setattr__(self, key, int(v))
+
+    def _check_moe(self, where: str) -> None:
+        self._whole_numbers(_COUNTS, where)
         e, k = self.num_experts, self.num_experts_per_tok
         if e == 0:
             set_ = [f for f in _MOE_FIELDS if getattr(self, f) != ModelShape.__dataclass_fields__[
@@ -238,18 +254,18 @@ class ModelShape:
 
     def _check_layers(self, where: str) -> None:
         """The per-layer attention layout: which layers are windowed, the norms, the MLP."""
-        for key in ("full_attention_layers", "norms_per_layer"):
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 \
-                    or not float(v).is_integer():
-                raise ValueError(f"{where}: {key}={v!r} must be a whole number >= 0")
-            object.__setattr__(self, key, int(v))
+        self._whole_numbers(("full_attention_layers", "norms_per_layer"), where)
         g = self.full_attention_layers
         if g and self.sliding_window is None:
             raise ValueError(f"{where}: full_attention_layers={g} without a sliding_window")
         if g >= self.num_layers:
             raise ValueError(f"{where}: full_attention_layers={g} leaves no windowed layer of "
                              f"num_layers={self.num_layers}: drop sliding_window instead")
+        for key in ("attention_sinks", "router_bias"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"{where}: {key}={getattr(self, key)!r} must be true or false")
+        if self.router_bias and not self.is_moe:
+            raise ValueError(f"{where}: router_bias=true without experts (num_experts=0)")
         if self.hidden_act not in _ACTS:
             raise ValueError(f"{where}: hidden_act={self.hidden_act!r} is not supported "
                              f"({', '.join(_ACTS)} are)")
@@ -262,12 +278,7 @@ class ModelShape:
     def _check_mla(self, where: str) -> None:
         if not isinstance(self.qk_norm, bool):
             raise ValueError(f"{where}: qk_norm={self.qk_norm!r} must be true or false")
-        for key in _MLA_FIELDS:
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 \
-                    or not float(v).is_integer():
-                raise ValueError(f"{where}: {key}={v!r} must be a whole number >= 0")
-            object.__setattr__(self, key, int(v))
+        self._whole_numbers(_MLA_FIELDS, where)
         if not self.kv_lora_rank:
             set_ = [f for f in _MLA_FIELDS if getattr(self, f)]
             if set_:
@@ -326,7 +337,7 @@ class ModelShape:
                 + kr * H * (self.qk_nope_head_dim + self.v_head_dim)
             return q + kv + H * self.v_head_dim * h
         return h * d * (2 * H + 2 * K) + (H + 2 * K) * d * self.qkv_bias + h * self.o_bias \
-            + 2 * d * self.qk_norm
+            + 2 * d * self.qk_norm + H * self.attention_sinks
 
     def mlp_params(self, width: int) -> int:
         """One SwiGLU MLP of `width`: gate, up and down projections (and their biases)."""
@@ -340,7 +351,8 @@ class ModelShape:
         h = self.hidden_size
         shared = self.mlp_params(self.shared_expert_intermediate_size) \
             if self.shared_expert_intermediate_size else 0
-        return h * self.num_experts + e * self.mlp_params(self.moe_intermediate_size) \
+        return (h + self.router_bias) * self.num_experts \
+            + e * self.mlp_params(self.moe_intermediate_size) \
             + shared + h * self.shared_expert_gate
 
     def num_params(self, experts: int | None = None) -> int:
@@ -467,10 +479,10 @@ class ModelShape:
                 rms_norm_eps=hf.get("rms_norm_eps", 1e-6), rope_theta=theta, rope_scaling=rope,
                 qkv_bias=_flag(hf, "qkv_bias", where, True) if qwen2 else attn_bias,
                 o_bias=attn_bias and not qwen2,
-                mlp_bias=hf.get("mlp_bias", False),
+                mlp_bias=True if mtype == "gpt_oss" else hf.get("mlp_bias", False),
                 # Qwen2 configs name a window they do not use (use_sliding_window: false)
                 sliding_window=hf.get("sliding_window") if mtype in ("mistral", "mixtral",
-                                                                     "gemma2")
+                                                                     "gemma2", "gpt_oss")
                 else None, **moe, **family)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
@@ -483,6 +495,14 @@ def _hf_moe(hf: dict, mtype: str, where: str) -> dict:
         missing = [k for k in keys if k not in hf]
         if missing:
             raise ValueError(f"{where}: model_type {mtype!r} lacks {', '.join(missing)}")
+    if mtype == "gpt_oss":
+        need("num_local_experts", "num_experts_per_tok")
+        if hf.get("experts_per_token", hf["num_experts_per_tok"]) != hf["num_experts_per_tok"]:
+            raise ValueError(f"{where}: experts_per_token={hf['experts_per_token']!r} and "
+                             f"num_experts_per_tok={hf['num_experts_per_tok']!r} disagree")
+        # each expert is a SwiGLU MLP of intermediate_size with biases (mlp_bias below)
+        return {"num_experts": hf["num_local_experts"], "num_experts_per_tok":
+                hf["num_experts_per_tok"], "moe_intermediate_size": hf["intermediate_size"]}
     if mtype == "mixtral":
         need("num_local_experts", "num_experts_per_tok")
         return {"num_experts": hf["num_local_experts"], "num_experts_per_tok":
@@ -541,7 +561,7 @@ def _check_fields(hf: dict, mtype: str, where: str) -> None:
         if key in hf and hf[key] != want:
             raise ValueError(f"{where}: {key}={hf[key]!r} is not modelled ({want!r} is)")
     types = hf.get("layer_types")
-    if mtype != "gemma2" and types is not None and (not isinstance(types, list)
+    if mtype not in ("gemma2", "gpt_oss") and types is not None and (not isinstance(types, list)
                               or any(t != "full_attention" for t in types)):
         raise ValueError(f"{where}: layer_types={types!r}: only full attention on every layer "
                          "is modelled for this model type")
@@ -555,6 +575,9 @@ def _hf_attention(hf: dict, mtype: str, where: str) -> dict:
         return {"qk_norm": True}
     if mtype == "gemma2":
         return _gemma2_layers(hf, where)
+    if mtype == "gpt_oss":
+        return {**_window_layers(hf, "gpt_oss", where, None), "attention_sinks": True,
+                "router_bias": True}
     if mtype not in ("deepseek_v2", "deepseek_v3"):
         return {}
     missing = [k for k in _MLA_FIELDS if k != "q_lora_rank" and k not in hf]
@@ -581,24 +604,33 @@ def _hf_attention(hf: dict, mtype: str, where: str) -> dict:
     return out
 
 
-def _gemma2_layers(hf: dict, where: str) -> dict:
-    """Gemma 2's layer layout: even layers windowed, odd ones global (transformers' Gemma2
-    model), or as its layer_types name them; four norms a layer; GeGLU."""
+def _window_layers(hf: dict, mtype: str, where: str, alternate: bool | None) -> dict:
+    """How many layers are global: the full_attention entries of layer_types, or without it
+    (alternate) every odd layer (Gemma 2's even layers are windowed)."""
     L, w = hf.get("num_hidden_layers"), hf.get("sliding_window")
     if not isinstance(L, int) or isinstance(L, bool):
         return {}                                  # the missing/invalid count is named later
     if w is None:
-        raise ValueError(f"{where}: model_type 'gemma2' lacks sliding_window")
-    if hf.get("sliding_window_size", w) != w:
-        raise ValueError(f"{where}: sliding_window_size={hf['sliding_window_size']!r} and "
-                         f"sliding_window={w!r} disagree")
+        raise ValueError(f"{where}: model_type {mtype!r} lacks sliding_window")
+    if "layer_types" not in hf and not alternate:
+        raise ValueError(f"{where}: model_type {mtype!r} lacks layer_types")
     types = hf.get("layer_types", ["sliding_attention" if i % 2 == 0 else "full_attention"
                                    for i in range(L)])
     if not isinstance(types, list) or len(types) != L or \
             any(t not in ("sliding_attention", "full_attention") for t in types):
         raise ValueError(f"{where}: layer_types={types!r} must name sliding_attention or "
                          f"full_attention for each of num_hidden_layers={L}")
-    return {"full_attention_layers": types.count("full_attention"), "norms_per_layer": 4,
+    return {"full_attention_layers": types.count("full_attention")}
+
+
+def _gemma2_layers(hf: dict, where: str) -> dict:
+    """Gemma 2's layer layout: even layers windowed, odd ones global (transformers' Gemma2
+    model), or as its layer_types name them; four norms a layer; GeGLU."""
+    w = hf.get("sliding_window")
+    if hf.get("sliding_window_size", w) != w:
+        raise ValueError(f"{where}: sliding_window_size={hf['sliding_window_size']!r} and "
+                         f"sliding_window={w!r} disagree")
+    return {**_window_layers(hf, "gemma2", where, True), "norms_per_layer": 4,
             "hidden_act": "gelu_pytorch_tanh"}
 
 

@@ -299,3 +299,15 @@ def test_the_real_executor_refuses_what_it_does_not_compute(name, field):
         model_shape(preset)
     with pytest.raises(ValueError, match="model_type .* does not run on the real executor"):
         model_shape({"name": name, "hf_config": name})
+
+
+def test_a_disaggregated_hand_off_moves_the_latent_to_every_decode_gpu():
+    """MLA's KV is one latent per token and layer, (512 + 64) x 27 x 2 B = 31,104 B for
+    DeepSeek-V2-Lite, held whole on every GPU of a tensor-parallel group: each of TP_d = 2 decode
+    GPUs receives all of it (31,104 B a token, not half), and one prefill GPU sends both copies."""
+    from sarathi_lab.topology.disagg.transfer import Link, Transfer
+    link = Link("net", bandwidth=1e9, eff=1.0, latency_s=0.0)
+    t = Transfer.for_model(shape("deepseek-v2-lite"), link, tp_prefill=1, tp_decode=2)
+    assert t.kv_bytes_per_token == 31_104
+    assert t.link_bytes(10) == 2 * 311_040      # sent: two decode GPUs' whole copies
+    assert Transfer.for_model(shape("deepseek-v2-lite"), link, 2, 2).link_bytes(10) == 311_040

@@ -212,7 +212,6 @@ TEMPLATE = ("{% for m in messages %}<|user|> {{ m['content'] }} {% endfor %}"
 
 def _tokenizer(tmp_path, template: str | None) -> Path:
     """A word-level tokenizer saved as a local directory, with or without a chat template."""
-    pytest.importorskip("transformers")
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     words = ["<unk>", "<|user|>", "<|assistant|>", "what", "is", "the", "capital", "of",

@@ -14,8 +14,6 @@ import torch
 
 import sarathi_lab.kernels as K
 from sarathi_lab.kernels import reference
-
-pytest.importorskip("triton")
 from sarathi_lab.kernels.triton_attention import paged_attention_triton  # noqa: E402
 from sarathi_lab.kernels.triton_kv import write_kv_triton  # noqa: E402
 

@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+from aiohttp import web
 
 from sarathi_lab import rundir
 from sarathi_lab.metrics import tbt_gaps
@@ -22,8 +23,6 @@ from sarathi_lab.replay.results import remote_section, requests_frame
 from sarathi_lab.replay.stream import Outcome
 from sarathi_lab.request import Request
 from sarathi_lab.settings import ConfigError
-
-web = pytest.importorskip("aiohttp.web")
 
 # how late a token may be seen after the stub sent it, on a loaded 2-core machine
 LATE = 0.25

@@ -12,13 +12,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+import transformers
 
 from sarathi_lab.extras import MissingExtra
 from sarathi_lab.models import prepare as P
 
 from helpers import cli
-
-transformers = pytest.importorskip("transformers")
 
 
 def tiny_llama(tie=True):

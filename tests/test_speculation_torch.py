@@ -14,8 +14,6 @@ from sarathi_lab.settings import ConfigError
 # one_thread and oracle are fixtures: imported, they apply here (one_thread is autouse)
 from hf_oracle import one_thread, oracle, run_engine, with_eos  # noqa: F401
 
-pytest.importorskip("transformers")
-
 
 def build(path, draft, backend="torch", block_size=4, **executor):
     cfg = {"executor": {"name": "torch", "device": "cpu", "dtype": "float32",
@@ -96,7 +94,6 @@ def test_hand_built_speculative_steps_equal_greedy(oracle, k, draft, chunk):
 def test_triton_kernels_speculate_the_same(oracle):
     """The Triton kernels (TRITON_INTERPRET=1 on a CPU, tests/conftest.py) on a few short
     requests: drafts, verification chunks and a prefill chunk in one batch."""
-    pytest.importorskip("triton")
     path, specs, ref = oracle
     picks = [1, 3, 7]   # prompts of 2, 5 and 9 tokens; greedy prefixes of HF's outputs
     ex, kv = build(path, "layers:2", backend="triton")
@@ -243,7 +240,6 @@ def test_a_speculating_server_refuses_sampling():
     """A request's temperature > 0 is refused (400, naming it) before it reaches the engine,
     where the greedy verification could not honour it; temperature 0 is taken."""
     import asyncio
-    pytest.importorskip("aiohttp")
     from sarathi_lab.engine import Engine
     from sarathi_lab.serve.app import Server
     from sarathi_lab.serve.protocol import ApiError
@@ -330,7 +326,6 @@ def test_a_draft_model_with_its_own_kv_equals_greedy(tiny_specs, noise, k, sched
 
 @pytest.mark.slow   # the Triton interpreter
 def test_triton_kernels_run_a_draft_model_the_same(tiny_specs):
-    pytest.importorskip("triton")
     specs = [(ids, 6) for ids, _ in tiny_specs[:3]]
     plain, _ = run_tiny(specs, NOISE, backend="triton", token_budget=8, block_size=4)
     reqs, _ = run_tiny(specs, NOISE, "tiny-llama", 2, backend="triton", token_budget=8,

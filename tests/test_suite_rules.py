@@ -46,3 +46,12 @@ def test_every_marker_used_is_declared():
             for m in re.findall(r"pytest\.mark\.(\w+)", p.read_text())}
     assert used - builtin <= declared, sorted(used - builtin - declared)
     assert "slow" in used   # the fast tier exists: some tests are marked slow
+
+
+def test_no_test_skips_for_a_missing_package():
+    """The project's dependencies and the extras the README installs are imported, not
+    `importorskip`ped: a broken install then errors instead of passing as skips."""
+    calls = [f"{p.name}:{n.lineno}" for p in sorted(TESTS.glob("*.py"))
+             for n in ast.walk(ast.parse(p.read_text(), str(p)))
+             if isinstance(n, ast.Call) and ast.unparse(n.func).endswith("importorskip")]
+    assert not calls, f"importorskip (import the package instead): {calls}"

@@ -162,7 +162,6 @@ def test_parallel_launcher(tmp_path):
 
 @pytest.mark.slow   # a sweep in CLI subprocesses
 def test_submitit_local_launcher(tmp_path):
-    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     r = cli("-m", f"results_root={tmp_path}", "name=sub", "hydra/launcher=submitit_local",
             "hydra.launcher.timeout_min=2", *TINY, "scheduler=vllm,sarathi", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr

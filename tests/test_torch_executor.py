@@ -17,8 +17,6 @@ from sarathi_lab.request import Request
 from hf_oracle import (hf_generate, make_hf_model, make_specs, one_thread, oracle,  # noqa: F401
                        run_engine, with_eos)
 
-transformers = pytest.importorskip("transformers")
-
 
 CASES = {
     "request_level-b4": dict(name="request_level", block_size=4, max_num_seqs=6),
@@ -62,7 +60,6 @@ def test_triton_backend_equals_hugging_face(oracle):
     chunked prefill with decodes in one batch."""
     if not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"):
         pytest.skip("needs a GPU or TRITON_INTERPRET=1")
-    pytest.importorskip("triton")
     path, specs, ref = oracle
     picks = [1, 3, 7]   # prompts of 2, 5 and 9 tokens; greedy prefixes of HF's outputs
     reqs, _ = run_engine(path, [(specs[i][0], 4) for i in picks], backend="triton",

@@ -20,7 +20,6 @@ def tiny_config(*overrides) -> dict:
 
 @pytest.mark.slow   # a CLI subprocess
 def test_wandb_offline_writes_its_run_files(tmp_path):
-    pytest.importorskip("wandb")
     wdir = tmp_path / "wandb_dir"
     wdir.mkdir()
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(wdir),

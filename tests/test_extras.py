@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import patience
 
 from sarathi_lab.extras import MissingExtra, check_extras, choices
 
@@ -81,7 +82,7 @@ def test_cli_fails_at_start_up_before_any_job(tmp_path):
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     r = subprocess.run([sys.executable, "-c", hider, "-m", "name=x", f"results_root={tmp_path}",
                         "logger=wandb", "hydra/launcher=parallel", "trace.num_requests=5"],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=patience(120))
     assert r.returncode != 0
     assert "logger=wandb needs the optional package wandb" in r.stderr
     assert "pip install 'sarathi-lab[wandb]'" in r.stderr

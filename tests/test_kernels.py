@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import torch
+from helpers import patience
 
 import sarathi_lab.kernels as K
 from sarathi_lab.kernels import reference
@@ -320,7 +321,8 @@ def test_kernels_compile_for_hopper():
     except ImportError:
         pytest.skip("triton has no NVIDIA backend here")
     env = dict(os.environ, TRITON_INTERPRET="0")
-    res = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300)
+    res = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True,
+                         timeout=patience(300))
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.count("compiled") == len(HOPPER_CASES) + 1
 
@@ -410,14 +412,14 @@ def test_checkout_root_does_not_shadow_the_hub_kernels_package(tmp_path):
     # -S: no site-packages, so an installed hub package plays no part
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     out = subprocess.run([sys.executable, "-S", "-c", code], cwd=root, env=env, capture_output=True,
-                         text=True, timeout=60)
+                         text=True, timeout=patience(60))
     assert out.returncode == 0 and out.stdout.split() == ["hub", "1", "True"], out.stderr
     env["PYTHONPATH"] = ""
     code = ("import kernels; "
             "print(getattr(kernels, '__file__', None), list(kernels.__path__), hasattr(kernels, "
             "'get_backend'))")
     out = subprocess.run([sys.executable, "-S", "-c", code], cwd=root, env=env,
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=patience(60))
     assert out.returncode == 0 and out.stdout.split() == ["None", "[]", "False"], out.stderr
 
 
@@ -427,5 +429,5 @@ def test_transformers_imports_from_a_checkouts_root():
     from pathlib import Path
     code = "import transformers.models.llama.modeling_llama"
     out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=patience(300))
     assert out.returncode == 0, out.stderr[-2000:]

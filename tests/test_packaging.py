@@ -8,6 +8,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from helpers import patience
 
 ROOT = Path(__file__).resolve().parents[1]
 # where each folder of the tree lands in the wheel (pyproject.toml's package-dir)
@@ -51,7 +52,7 @@ def wheel(tmp_path_factory) -> zipfile.ZipFile:
         (src / p).write_bytes((ROOT / p).read_bytes())
     res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
                           "--no-build-isolation", "-q", "-w", str(dist), str(src)],
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=patience(600))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (whl,) = dist.glob("sarathi_lab-*.whl")
     return zipfile.ZipFile(whl)

@@ -15,7 +15,7 @@ import yaml
 from sarathi_lab import profiler as P
 from sarathi_lab.costmodels.profiled import ProfiledConfig, ProfiledCostModel
 from sarathi_lab.costmodels.profiles import ProfileError
-from helpers import CONFIGS, cli
+from helpers import CONFIGS, cli, patience
 
 # Held-out iterations (shapes the fit never uses) are predicted within this share of their
 # measured time, as the median over the shapes. They are measured as the profile's `mixed` rows,
@@ -149,7 +149,7 @@ def test_cli_writes_the_parquet_with_its_metadata(tmp_path):
     r = subprocess.run([sys.executable, "-m", "sarathi_lab.profiler", *TINY, "executor.clock=cpu",
                         "--grid", "tiny", "--repeats", "1", "--warmup", "0", "--threads", "1",
                         "--out", str(out)],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=patience(300))
     assert r.returncode == 0, r.stderr[-2000:]
     assert "held-out mixed iterations" in r.stdout
     assert "profiling" in r.stderr          # the progress bar
@@ -172,15 +172,15 @@ def test_cli_writes_the_parquet_with_its_metadata(tmp_path):
     # bad input: a clean message naming it, no traceback
     r = subprocess.run([sys.executable, "-m", "sarathi_lab.profiler", *TINY, "--out",
                         str(tmp_path / "p.csv"), "--grid", "tiny", "--repeats", "1"],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=patience(300))
     assert r.returncode != 0 and "--out" in r.stderr and "Traceback" not in r.stderr
     r = subprocess.run([sys.executable, "-m", "sarathi_lab.profiler", *TINY, "executor.clock=cpu",
                         "--out", str(out), "--grid", "tiny", "--threads", "2"],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=patience(300))
     assert r.returncode != 0 and "executor.clock=cpu" in r.stderr and "2 threads" in r.stderr
     assert "Traceback" not in r.stderr
     r = subprocess.run([sys.executable, "-m", "sarathi_lab.profiler", "executor.dtyp=float32",
-                        "--out", str(out)], capture_output=True, text=True, timeout=300)
+                        "--out", str(out)], capture_output=True, text=True, timeout=patience(300))
     assert r.returncode != 0 and "executor.dtyp" in r.stderr and "Traceback" not in r.stderr
 
 

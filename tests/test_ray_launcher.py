@@ -135,7 +135,7 @@ def head():
                  f"--dashboard-port={dash}", f"--dashboard-agent-listen-port={agent}",
                  f"--dashboard-agent-grpc-port={agent_grpc}",
                  f"--runtime-env-agent-port={env_agent}", "--log-style=record"],
-                cwd=temp / "head", capture_output=True, text=True, timeout=120,
+                cwd=temp / "head", capture_output=True, text=True, timeout=patience(120),
                 env=_env(DASHBOARD_METRIC_PORT=str(dash_metric),
                          AUTOSCALER_METRIC_PORT=str(scaler_metric), RAY_USAGE_STATS_ENABLED="0"))
             if r.returncode == 0 or "Deadline Exceeded" not in r.stdout + r.stderr:
@@ -150,7 +150,7 @@ def head():
 
 def cli(*args, cwd, timeout=180):
     return subprocess.run([sys.executable, "-c", CLI, *args], cwd=cwd, env=_env(),
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=patience(timeout))
 
 
 def on_ray(head) -> list[str]:
@@ -282,7 +282,7 @@ def test_sigterm_stops_a_ray_sweep_and_its_jobs(head, tmp_path):
             time.sleep(0.2)
         assert len(running_jobs()) == 2
         p.send_signal(signal.SIGTERM)
-        out, err = p.communicate(timeout=60)
+        out, err = p.communicate(timeout=patience(60))
         assert p.returncode == 128 + signal.SIGTERM, out + err
         assert err.strip().splitlines()[-1] == (
             "sarathi-lab: stopped by SIGTERM; finished jobs keep their results "

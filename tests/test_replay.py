@@ -282,19 +282,19 @@ def test_a_refused_connection_is_an_error_per_request(tmp_path):
 def test_the_command_and_the_report(tmp_path):
     from sarathi_lab.report import make_report
     from sarathi_lab.runner import run
-    from helpers import composed
+    from helpers import composed, patience
     over = jsonl(tmp_path / "t.jsonl", [(OK, 4, 3, 0.0), (OK, 4, 3, 0.1), (FULL_429, 4, 3, 0.2)])
     env = {**os.environ, "OPENAI_API_KEY": "sk-not-written"}
     with Stub(first_s=0.05, gap_s=0.02) as stub:
         r = subprocess.run([sys.executable, "-c", "from sarathi_lab.replay import main; main()",
                             "--base-url", stub.url, "--model", "stub-model",
                             "--out", str(tmp_path / "remote"), *over],
-                           capture_output=True, text=True, timeout=120, env=env)
+                           capture_output=True, text=True, timeout=patience(120), env=env)
     assert r.returncode == 0, r.stderr
     assert "3 requests: 2 finished, 1 rejected (HTTP 429), 0 errors, 0 timeouts" in r.stdout
     bad = subprocess.run([sys.executable, "-c", "from sarathi_lab.replay import main; main()",
                           "--base-url", stub.url, "--model", "m", "scheduler=vllm"],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=patience(120))
     assert bad.returncode == 1 and "scheduler=vllm: sarathi-lab-replay reads only" in bad.stderr
     # a simulated run of the same trace beside it, in one report
     cfg = composed("trace=sharegpt", *over[:1], "trace.name=stub", "trace.qps=null",

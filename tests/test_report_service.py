@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import patience
 
 from sarathi_lab.plots import Skip, slug, tenant_service
 from sarathi_lab.report import make_report
@@ -21,7 +22,7 @@ def report(tmp_path_factory):
                         f"results_root={root}", "name=mix", "trace=mix", "slo=chat-batch",
                         "trace.num_requests=60", "trace.qps=1,3"], cwd=root,
                        env={**os.environ, "WANDB_MODE": "disabled"}, capture_output=True,
-                       text=True, timeout=180)
+                       text=True, timeout=patience(180))
     assert r.returncode == 0, r.stdout + r.stderr
     return make_report([root / "sweeps" / "mix"], tmp_path_factory.mktemp("out"))
 
@@ -102,7 +103,7 @@ def test_single_class_runs_skip_the_class_plots(tmp_path):
     r = subprocess.run([sys.executable, "-c", "from sarathi_lab.cli import main; main()",
                         f"hydra.run.dir={tmp_path}/run", "trace=synthetic",
                         "trace.num_requests=20"], cwd=tmp_path, capture_output=True, text=True,
-                       env={**os.environ, "WANDB_MODE": "disabled"}, timeout=120)
+                       env={**os.environ, "WANDB_MODE": "disabled"}, timeout=patience(120))
     assert r.returncode == 0, r.stderr
     rep = make_report([tmp_path / "run"], tmp_path / "out")
     assert "two or more SLO classes" in rep.skipped["class_cdf"]

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import patience
 
 from sarathi_lab import runner
 from sarathi_lab.request import Request, Status
@@ -224,7 +225,7 @@ def test_cli_speculation_equals_plain_greedy(tmp_path):
                                   "executor.draft=layers:1"]}
     for d, args in runs.items():
         p = subprocess.run([*base, *args, f"hydra.run.dir={tmp_path / d}"], capture_output=True,
-                           text=True, timeout=300, cwd=tmp_path, env=env)
+                           text=True, timeout=patience(300), cwd=tmp_path, env=env)
         assert p.returncode == 0, p.stderr[-3000:]
     plain, spec = (pd.read_parquet(tmp_path / d / "requests.parquet").sort_values("request_id")
                    for d in runs)

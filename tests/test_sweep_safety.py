@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from helpers import patience
 
 from sarathi_lab import sweeps
 from sarathi_lab.rundir import atomic_write
@@ -33,7 +34,7 @@ def _env(**extra):
 
 def cli(*args, cwd, code=CLI, timeout=180):
     return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=_env(),
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=patience(timeout))
 
 
 def start(*args, cwd, **env):
@@ -230,7 +231,7 @@ def test_a_full_disk_in_a_single_run_is_one_error_and_no_partial_result(tmp_path
     run = tmp_path / "run"
     r = subprocess.run([sys.executable, "-c", FULL_DISK + CLI, f"hydra.run.dir={run}", *TINY],
                        cwd=tmp_path, env=_env(FULL="all"), capture_output=True, text=True,
-                       timeout=120)
+                       timeout=patience(120))
     assert r.returncode == 1
     assert "Traceback" not in r.stderr and "During handling" not in r.stderr
     err = r.stderr.strip().splitlines()
@@ -245,7 +246,7 @@ def test_a_full_disk_in_a_single_run_is_one_error_and_no_partial_result(tmp_path
 def test_a_full_disk_in_a_sweep_is_recorded_and_listed(tmp_path):
     r = subprocess.run([sys.executable, "-c", FULL_DISK + CLI, "-m", f"results_root={tmp_path}",
                         "name=full", *TINY], cwd=tmp_path, env=_env(FULL="error.txt"),
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=patience(120))
     assert r.returncode == 1
     assert "Traceback" not in r.stderr + r.stdout
     d = tmp_path / "sweeps" / "full"

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import patience
 
 from sarathi_lab.report import run_table
 
@@ -20,7 +21,7 @@ def cli(*args, cwd, timeout=180):
                                           os.environ.get("PYTHONPATH", "")])}
     return subprocess.run([sys.executable, "-c", "from sarathi_lab.cli import main; main()",
                            *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=patience(timeout))
 
 
 def log_lines(sweep: Path) -> list[list[str]]:
@@ -224,7 +225,8 @@ with initialize_config_module("sarathi_lab.configs", version_base="1.3"):
     cfg = compose("config", overrides=["trace.path=/a/b.csv"], return_hydra_config=True)
 print(cfg.hydra.sweep.subdir)
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=patience(60))
     assert r.returncode == 0, r.stderr
     from sarathi_lab.sweeps import dirname
     assert r.stdout.strip() == dirname("trace.path=/a/b.csv")
@@ -276,6 +278,6 @@ def test_a_run_and_a_sweep_collect_garbage_while_their_jobs_run(tmp_path):
     for mode in ([], ["-m"]):
         r = subprocess.run([sys.executable, "-c", probe, *mode, *TINY, f"results_root={tmp_path}",
                             f"name=gc{len(mode)}"], cwd=tmp_path, env=env, capture_output=True,
-                           text=True, timeout=180)
+                           text=True, timeout=patience(180))
         assert r.returncode == 0, r.stdout + r.stderr
         assert "collector True True" in r.stdout, r.stdout

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from helpers import patience
 
 from sarathi_lab import runner
 from sarathi_lab.engine import Engine
@@ -164,7 +165,7 @@ def test_cli_writes_token_ids(tmp_path):
            "trace.prompt_len.low=4", "trace.prompt_len.high=40", "trace.output_len.low=2",
            "trace.output_len.high=6", "executor.kv_cache_gib=0.01", "progress=false",
            f"hydra.run.dir={tmp_path}"]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=patience(120), cwd=tmp_path,
                          env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
     assert res.returncode == 0, res.stderr[-3000:]
     df = pd.read_parquet(tmp_path / "requests.parquet")
@@ -342,7 +343,8 @@ def test_cpu_clock_from_the_cli(tmp_path):
 
     def run(*args, d):
         return subprocess.run([*base, *args, f"hydra.run.dir={tmp_path / d}"],
-                              capture_output=True, text=True, timeout=180, cwd=tmp_path, env=env)
+                              capture_output=True, text=True,
+                              timeout=patience(180), cwd=tmp_path, env=env)
     bad = run(*torch_ex, "num_threads=2", d="two")
     assert bad.returncode != 0 and "set num_threads=1" in bad.stderr, bad.stderr[-2000:]
     ok = run(*torch_ex, "num_threads=1", d="one")

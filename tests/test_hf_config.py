@@ -205,7 +205,7 @@ def test_bad_hf_config_settings_are_named(overrides, message):
 
 
 def test_a_preset_with_its_own_shape_cannot_take_another_config():
-    from sarathi_lab.models.hf_config import resolve_model
+    from sarathi_lab.models.shape import resolve_model
     node = yaml.safe_load((ROOT / "configs" / "model" / "mistral-7b.yaml").read_text())
     with pytest.raises(ValueError, match="model.hf_config=llama-3-8b: the model preset sets "
                        "intermediate_size=14336 .the config.json: 14336.|rope_theta=10000.0 "

@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from sarathi_lab.models.dtypes import torch_dtype
-from sarathi_lab.models.hf_config import config_file, read_shape
+from sarathi_lab.models.hf_config import config_file
 from sarathi_lab.models.llama import LlamaForCausalLM
-from sarathi_lab.models.shape import ModelShape
+from sarathi_lab.models.shape import ModelShape, read_shape
 
 log = logging.getLogger(__name__)
 

@@ -9,13 +9,21 @@ experts every token goes through (one SwiGLU MLP of total width shared_expert_in
 Qwen2-MoE scales its output by a sigmoid gate, a h x 1 linear). DeepSeek-MoE's first
 `first_dense_layers` layers keep a dense MLP of intermediate_size.
 
+`model.hf_config` names a config.json (models.hf_config finds it): `resolve_model` fills the model
+node's shape keys from it before anything reads the node, so the simulator, the real executor and
+the run's recorded config all see the one shape; `dtype` and `max_model_len` in the node are
+serving choices (vLLM's --dtype, --max-model-len) and override the file's. Any other shape key the
+node sets must agree with the file: a preset's own shape is never silently replaced.
+
 No torch here: the simulator imports this module.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from sarathi_lab.models.dtypes import dtype_bytes, dtype_name
+from sarathi_lab.models.hf_config import config_file, shipped_configs
 from sarathi_lab.settings import plain
 
 # "deepseek": DeepSeek-MoE (deepseek-moe-16b), plain multi-head attention; not DeepSeek-V2/V3
@@ -216,7 +224,6 @@ class ModelShape:
         names a config.json (hf_config) gets its shape from it (models.hf_config)."""
         c = {k: v for k, v in plain(cfg).items() if v is not None}   # YAML null: the default
         if c.get("hf_config"):
-            from sarathi_lab.models.hf_config import resolve_model   # it reads this module
             c = {k: v for k, v in resolve_model(c).items() if v is not None}
         name = str(c.get("name", "model"))
         missing = [k for k in _PRESET_REQUIRED if k not in c]
@@ -328,3 +335,45 @@ def _flag(c: dict, key: str, where: str) -> bool:
     if not isinstance(v, bool):
         raise ValueError(f"{where}: {key}={v!r} must be true or false")
     return v
+
+
+#: node keys that override the config.json's (how the model is served, not what it is)
+SERVING_KEYS = ("dtype", "max_model_len")
+
+
+def read_shape(ref, name: str | None = None, where: str = "model.hf_config") -> ModelShape:
+    """The shape in the config.json `ref` names; `name` (default: its folder's) names the model."""
+    f = config_file(ref, where)
+    try:
+        hf = json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}={str(ref)!r}: {f} is not valid JSON ({e})") from None
+    return ModelShape.from_hf(hf, str(f), name=name or f.parent.name)
+
+
+def resolve_model(node: dict, where: str = "model") -> dict:
+    """The model node with its shape keys filled from `hf_config` (the node itself without)."""
+    ref = node.get("hf_config")
+    if not ref:
+        return node
+    if ref == "???":   # configs/model/hf.yaml's placeholder (Hydra's "must be set")
+        raise ValueError(f"{where}.hf_config: must be set: the model preset takes its shape from "
+                         f"a config.json ({where}.hf_config=PATH: a config.json, a model "
+                         f"directory, or a shipped config: {', '.join(shipped_configs())})")
+    shape = read_shape(ref, node.get("name"), f"{where}.hf_config")
+    serving = {k: node[k] for k in SERVING_KEYS if node.get(k) is not None}
+    if serving:
+        try:
+            shape = ModelShape(**{**shape.to_preset(), **serving})
+        except ValueError as e:
+            raise ValueError(f"{where}.hf_config={ref}: {e}") from None
+    keys = shape.to_preset()
+    clash = [f"{k}={node[k]!r} (the config.json: {keys[k]!r})" for k in keys
+             if k not in SERVING_KEYS and k != "name" and node.get(k) is not None
+             and node[k] != keys[k]]
+    if clash:
+        raise ValueError(
+            f"{where}.hf_config={ref}: the model preset sets {', '.join(clash)}; a preset with "
+            f"a shape of its own cannot take another's config.json: choose model=hf "
+            f"{where}.hf_config={ref} (a preset with no shape), or a preset of this model")
+    return {**node, **keys}

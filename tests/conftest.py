@@ -1,5 +1,14 @@
 import dataclasses
 import os
+import sys
+from pathlib import Path
+
+# The checkout's root is no import root: `python -m pytest` puts it first on sys.path (and xdist's
+# workers copy that sys.path), where kernels/, shipped as sarathi_lab.kernels, would stand in for
+# Hugging Face's `kernels` package that transformers imports. The project is imported from its
+# install (editable or the wheel), the tests' helpers from tests/ (pytest puts it there).
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [p for p in sys.path if Path(p or os.curdir).resolve() != ROOT]
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -35,7 +35,7 @@ def cli(*args, cwd=None, env=None, timeout=120):
     """Run `sarathi-lab` in a subprocess (the test modules importable, wandb off); `timeout` is
     for an idle machine (patience)."""
     e = {**os.environ, "WANDB_MODE": "disabled",
-         "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+         "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
          **(env or {})}
     limit = patience(timeout)
     try:

@@ -169,7 +169,7 @@ class Served:
 
     def __init__(self, cwd: Path, *overrides, timeout=180):
         env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1",
-               "PYTHONPATH": os.pathsep.join([str(cwd), str(TESTS), str(ROOT)])}
+               "PYTHONPATH": os.pathsep.join([str(cwd), str(TESTS)])}
         self.proc = subprocess.Popen(
             [sys.executable, "-c", "from sarathi_lab.serve.command import main; main()",
              "serve.port=0", "executor.device=cpu", "executor.kv_cache_gib=0.02", *overrides],

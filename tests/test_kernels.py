@@ -360,7 +360,7 @@ def test_sequence_kv_grows_in_place_and_refills_after_a_rewind():
     bs, scale = 4, 32 ** -0.5
     specs = [(30, 1), (9, 1)]
     args, (qs, ks, vs) = make_case(specs, 4, 2, 32, bs, seed=1)
-    q, k_cache, v_cache, tables = args[0], args[1], args[2], args[3]
+    k_cache, v_cache, tables = args[1], args[2], args[3]
     store = SequenceKV()
     gen = torch.Generator().manual_seed(2)
     # prefill the first 20 and 5 tokens, then decode up to 30 and 9 (the cache holds them all)

@@ -11,10 +11,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import pytest
+from helpers import patience
 
 from sarathi_lab.report import incomplete_jobs, make_report, run_table
 
@@ -101,14 +101,14 @@ def listening(pids: list[int]) -> list[str]:
 def stop_head(temp: Path) -> None:
     """SIGTERM to the head's processes (Ray's own shutdown), SIGKILL to any left after 2 s
     (one of them, at least, outlives SIGTERM when the others are gone)."""
-    for sig, patience in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
+    for sig, grace in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
         pids = head_processes(temp)
         for pid in pids:
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-        end = time.monotonic() + patience
+        end = time.monotonic() + grace
         while time.monotonic() < end and head_processes(temp):
             time.sleep(0.2)
 

@@ -4,10 +4,15 @@ two test files become one to edit; what tests share lives in conftest.py, helper
 hf_oracle.py, plugins.py or study_scripts.py), and every marker a test uses is declared."""
 import ast
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
+from helpers import patience
+
 TESTS = Path(__file__).resolve().parent
+RUFF = [sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format=concise"]
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -55,3 +60,22 @@ def test_no_test_skips_for_a_missing_package():
              for n in ast.walk(ast.parse(p.read_text(), str(p)))
              if isinstance(n, ast.Call) and ast.unparse(n.func).endswith("importorskip")]
     assert not calls, f"importorskip (import the package instead): {calls}"
+
+
+def test_ruff_finds_nothing():
+    """pyproject's [tool.ruff]: import order, unused and undefined names, syntax errors. Sort
+    the imports with `ruff check --fix --select I sarathi_lab tests experiments kernels`."""
+    r = subprocess.run([*RUFF, "sarathi_lab", "tests", "experiments", "kernels"],
+                       cwd=TESTS.parent, capture_output=True, text=True, timeout=patience(120))
+    assert r.returncode == 0, (r.stdout[-6000:] + r.stderr + "\nimports out of order: "
+                               "python -m ruff check --fix --select I " + " ".join(r.args[-4:]))
+
+
+def test_ruff_reads_the_projects_settings(tmp_path):
+    """The check above is the project's: run with pyproject.toml it flags imports out of order
+    and an unused name, which ruff's defaults would not both flag."""
+    f = tmp_path / "m.py"
+    f.write_text("import sys\nimport os\n\nprint(os.sep)\n")
+    r = subprocess.run([*RUFF, "--config", str(TESTS.parent / "pyproject.toml"), str(f)],
+                       capture_output=True, text=True, timeout=patience(120))
+    assert r.returncode == 1 and "I001" in r.stdout and "F401" in r.stdout, r.stdout + r.stderr

@@ -8,6 +8,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import slow_fixture
 from helpers import patience
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +43,7 @@ def expected(files: list[Path]) -> tuple[set[str], set[str]]:
     return packages, data
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def wheel(tmp_path_factory) -> zipfile.ZipFile:
     """The wheel, built from a copy of the tree (building in place would leave build/ and stale
     modules in the checkout, and could hide a file that only the checkout has)."""

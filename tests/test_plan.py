@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import slow_fixture
 
 from helpers import cli
 from sarathi_lab import capacity
@@ -332,7 +333,7 @@ def test_cheapest_equals_brute_force_and_methods_agree(tmp_path):
     pd.testing.assert_frame_equal(a[cols], b[cols])
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def toy_cli(tmp_path_factory):
     """The toy plan from the command's entry point: (its directory, what it printed)."""
     out = tmp_path_factory.mktemp("toy") / "plan"

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import slow_fixture
 from helpers import patience
 
 from sarathi_lab.report import incomplete_jobs, make_report, run_table
@@ -113,7 +114,7 @@ def stop_head(temp: Path) -> None:
             time.sleep(0.2)
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def head():
     """A Ray head on 127.0.0.1 with two CPUs: its temporary files and logs in a directory of its
     own, every port chosen free (two sessions' heads do not collide), stopped at the end however
@@ -168,7 +169,7 @@ def job_files(sweep: Path) -> dict[str, list[str]]:
             for d in sweep.iterdir() if (d / ".hydra").is_dir()}
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def sweeps(head, tmp_path_factory):
     """The same failing, merging grid under Ray (results_root relative to the command's
     directory, which the head's workers do not start in) and under joblib."""

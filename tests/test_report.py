@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import slow_fixture
 from helpers import patience
 
 from sarathi_lab.metrics import tbt_gaps
@@ -23,7 +24,7 @@ def cli(*args, cwd):
     return r
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def inputs(tmp_path_factory):
     """A 2 x 2 x 2 sweep (policy, token budget, load): vllm reads no token budget, so its four
     combinations run as two (merged); and two small capacity searches."""

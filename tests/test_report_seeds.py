@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import slow_fixture
 from helpers import patience
 
 from sarathi_lab.report import by_config, labelled, main, make_report, spread, t_quantile
@@ -80,7 +81,7 @@ def _cli(*args, cwd):
     return r
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def seeded(tmp_path_factory):
     """vllm and sarathi at two loads, three seeds; sarathi with two token budgets that never
     bind (40 short requests: every prompt fits both), so they run the same schedule."""

@@ -8,13 +8,14 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import slow_fixture
 from helpers import patience
 
 from sarathi_lab.plots import Skip, slug, tenant_service
 from sarathi_lab.report import make_report
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def report(tmp_path_factory):
     """trace=mix (interactive and batch classes, 11 tenants) at two loads under sarathi."""
     root = tmp_path_factory.mktemp("service")

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import slow_fixture
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
@@ -215,7 +216,7 @@ class Served:
             self.proc.communicate()
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def server(tmp_path_factory):
     s = Served(tmp_path_factory.mktemp("serve"), "scheduler=sarathi",
                "scheduler.token_budget=8")

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import slow_fixture
 from helpers import patience
 
 from sarathi_lab.report import run_table
@@ -28,7 +29,7 @@ def log_lines(sweep: Path) -> list[list[str]]:
     return [ln.split("\t") for ln in (sweep / "sweep.log").read_text().splitlines()]
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def sweep(tmp_path_factory):
     root = tmp_path_factory.mktemp("sweep")
     r = cli("-m", f"results_root={root}", "name=grid", *TINY, *GRID, cwd=root)

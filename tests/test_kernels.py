@@ -315,11 +315,9 @@ def compile_all_for_hopper() -> None:
 
 @pytest.mark.slow   # a CLI subprocess
 def test_kernels_compile_for_hopper():
-    try:
-        from triton.backends.compiler import GPUTarget  # noqa: F401
-        from triton.backends.nvidia import compiler  # noqa: F401
-    except ImportError:
-        pytest.skip("triton has no NVIDIA backend here")
+    # the NVIDIA backend ships with triton's Linux wheels: its absence is a broken install
+    from triton.backends.compiler import GPUTarget  # noqa: F401
+    from triton.backends.nvidia import compiler  # noqa: F401
     env = dict(os.environ, TRITON_INTERPRET="0")
     res = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True,
                          timeout=patience(300))

@@ -168,9 +168,9 @@ class Served:
     """`sarathi-lab-serve` in a subprocess on a free 127.0.0.1 port; `stop()` sends SIGINT and
     returns the run directory it wrote."""
 
-    def __init__(self, cwd: Path, *overrides, timeout=180):
+    def __init__(self, cwd: Path, *overrides, timeout=180, env=None):
         env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1",
-               "PYTHONPATH": os.pathsep.join([str(cwd), str(TESTS)])}
+               "PYTHONPATH": os.pathsep.join([str(cwd), str(TESTS)]), **(env or {})}
         self.proc = subprocess.Popen(
             [sys.executable, "-c", "from sarathi_lab.serve.command import main; main()",
              "serve.port=0", "executor.device=cpu", "executor.kv_cache_gib=0.02", *overrides],
@@ -182,10 +182,11 @@ class Served:
         except RuntimeError as e:
             raise AssertionError(f"the server did not start: {e}{self.proc.stderr.read()}")
 
-    def request(self, method, path, body=None, timeout=60):
+    def request(self, method, path, body=None, timeout=60, headers=None):
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=patience(timeout))
         data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
-        conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+        conn.request(method, path, body=data,
+                     headers={"Content-Type": "application/json", **(headers or {})})
         resp = conn.getresponse()
         raw = resp.read()
         conn.close()
@@ -329,14 +330,20 @@ def _word_tokenizer(d: Path):
     """A tokenizer for the tiny model's 512 ids (id i is the word "w<i>") with a chat template:
     what `serve.tokenizer` points at."""
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, 512)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return save_tokenizer(d, tok, "{% for m in messages %}w3 {{ m['content'] }} {% endfor %}"
+                                  "{% if add_generation_prompt %}w4{% endif %}")
+
+
+def save_tokenizer(d: Path, tok, chat_template: str):
+    """`tok` (a `tokenizers.Tokenizer` over ids 0 <unk>, 1 <s>, 2 </s>, ...) as a Hugging Face
+    tokenizer directory with `chat_template`."""
+    from transformers import PreTrainedTokenizerFast
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
                                    eos_token="</s>")
-    fast.chat_template = ("{% for m in messages %}w3 {{ m['content'] }} {% endfor %}"
-                          "{% if add_generation_prompt %}w4{% endif %}")
+    fast.chat_template = chat_template
     fast.save_pretrained(d)
     return fast
 

@@ -10,6 +10,7 @@ is refused, the engine failed or the run directory could not be written.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
 import signal
 import sys
@@ -20,6 +21,34 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 PROG = "sarathi-lab-serve"
+API_KEY_ENV = "SARATHI_LAB_API_KEY"
+
+HELP = f"""usage: {PROG} [KEY=VALUE ...]
+
+Serve one scheduling policy and the real PyTorch executor behind an OpenAI-compatible HTTP
+server (/v1/completions, /v1/chat/completions, /v1/models, /health), until Ctrl-C or SIGTERM;
+then write the run directory (requests.parquet, iterations.parquet, summary.json) that
+sarathi-lab-report reads. Configured as sarathi-lab is, from configs/serve.yaml: its groups
+(scheduler=, model=, executor=, slo=) and any key as KEY=VALUE; executor=torch and
+model=tiny-llama (random weights: token-id prompts) by default.
+
+serve settings:
+{{settings}}
+  {API_KEY_ENV} (environment): the API key when serve.api_key is null
+
+main keys of the run:
+  scheduler=NAME            the policy: sarathi, vllm, orca, ... or a plug-in's name
+  model=NAME | model.path=DIR model.name=NAME   a preset, or a local checkpoint
+  executor.device=cpu|cuda  executor.temperature=0  executor.top_p=1
+  num_threads=N             torch's CPU threads
+
+examples:
+  {PROG} serve.port=0              # tiny-llama on a free port
+  {PROG} model.path=~/.cache/sarathi_lab/models/smollm2 model.name=smollm2 scheduler=vllm
+  {API_KEY_ENV}=secret {PROG} serve.host=0.0.0.0   # other machines, with a key
+
+More: sarathi_lab/docs/serving.md (routes, fields, errors, the run directory) and
+settings.md (every key). Hydra's own help: --hydra-help; the composed config: --cfg job."""
 
 
 class ServeError(SystemExit):
@@ -43,6 +72,59 @@ def check(c: dict, r) -> None:
                          "(drop trace=...; replay one against it with a client)")
     if getattr(r.executor_cfg, "pipeline_parallel", 1) != 1:
         raise ServeError(f"executor.pipeline_parallel: {PROG} serves one engine")
+
+
+def help_text() -> str:
+    """HELP with the ``serve`` keys, each with its default and help line (ServeConfig's)."""
+    import textwrap
+    from dataclasses import fields
+
+    from sarathi_lab.serve.settings import ServeConfig
+    rows = []
+    for f in fields(ServeConfig):
+        key = f"serve.{f.name}={'null' if f.default is None else f.default}"
+        rows.append(textwrap.fill(f.metadata.get("help", ""), 96, initial_indent=f"  {key:<26}",
+                                  subsequent_indent=" " * 28))
+    return HELP.format(settings="\n".join(rows))
+
+
+def api_key(sc) -> tuple[str | None, str]:
+    """(the key, where it came from): serve.api_key, else $SARATHI_LAB_API_KEY, else none. The
+    setting wins, as a command-line flag wins over an environment variable elsewhere."""
+    if sc.api_key is not None:
+        if not sc.api_key.strip():
+            raise ServeError("serve.api_key: an empty key (null: no key)")
+        return sc.api_key, "serve.api_key"
+    env = os.environ.get(API_KEY_ENV, "").strip()
+    return (env, API_KEY_ENV) if env else (None, "")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` binds only this machine (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:   # a name: it may resolve to any address
+        return False
+
+
+def exposure_warning(host: str, key: str | None) -> str | None:
+    """The start-up warning for an address other machines reach, served without a key."""
+    if key is not None or is_loopback(host):
+        return None
+    return (f"{PROG}: warning: serve.host={host} is reachable from other machines and no API "
+            f"key is set (serve.api_key or {API_KEY_ENV}): anyone who reaches the port can use "
+            "the model")
+
+
+def redact(run_dir: Path, secret: str) -> None:
+    """Blank a key given as serve.api_key out of the .hydra files Hydra wrote (the config and
+    the overrides), so that a run directory that is shared or committed holds no secret."""
+    for f in (run_dir / ".hydra").glob("*.yaml"):
+        text = f.read_text()
+        if secret in text:
+            f.write_text(text.replace(secret, "<redacted>"))
 
 
 def configure(c: dict, overrides: list[str]):
@@ -72,6 +154,9 @@ async def _serve(server, sc, stop: asyncio.Event) -> None:
         raise ServeError(f"serve.host={sc.host} serve.port={sc.port}: cannot bind ({e})") \
             from None
     port = server.port = runner.addresses[0][1]
+    warning = exposure_warning(sc.host, server.api_key)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     print(f"{PROG}: serving {server.model_name!r} on http://{sc.host}:{port}/v1 "
           f"(policy {server.worker.engine.policy.name}); stop with Ctrl-C", flush=True)
     loop = asyncio.get_running_loop()
@@ -87,7 +172,7 @@ async def _serve(server, sc, stop: asyncio.Event) -> None:
     await runner.cleanup()
 
 
-def serve(c: dict, resolved, run_dir: Path, sc) -> dict:
+def serve(c: dict, resolved, run_dir: Path, sc, key: str | None = None) -> dict:
     """Build the engine, serve until stopped, write the run directory. Returns the summary."""
     from sarathi_lab.engine import Engine
     from sarathi_lab.runner import build, results, write_run
@@ -104,7 +189,7 @@ def serve(c: dict, resolved, run_dir: Path, sc) -> dict:
     stop_watch = None if tokenizer is None else (lambda stops: StopWatch(tokenizer, stops))
     worker = Worker(engine, stop_watch)
     name = sc.model_name or str(c["model"].get("name"))
-    server = Server(worker, name, sc.max_queue, tokenizer)
+    server = Server(worker, name, sc.max_queue, tokenizer, api_key=key)
     worker.start()
     asyncio.run(_serve(server, sc, asyncio.Event()))
     if worker.error is None:
@@ -118,7 +203,8 @@ def serve(c: dict, resolved, run_dir: Path, sc) -> dict:
     summary["load"] = {"mode": "served"}
     summary["executor"] = c["executor"]["name"]
     summary["served"] = {"host": sc.host, "port": server.port, "model_name": name,
-                         "max_queue": sc.max_queue, "requests_accepted": len(requests),
+                         "max_queue": sc.max_queue, "api_key": key is not None,
+                         "requests_accepted": len(requests),
                          "http_status": {str(k): v for k, v in sorted(server.counts.items())},
                          "engine_error": None if worker.error is None else
                          f"{type(worker.error).__name__}: {worker.error}"}
@@ -141,8 +227,13 @@ def _main(cfg: DictConfig) -> None:
         import torch
         torch.set_num_threads(n)
     run_dir = Path(hc.runtime.output_dir)
+    key, source = api_key(sc)
+    if source == "serve.api_key":
+        redact(run_dir, key)
+    if key is not None:
+        print(f"{PROG}: every route but /health asks for the API key ({source})", flush=True)
     try:
-        summary = serve(c, resolved, run_dir, sc)
+        summary = serve(c, resolved, run_dir, sc, key)
     except ValueError as e:   # a setting found wrong while building (memory, a model path)
         raise ServeError(str(e)) from None
     print(format_summary(summary))
@@ -151,6 +242,9 @@ def _main(cfg: DictConfig) -> None:
 
 def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        print(help_text())
+        return
     import importlib.util
     # the optional extra, checked before a model is built; the help needs none of it
     helps = ("-h", "--help", "--hydra-help", "--info", "-i", "--cfg", "-c")

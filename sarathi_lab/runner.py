@@ -289,6 +289,7 @@ def results(c: dict, r: Resolved, topology, load, requests, policy, executor, wa
     summary["simulated"] = executor.simulated
     summary["cost_model"] = executor.cost_model_record()
     summary["fast_forward"] = fast_forward_record(topology)
+    summary["predictor"] = predictor_record(topology)
     summary["config"] = c
     summary["settings"] = used_settings(r, policy) if r.disagg is None else \
         disagg_settings(r, policy, topology.decode[0].policy)
@@ -302,6 +303,17 @@ def fast_forward_record(topology) -> dict:
     a policy without the declaration turn it off."""
     off = sorted({e.fast_forward_off for _, e in topology.named_engines()} - {None})
     return {"enabled": not off, "why_not": "; ".join(off) or None}
+
+
+def predictor_record(topology) -> dict | None:
+    """What priced the budget controller's batches (schedulers/controllers/predictor.py): the
+    engine's record, or one per engine by name (a fleet, a pipeline, disaggregated pools);
+    None where no controller predicts."""
+    recs = {name: rec for name, e in topology.named_engines()
+            if (rec := getattr(e.policy, "predictor_record", lambda: None)()) is not None}
+    if len(recs) == 1 and len(topology.named_engines()) == 1:
+        return next(iter(recs.values()))
+    return recs or None
 
 
 def write_run(run_dir: Path, req_df, it_df, summary: dict) -> None:

@@ -259,8 +259,9 @@ def test_a_speculating_server_refuses_sampling():
             self.body = {"model": "tiny-llama", "prompt": [1, 2, 3], "max_tokens": 4,
                          "temperature": temperature}
 
-        async def json(self):
-            return self.body
+        async def text(self):   # the server reads the raw body (aiohttp's request.text)
+            import json
+            return json.dumps(self.body)
 
     with pytest.raises(ApiError, match="temperature=0.7: this server decodes speculatively") \
             as e:

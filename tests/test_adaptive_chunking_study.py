@@ -2,6 +2,7 @@
 is chosen by its mean goodput over seeds, and each cell shows the seeds' mean [min-max]."""
 import pandas as pd
 import pytest
+from conftest import slow_fixture
 
 from study_scripts import load_study
 
@@ -46,7 +47,7 @@ def test_the_noise_table_picks_the_best_static_by_attainment_and_compares_seed_b
                 "slack"))
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def tiny_full(tmp_path_factory):
     """The --full path at tiny scale: 30 requests per probe, Mistral-7B on ShareGPT, strict and
     relaxed, two static budgets and tbt_target, one seed, on two joblib workers."""

@@ -15,8 +15,6 @@ from hf_oracle import hf_generate, make_hf_model, make_specs, one_thread, run_en
 from sarathi_lab.models.loader import load_model, model_shape
 from sarathi_lab.models.moe import SparseMoE
 
-transformers = pytest.importorskip("transformers")
-
 # 4 experts, 2 per token: a tiny model still routes rows to different experts
 MOE = {
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),

@@ -21,10 +21,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import slow_fixture
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from helpers import ROOT, TESTS, composed
+from helpers import ROOT, TESTS, composed, patience
 from sarathi_lab import runner
 from sarathi_lab.engine import Engine
 from sarathi_lab.request import Request, Status
@@ -169,7 +170,7 @@ class Served:
 
     def __init__(self, cwd: Path, *overrides, timeout=180, env=None):
         env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1",
-               "PYTHONPATH": os.pathsep.join([str(cwd), str(TESTS), str(ROOT)]), **(env or {})}
+               "PYTHONPATH": os.pathsep.join([str(cwd), str(TESTS)]), **(env or {})}
         self.proc = subprocess.Popen(
             [sys.executable, "-c", "from sarathi_lab.serve.command import main; main()",
              "serve.port=0", "executor.device=cpu", "executor.kv_cache_gib=0.02", *overrides],
@@ -177,12 +178,12 @@ class Served:
         self.completed = 0      # completions answered 200 (streamed or whole)
         self.disconnected = 0   # streams the tests broke off
         try:
-            _, self.port, self.out = wait_for_address(self.proc, timeout)
+            _, self.port, self.out = wait_for_address(self.proc, patience(timeout))
         except RuntimeError as e:
             raise AssertionError(f"the server did not start: {e}{self.proc.stderr.read()}")
 
     def request(self, method, path, body=None, timeout=60, headers=None):
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=patience(timeout))
         data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
         conn.request(method, path, body=data,
                      headers={"Content-Type": "application/json", **(headers or {})})
@@ -203,7 +204,7 @@ class Served:
 
     def stop(self, sig=signal.SIGINT, timeout=120) -> Path:
         self.proc.send_signal(sig)
-        out, err = self.proc.communicate(timeout=timeout)
+        out, err = self.proc.communicate(timeout=patience(timeout))
         assert self.proc.returncode == 0, err[-3000:]
         self.printed = out   # the summary it printed
         run_dir = Path(out.split("run directory: ")[1].strip())
@@ -216,7 +217,7 @@ class Served:
             self.proc.communicate()
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def server(tmp_path_factory):
     s = Served(tmp_path_factory.mktemp("serve"), "scheduler=sarathi",
                "scheduler.token_budget=8")
@@ -274,7 +275,7 @@ def test_documented_status_codes(server):
 
 @pytest.mark.slow
 def test_a_client_that_disconnects_frees_its_kv(server):
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=patience(60))
     conn.request("POST", "/v1/completions", body=json.dumps(
         {"model": "tiny-llama", "prompt": PROMPT * 20, "max_tokens": 4000, "stream": True}),
         headers={"Content-Type": "application/json"})
@@ -447,7 +448,7 @@ def test_a_plugin_that_raises_stops_the_server_with_its_error(tmp_path):
         assert _ids(events[:-1]) == _greedy(PROMPT, 3)
         assert events[-1]["error"]["code"] == "engine_error"
         assert "boom after 3 tokens" in events[-1]["error"]["message"]
-        _, err = s.proc.communicate(timeout=120)   # it stops by itself
+        _, err = s.proc.communicate(timeout=patience(120))   # it stops by itself
     finally:
         s.kill()
     assert s.proc.returncode == 1 and "the engine stopped" in err and "boom.Boom" in err
@@ -471,7 +472,8 @@ def test_the_replay_client_against_the_server(tmp_path):
                 [sys.executable, "-c", "from sarathi_lab.replay import main; main()",
                  "--base-url", f"http://127.0.0.1:{s.port}/v1", "--model", "tiny-llama",
                  "--vocab-size", "512", "--out", str(outs[name]), "trace=synthetic",
-                 "trace.num_requests=6", *load], capture_output=True, text=True, timeout=600,
+                 "trace.num_requests=6", *load], capture_output=True, text=True,
+                 timeout=patience(600),
                 cwd=tmp_path)
             assert proc.returncode == 0, proc.stderr[-3000:]
         run_dir = s.stop()

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import slow_fixture
 import torch
+import transformers
 
 from sarathi_lab.extras import MissingExtra
 from sarathi_lab.models import prepare as P
 
 from helpers import cli
-
-transformers = pytest.importorskip("transformers")
 
 
 def tiny_llama(tie=True):
@@ -208,7 +208,7 @@ CHAT = "What is the capital of France?"
 OUT_LEN = 24   # the trace's output_len: the cap; the chat answer ends at EOS before it
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def served(model_dir, tmp_path_factory):
     """Three prompts through `sarathi-lab executor=torch model.path=DIR`, chunked prefill with
     a budget below the longest prompt so prefills are split and mixed with decodes."""

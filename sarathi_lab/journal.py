@@ -13,7 +13,9 @@ usual files and removes the journal.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import socket
 import time
 from pathlib import Path
 
@@ -44,9 +46,12 @@ class Journal:
         self._rows = 0
         self._last = time.monotonic()
 
-    def start(self, summary: dict, summarize_args: dict, iteration_columns: list) -> None:
-        rundir.write_json(self.dir / SESSION, {"summary": summary, "summarize": summarize_args,
-                                               "iteration_columns": iteration_columns})
+    def start(self, summary: dict, summarize_args: dict, iteration_columns: dict) -> None:
+        """`iteration_columns`: {name: numpy dtype name} of the iterations table."""
+        rundir.write_json(self.dir / SESSION, {
+            "summary": summary, "summarize": summarize_args,
+            "iteration_columns": iteration_columns,
+            "writer": {"host": socket.gethostname(), "pid": os.getpid()}})
 
     def ended(self, reqs, output_lens: dict) -> None:
         """Requests that ended (finished or rejected): one line each, flushed now (a process
@@ -100,15 +105,37 @@ def _jsonl(path: Path) -> list:
     return out
 
 
-def partial_dirs(paths) -> list[Path]:
-    """The run directories below `paths` with a journal and no summary.json: sessions that did
-    not stop cleanly."""
-    found = []
+def partial_dirs(paths) -> tuple[list[Path], list[Path]]:
+    """(ended, live): the run directories below `paths` with a journal and no summary.json,
+    those of sessions that did not stop cleanly, and those whose writer still runs (same host,
+    its process alive: a session still serving)."""
+    found = set()
     for p in map(Path, paths):
-        cands = [p] if (p / JOURNAL / SESSION).exists() else \
-            [s.parent.parent for s in p.rglob(f"{JOURNAL}/{SESSION}")] if p.is_dir() else []
-        found += [d for d in cands if not (d / rundir.SUMMARY).exists()]
-    return sorted(set(found))
+        if (p / JOURNAL / SESSION).exists():
+            found.add(p)
+        elif p.is_dir():
+            found.update(s.parent.parent for s in p.rglob(f"{JOURNAL}/{SESSION}"))
+    ended, live = [], []
+    for d in sorted(found):
+        if not (d / rundir.SUMMARY).exists():
+            (live if _alive(d) else ended).append(d)
+    return ended, live
+
+
+def _alive(d: Path) -> bool:
+    try:
+        w = rundir.read_json(d / JOURNAL / SESSION).get("writer") or {}
+    except ValueError:   # cut short as it was written: the session never served
+        return False
+    if w.get("host") != socket.gethostname() or not isinstance(w.get("pid"), int):
+        return False
+    try:
+        os.kill(w["pid"], 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # someone else's process
+        return True
+    return True
 
 
 def recover(run_dir) -> dict:
@@ -131,11 +158,10 @@ def recover(run_dir) -> dict:
     reqs.sort(key=lambda r: r.request_id)
     rows = _jsonl(j / ITERATIONS)
     import numpy as np
-    from sarathi_lab.engine import FLOAT_COLUMNS
-    names = rows[0] if rows else session["iteration_columns"]
-    data = np.array(rows[1:], float).reshape(-1, len(names)) if names else np.zeros((0, 0))
-    cols = {c: data[:, i] if c in FLOAT_COLUMNS else data[:, i].astype(np.int64)
-            for i, c in enumerate(names)}
+    dtypes = session["iteration_columns"]
+    names = rows[0] if rows else list(dtypes)
+    data = np.array(rows[1:], float).reshape(-1, len(names))
+    cols = {c: data[:, i].astype(dtypes[c]) for i, c in enumerate(names)}
     req_df, it_df = requests_table(reqs, lens), iterations_table(cols)
     summary = dict(session["summary"])
     summary.update(summarize(req_df, it_df, **session["summarize"]))

@@ -16,7 +16,6 @@ import asyncio
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import hydra

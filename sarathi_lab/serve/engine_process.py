@@ -171,7 +171,7 @@ def _build(link, c, overrides, sc_values, run_dir: Path, num_threads):
                          "block_size": engine.kv.block_size, "swap_space": engine.swap_space(),
                          "price_per_gpu_hour": (resolved.hardware or {}).get(
                              "price_per_gpu_hour"), "num_gpus": replica_gpus(engine)},
-                  list(it0.columns))
+                  {k: str(v) for k, v in it0.dtypes.items()})
 
     def finish(worker, served: dict) -> tuple:
         if worker.error is None:

@@ -111,11 +111,13 @@ class Worker:
         try:
             out, done = advance(e, self.now())
         except Exception as err:
-            bad = [rid for rid in _named_requests(err) if rid in self.live]
+            bad = {rid: exc for rid, exc in _named_requests(err) if rid in self.live}
             if not bad:
                 raise
-            for rid in bad:   # those fail; the others are scheduled again from where they were
-                self._fail_request(rid, err)
+            log.warning("%s", err)   # where it was raised (the plug-in's method)
+            for rid, exc in bad.items():   # those fail; the others are scheduled again
+                self._fail_request(rid, exc)
+            bad = list(bad)
             e.interrupt()
             held = {r.request_id for r in e.policy.running}
             if not set(kv.holders()) <= held:
@@ -272,16 +274,16 @@ class Worker:
 
 
 def _named_requests(err: BaseException) -> list:
-    """The request ids an error names: a ``request_id`` (or ``request_ids``) attribute of the
-    error or of any error in its chain (the engine re-raises a plug-in's error naming the
-    plug-in, the original as its cause)."""
+    """(request id, the error naming it) for each request an error names: a ``request_id``
+    (or ``request_ids``) attribute of the error or of any error in its chain (the engine
+    re-raises a plug-in's error naming the plug-in, the original as its cause)."""
     out, seen = [], set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
         ids = getattr(err, "request_ids", None)
         if ids is None and getattr(err, "request_id", None) is not None:
             ids = [err.request_id]
-        out += list(ids or ())
+        out += [(rid, err) for rid in ids or ()]
         err = err.__cause__ or err.__context__
     return out
 

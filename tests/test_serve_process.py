@@ -357,3 +357,21 @@ def test_an_engine_process_that_dies_ends_the_server(tmp_path):
     finally:
         s.kill()
     assert s.proc.returncode == 1 and "the engine process died" in err
+
+
+@pytest.mark.slow
+def test_a_port_in_use_ends_both_processes_leaving_no_journal(tmp_path):
+    import socket
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
+        t0 = time.monotonic()
+        proc = subprocess.run(
+            [sys.executable, "-c", "from sarathi_lab.serve.command import main; main()",
+             f"serve.port={port}", "executor.device=cpu", "executor.kv_cache_gib=0.02"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "cannot bind" in proc.stderr.strip().splitlines()[-1]
+    assert not list(tmp_path.rglob("journal")) and not list(tmp_path.rglob("summary.json"))
+    assert time.monotonic() - t0 < 120   # the engine process quit: no wait for it

@@ -73,7 +73,7 @@ async def _serve(server, sc, stop: asyncio.Event) -> None:
         await site.start()
     except OSError as e:
         await runner.cleanup()
-        client.stop()
+        client.quit()
         raise ServeError(f"serve.host={sc.host} serve.port={sc.port}: cannot bind ({e})") \
             from None
     port = server.port = runner.addresses[0][1]
@@ -116,8 +116,10 @@ def serve(c: dict, overrides: list[str], run_dir: Path, sc, num_threads) -> None
     try:
         client.wait_ready()
     except EngineFailed as e:
-        msg = str(e)
-        raise ServeError(msg.removeprefix(f"{PROG}: error: ")) from None
+        raise ServeError(str(e).removeprefix(f"{PROG}: error: ")) from None
+    except KeyboardInterrupt:   # Ctrl-C while the model loads (the engine ignores SIGINT)
+        proc.kill()
+        raise ServeError("interrupted while the engine was being built") from None
     server = Server(client, name, sc.max_queue, tokenizer, client.metrics)
     try:
         asyncio.run(_serve(server, sc, asyncio.Event()))

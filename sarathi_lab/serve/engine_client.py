@@ -93,6 +93,10 @@ class EngineClient:
         if self.channels.pop(rid, None) is not None:
             self._send(["abort", rid])
 
+    def quit(self) -> None:
+        """The server never served: the engine process ends writing nothing."""
+        self._send(["quit"])
+
     def stop(self) -> None:
         """In-flight requests end now (aborted, their handlers told); the engine says
         ``halted``."""

@@ -8,7 +8,8 @@ until told to stop, then writes the run directory and says ``stopped``. Messages
 encoded with msgspec's MessagePack (pickle where msgspec is not installed) over a
 `multiprocessing` pipe:
 
-- HTTP -> engine: ``["add", rid, generation fields]``, ``["abort", rid]``, ``["stop"]``, and
+- HTTP -> engine: ``["add", rid, generation fields]``, ``["abort", rid]``, ``["quit"]`` (the
+  server could not bind: leave nothing), ``["stop"]``, and
   once the engine has halted and every client is answered, ``["finish", the HTTP side's
   record for the summary]``;
 - engine -> HTTP: ``["ready", info]`` or ``["failed", message]``; after each step (and each
@@ -68,7 +69,8 @@ def start(c: dict, overrides: list[str], sc: dict, run_dir: Path, num_threads):
     """(process, `Link`) of a new engine process; it answers ``ready`` or ``failed`` first."""
     ctx = multiprocessing.get_context("spawn")
     ours, theirs = ctx.Pipe(duplex=True)
-    proc = ctx.Process(target=main, name="sarathi-lab-engine",
+    # daemon: a server that exits on an error takes it along (multiprocessing ends it at exit)
+    proc = ctx.Process(target=main, name="sarathi-lab-engine", daemon=True,
                        args=(theirs, c, overrides, sc, str(run_dir), num_threads))
     proc.start()
     theirs.close()   # the child's end: our reads see EOF when the child dies
@@ -103,6 +105,9 @@ def main(conn, c: dict, overrides: list[str], sc_values: dict, run_dir: str,
     worker, journal, finish = built
     link.send(["ready", _info(worker.engine, worker.engine.policy, worker.executor)])
     worker.run()
+    if worker.quit:   # the server could not start serving: nothing to write
+        journal.close(remove=True)
+        sys.exit(0)
     served = None if worker.orphaned else _halt(link, worker)
     if served is None:   # no one to tell: the journal holds what ended
         journal.close()

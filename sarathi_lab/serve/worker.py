@@ -70,6 +70,7 @@ class Worker:
         self.requests: list[Request] = []   # every request the engine was given, in order
         self.error: BaseException | None = None   # what stopped the engine, if anything did
         self.orphaned = False   # the HTTP process went away without a stop
+        self.quit = False       # told to leave no run directory (the server never served)
         self.preemptions = 0
         self.t0 = time.perf_counter()
         self._stopping = False
@@ -200,7 +201,8 @@ class Worker:
                 if live is not None and self.engine.abort(live.req, DISCONNECTED):
                     self._ended.append(live.req)
                     self._ends.append([msg[1], "abort", self.now() - live.req.arrival_time])
-            else:
+            else:   # stop, or quit
+                self.quit = kind == "quit"
                 self._stop()
                 return
             if not link.poll(0):

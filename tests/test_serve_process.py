@@ -59,8 +59,8 @@ class FakeLink:
         self.sent.append(msg)
 
 
-def _engine():
-    c = composed(*TINY)
+def _engine(*overrides):
+    c = composed(*TINY, *overrides)
     policy, ex = runner.build(c, resolve(c))
     return Engine(policy, ex, fast_forward=False)
 
@@ -375,3 +375,23 @@ def test_a_port_in_use_ends_both_processes_leaving_no_journal(tmp_path):
     assert proc.returncode == 1 and "cannot bind" in proc.stderr.strip().splitlines()[-1]
     assert not list(tmp_path.rglob("journal")) and not list(tmp_path.rglob("summary.json"))
     assert time.monotonic() - t0 < 120   # the engine process quit: no wait for it
+
+
+def test_a_named_error_with_prefix_caching_stops_the_engine():
+    """Where the state does not allow going on (prefix caching: the failed step's blocks may be
+    cached before their KV was computed), an error naming its request stops the engine."""
+    e = _engine("scheduler.enable_prefix_caching=true")
+    assert e.kv.enable_prefix_caching
+    schedule = e.policy.schedule
+
+    def picky(now):
+        for r in e.policy.running:
+            if r.num_output_tokens >= 1:
+                raise Marked(r.request_id)
+        return schedule(now)
+    e.policy.schedule = picky
+    link = FakeLink([_add(1, [5, 6, 7], 4)])
+    w = Worker(e, link)
+    w.run()
+    assert isinstance(w.error, RuntimeError) and "prefix caching" in str(w.error)
+    assert _events(link)[1][2] == "engine_error"

@@ -109,22 +109,26 @@ class Worker:
     def _step(self) -> None:
         e = self.engine
         kv = e.kv
+        host = kv.num_used_host_blocks   # a swap in the failed step would leave KV uncopied
         try:
             out, done = advance(e, self.now())
         except Exception as err:
             bad = {rid: exc for rid, exc in _named_requests(err) if rid in self.live}
             if not bad:
                 raise
+            why = _unrecoverable(e, host)
+            if why:
+                raise RuntimeError(f"request(s) {list(bad)} failed ({err}), and {why}: the "
+                                   "engine cannot go on") from err
             log.warning("%s", err)   # where it was raised (the plug-in's method)
             for rid, exc in bad.items():   # those fail; the others are scheduled again
                 self._fail_request(rid, exc)
-            bad = list(bad)
             e.interrupt()
             held = {r.request_id for r in e.policy.running}
             if not set(kv.holders()) <= held:
-                raise RuntimeError(f"after request(s) {bad} failed ({err}), KV blocks are held "
-                                   "by requests the policy does not run: the engine's state "
-                                   "is corrupt") from err
+                raise RuntimeError(f"after request(s) {list(bad)} failed ({err}), KV blocks "
+                                   "are held by requests the policy does not run: the "
+                                   "engine's state is corrupt") from err
             # the failed step allocated its tokens' slots without computing them: recounted
             kv.num_stored_tokens = sum(r.num_computed_tokens for r in e.policy.running)
             return
@@ -288,6 +292,18 @@ def _named_requests(err: BaseException) -> list:
         out += [(rid, err) for rid in ids or ()]
         err = err.__cause__ or err.__context__
     return out
+
+
+def _unrecoverable(engine, host_blocks_before: int) -> str | None:
+    """Why a step that raised cannot simply be scheduled again, or None: with prefix caching
+    its blocks were offered for reuse before their KV was computed; a swap it made may not
+    have been copied."""
+    kv = engine.kv
+    if kv.enable_prefix_caching:
+        return "with prefix caching the step's blocks may be cached before their KV was computed"
+    if kv.num_used_host_blocks != host_blocks_before:
+        return "the step swapped KV blocks that may not have been copied"
+    return None
 
 
 def _refusal(engine, req: Request) -> tuple:

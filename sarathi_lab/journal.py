@@ -33,10 +33,10 @@ ITERATIONS_EVERY_S = 1.0
 
 
 class Journal:
-    """The writer, in the process that owns the engine. `start(summary, summarize_args, iteration_columns)`
-    once;
-    `ended(reqs, output_lens)` after each step that ended requests; `iterations(columns)` with
-    `Engine.iteration_columns()` (only the rows not yet written are appended)."""
+    """The writer, in the process that owns the engine. `start(summary, summarize_args,
+    iteration_columns)` once; `ended(reqs, output_lens)` after each step that ended requests;
+    `iterations(columns)` with `Engine.iteration_columns()` (only the rows not yet written are
+    appended)."""
 
     def __init__(self, run_dir):
         self.dir = Path(run_dir) / JOURNAL

@@ -117,7 +117,7 @@ class EngineClient:
     # -- the engine's messages, on the loop --------------------------------------------------------
     def _readable(self) -> None:
         link = self.link
-        while True:
+        for _ in range(64):   # then the loop's other callbacks run; it calls again if more
             try:
                 if not link.poll(0):
                     return

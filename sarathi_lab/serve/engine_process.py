@@ -96,7 +96,7 @@ def main(conn, c: dict, overrides: list[str], sc_values: dict, run_dir: str,
     link = Link(conn)
     try:
         built = _build(link, c, overrides, sc_values, Path(run_dir), num_threads)
-    except (Exception, SystemExit) as e:   # a setting found wrong while building: said once, in one line
+    except (Exception, SystemExit) as e:   # a setting found wrong while building: in one line
         detail = str(e) if isinstance(e, (ValueError, SystemExit)) else \
             f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
         link.send(["failed", detail])

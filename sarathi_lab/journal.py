@@ -118,24 +118,33 @@ def partial_dirs(paths) -> tuple[list[Path], list[Path]]:
     ended, live = [], []
     for d in sorted(found):
         if not (d / rundir.SUMMARY).exists():
-            (live if _alive(d) else ended).append(d)
+            (live if writer_alive(d) else ended).append(d)
     return ended, live
 
 
-def _alive(d: Path) -> bool:
+def writer_alive(d: Path) -> bool:
+    """Whether the process that writes run directory `d`'s journal still runs (on this host;
+    a zombie, ended but not yet reaped by its new parent, does not)."""
     try:
         w = rundir.read_json(d / JOURNAL / SESSION).get("writer") or {}
     except ValueError:   # cut short as it was written: the session never served
         return False
-    if w.get("host") != socket.gethostname() or not isinstance(w.get("pid"), int):
+    pid = w.get("pid")
+    if w.get("host") != socket.gethostname() or not isinstance(pid, int):
         return False
     try:
-        os.kill(w["pid"], 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
         return False
-    except PermissionError:   # someone else's process
+    except (OSError, IndexError):   # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:   # someone else's process
+            return True
         return True
-    return True
 
 
 def recover(run_dir) -> dict:

@@ -309,17 +309,19 @@ def test_kill_9_leaves_a_partial_run_directory_the_report_reads(tmp_path):
     run_dirs = [p.parent.parent for p in tmp_path.rglob("journal/session.json")]
     assert len(run_dirs) == 1 and not (run_dirs[0] / "summary.json").exists()
     run_dir = run_dirs[0]
-    deadline = time.monotonic() + 30   # the engine process exits when its pipe closes
-    proc = None
-    while time.monotonic() < deadline:
-        proc = subprocess.run(
-            [sys.executable, "-c", "from sarathi_lab.report import main; main()", str(run_dir),
-             "--out", str(tmp_path / "report"), "--timeline", "none"],
-            capture_output=True, text=True, timeout=300,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)])})
-        if "still serving" not in proc.stdout:
-            break
-        time.sleep(1)
+    # the engine process exits when its pipe closes: until then the session counts as serving
+    from sarathi_lab.journal import writer_alive
+    assert json.loads((run_dir / "journal" / "session.json").read_text())["writer"]["pid"] \
+        != s.proc.pid   # the engine process writes it
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and writer_alive(run_dir):
+        time.sleep(0.5)
+    assert not writer_alive(run_dir), "the engine process outlived the server"
+    proc = subprocess.run(
+        [sys.executable, "-c", "from sarathi_lab.report import main; main()", str(run_dir),
+         "--out", str(tmp_path / "report"), "--timeline", "none"],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)])})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "partial run" in proc.stdout and str(run_dir) in proc.stdout
     reqs = pd.read_parquet(run_dir / "requests.parquet")
@@ -395,3 +397,18 @@ def test_a_named_error_with_prefix_caching_stops_the_engine():
     w.run()
     assert isinstance(w.error, RuntimeError) and "prefix caching" in str(w.error)
     assert _events(link)[1][2] == "engine_error"
+
+
+def test_a_journal_is_recovered_only_once_its_writer_is_gone(tmp_path):
+    import socket
+    from sarathi_lab.journal import partial_dirs
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    for name, pid in (("live", os.getpid()), ("ended", int(done.stdout))):
+        (tmp_path / name / "journal").mkdir(parents=True)
+        (tmp_path / name / "journal" / "session.json").write_text(json.dumps(
+            {"writer": {"host": socket.gethostname(), "pid": pid}}))
+    (tmp_path / "stopped" / "journal").mkdir(parents=True)   # a summary: not partial
+    (tmp_path / "stopped" / "journal" / "session.json").write_text("{}")
+    (tmp_path / "stopped" / "summary.json").write_text("{}")
+    assert partial_dirs([tmp_path]) == ([tmp_path / "ended"], [tmp_path / "live"])

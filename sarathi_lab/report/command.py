@@ -65,7 +65,8 @@ def make_report(paths, out, *, pdf: bool = False, timeline: str = "auto", window
     if rep.table.empty and rep.capacity.empty:
         raise FileNotFoundError("\n".join(
             [f"no {rundir.SUMMARY} or {rundir.CAPACITY} below {', '.join(map(str, paths))}"]
-            + incomplete_lines(rep.incomplete)))
+            + incomplete_lines(rep.incomplete)
+            + [f"still serving (its journal is recovered once it ends): {d}" for d in live]))
     out.mkdir(parents=True, exist_ok=True)
     formats = ("png", "pdf") if pdf else ("png",)
     rep.by_config, rep.capacity_by_config = _aggregate(rep.table), _aggregate(rep.capacity)

@@ -16,9 +16,9 @@ class Served:
     """`sarathi-lab-serve` in a subprocess on a free 127.0.0.1 port; `stop()` sends SIGINT and
     returns the run directory it wrote."""
 
-    def __init__(self, cwd: Path, *overrides, timeout=180):
+    def __init__(self, cwd: Path, *overrides, timeout=180, env=None):
         env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1",
-               "PYTHONPATH": os.pathsep.join([str(cwd), str(TESTS), str(ROOT)])}
+               "PYTHONPATH": os.pathsep.join([str(cwd), str(TESTS), str(ROOT)]), **(env or {})}
         self.proc = subprocess.Popen(
             [sys.executable, "-c", "from sarathi_lab.serve.command import main; main()",
              "serve.port=0", "executor.device=cpu", "executor.kv_cache_gib=0.02", *overrides],
@@ -30,10 +30,11 @@ class Served:
         except RuntimeError as e:
             raise AssertionError(f"the server did not start: {e}{self.proc.stderr.read()}")
 
-    def request(self, method, path, body=None, timeout=60):
+    def request(self, method, path, body=None, timeout=60, headers=None):
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
-        conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+        conn.request(method, path, body=data,
+                     headers={"Content-Type": "application/json", **(headers or {})})
         resp = conn.getresponse()
         raw = resp.read()
         conn.close()

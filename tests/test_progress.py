@@ -58,12 +58,26 @@ def test_simulation_bar_counts_requests_only(fake_tqdm, monkeypatch):
 
 
 @pytest.mark.parametrize("on_tty, ci", [(False, None), (True, "1")])
-def test_auto_is_off_in_ci_and_off_a_terminal(fake_tqdm, monkeypatch, on_tty, ci):
+def test_auto_logs_lines_in_ci_and_off_a_terminal(fake_tqdm, monkeypatch, on_tty, ci):
     tty(monkeypatch, on_tty)
     if ci:
         monkeypatch.setenv("CI", ci)
-    assert runner._progress_bar(10, "auto", simulated=False) == (None, None)
-    assert not fake_tqdm.made
+    bar, update = runner._progress_bar(10, "auto", simulated=False)
+    assert bar is None and isinstance(update, runner.ProgressLines) and not fake_tqdm.made
+    assert (update.total, update.next - update.t0, update.every_s) == (10, 10.0, 30.0)
+
+
+def test_progress_lines_after_the_first_wait_then_one_per_interval(caplog):
+    caplog.set_level("INFO", logger="sarathi_lab.runner")
+    lines = runner.ProgressLines(16, simulated=False, first_s=0.0, every_s=3600.0)
+    lines(1, 1200)
+    lines(2, 2400)   # within the interval: no line
+    assert [r.getMessage().split(" after ")[0] for r in caplog.records] == [
+        "real run: 1 of 16 requests done, 1,200 tokens computed "
+        f"({1200 / (lines.next - 3600.0 - lines.t0):,.0f} tok/s)"]
+    quick = runner.ProgressLines(16, simulated=True)   # the first 10 s: none
+    quick(5, 0)
+    assert len(caplog.records) == 1
 
 
 def test_true_shows_it_anywhere_at_once_false_never(fake_tqdm, monkeypatch):

@@ -276,14 +276,20 @@ def _word_tokenizer(d: Path):
     """A tokenizer for the tiny model's 512 ids (id i is the word "w<i>") with a chat template:
     what `serve.tokenizer` points at."""
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, 512)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return save_tokenizer(d, tok, "{% for m in messages %}w3 {{ m['content'] }} {% endfor %}"
+                                  "{% if add_generation_prompt %}w4{% endif %}")
+
+
+def save_tokenizer(d: Path, tok, chat_template: str):
+    """`tok` (a `tokenizers.Tokenizer` over ids 0 <unk>, 1 <s>, 2 </s>, ...) as a Hugging Face
+    tokenizer directory with `chat_template`."""
+    from transformers import PreTrainedTokenizerFast
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
                                    eos_token="</s>")
-    fast.chat_template = ("{% for m in messages %}w3 {{ m['content'] }} {% endfor %}"
-                          "{% if add_generation_prompt %}w4{% endif %}")
+    fast.chat_template = chat_template
     fast.save_pretrained(d)
     return fast
 

@@ -65,13 +65,15 @@ class Link:
         self.conn.close()
 
 
-def start(c: dict, overrides: list[str], sc: dict, run_dir: Path, num_threads):
-    """(process, `Link`) of a new engine process; it answers ``ready`` or ``failed`` first."""
+def start(c: dict, overrides: list[str], sc: dict, run_dir: Path, num_threads,
+          served: dict):
+    """(process, `Link`) of a new engine process; it answers ``ready`` or ``failed`` first.
+    `served`: what the HTTP side knows at start for the summary's ``served``."""
     ctx = multiprocessing.get_context("spawn")
     ours, theirs = ctx.Pipe(duplex=True)
     # daemon: a server that exits on an error takes it along (multiprocessing ends it at exit)
     proc = ctx.Process(target=main, name="sarathi-lab-engine", daemon=True,
-                       args=(theirs, c, overrides, sc, str(run_dir), num_threads))
+                       args=(theirs, c, overrides, sc, str(run_dir), num_threads, served))
     proc.start()
     theirs.close()   # the child's end: our reads see EOF when the child dies
     return proc, Link(ours)
@@ -89,13 +91,13 @@ def _info(engine, policy, executor) -> dict:
 
 
 def main(conn, c: dict, overrides: list[str], sc_values: dict, run_dir: str,
-         num_threads) -> None:
+         num_threads, served: dict) -> None:
     """The engine process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     link = Link(conn)
     try:
-        built = _build(link, c, overrides, sc_values, Path(run_dir), num_threads)
+        built = _build(link, c, overrides, sc_values, Path(run_dir), num_threads, served)
     except (Exception, SystemExit) as e:   # a setting found wrong while building: in one line
         detail = str(e) if isinstance(e, (ValueError, SystemExit)) else \
             f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
@@ -136,7 +138,7 @@ def _halt(link: Link, worker) -> dict | None:
             worker.refuse(msg[1])
 
 
-def _build(link, c, overrides, sc_values, run_dir: Path, num_threads):
+def _build(link, c, overrides, sc_values, run_dir: Path, num_threads, served_base: dict):
     """(worker, journal, finish(worker) -> (text, error or None))."""
     from sarathi_lab.engine import Engine
     from sarathi_lab.journal import Journal
@@ -167,7 +169,7 @@ def _build(link, c, overrides, sc_values, run_dir: Path, num_threads):
         summary["load"] = {"mode": "served"}
         summary["executor"] = c["executor"]["name"]
         summary["served"] = {"host": sc.host, "model_name": name, "max_queue": sc.max_queue,
-                             "requests_accepted": len(requests), **served}
+                             **served_base, "requests_accepted": len(requests), **served}
         return req_df, it_df, summary
 
     journal = Journal(run_dir)

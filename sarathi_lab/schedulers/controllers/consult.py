@@ -172,7 +172,12 @@ class Consulting:
         if ctl is None:
             return self.cfg.token_budget
         view = self.view(now)
-        d = check_decision(ctl, ctl.decide(view, self.predictor), view)
+        try:
+            decision = ctl.decide(view, self.predictor)
+        except Exception as e:   # a plug-in's bug: named with its class, its cause kept
+            raise RuntimeError(f"controller {type(ctl).__module__}:{type(ctl).__qualname__}: "
+                               f"decide() raised {type(e).__name__}: {e}") from e
+        d = check_decision(ctl, decision, view)
         if d.prefill_order and not self.follows_prefill_order:
             raise ValueError(f"scheduler.controller={self.cfg.controller}: returned a "
                              f"prefill_order, but policy {self.name!r} orders prompts by its "

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_serve import PROMPT, Served, _greedy, save_tokenizer
+from served import PROMPT, Served, _greedy, save_tokenizer
 
 from sarathi_lab.executors.sampling import draw, probabilities
 from sarathi_lab.metrics.costs import offered_load
@@ -431,9 +431,9 @@ def test_a_bug_in_a_route_is_an_error_object_not_a_plain_text_500():
     from aiohttp.test_utils import TestClient, TestServer
 
     from sarathi_lab.serve.app import Server
-    engine = SimpleNamespace(policy=SimpleNamespace(max_model_len=64),
-                             executor=SimpleNamespace(args=SimpleNamespace(vocab_size=512)))
-    server = Server(SimpleNamespace(engine=engine, executor=engine.executor), MODEL, 4)
+    info = {"max_model_len": 64, "vocab_size": 512, "defaults": [0.0, 1.0],
+            "per_request_sampling": True}   # an engine process's (`EngineClient.info`)
+    server = Server(SimpleNamespace(info=info), MODEL, 4)
 
     async def broken(request):
         raise KeyError("a bug")

@@ -19,7 +19,7 @@ from aiohttp import web
 from sarathi_lab.serve.protocol import (ApiError, choice, new_id, parse_generation, response,
                                         usage)
 from sarathi_lab.serve.text import Detokenizer
-from sarathi_lab.serve.worker import Channel, Worker
+from sarathi_lab.serve.engine_client import Channel, EngineClient
 
 
 COMPLETION_ROUTES = ("/v1/completions", "/v1/chat/completions")
@@ -29,20 +29,20 @@ log = logging.getLogger(__name__)
 
 
 class Server:
-    """The routes over one `Worker`. `counts`: the answers to completion requests (both
-    routes) by HTTP status, the summary's record."""
+    """The routes over one engine process (`worker`: its `EngineClient`, ready). `counts`: the
+    answers to completion requests (both routes) by HTTP status, the summary's record.
+    `metrics`: the `serve.metrics.Metrics` that `/metrics` shows."""
 
-    def __init__(self, worker: Worker, model_name: str, max_queue: int, tokenizer=None,
-                 api_key: str | None = None):
+    def __init__(self, worker: EngineClient, model_name: str, max_queue: int, tokenizer=None,
+                 api_key: str | None = None, metrics=None):
         self.worker, self.model_name, self.max_queue = worker, model_name, max_queue
-        self.tokenizer = tokenizer
+        self.tokenizer, self.metrics = tokenizer, metrics
         self.api_key = api_key   # None: every route open
-        engine = worker.engine
-        self.max_model_len = engine.policy.max_model_len
-        self.vocab_size = engine.executor.args.vocab_size
-        ex = engine.executor
-        self.defaults = (getattr(ex, "temperature", 0.0), getattr(ex, "top_p", 1.0))
-        self.per_request_sampling = hasattr(ex, "set_sampling")
+        info = worker.info
+        self.max_model_len = info["max_model_len"]
+        self.vocab_size = info["vocab_size"]
+        self.defaults = tuple(info["defaults"])
+        self.per_request_sampling = info["per_request_sampling"]
         self.in_flight = 0
         self.port: int | None = None   # once bound
         self.counts: Counter = Counter()
@@ -55,6 +55,7 @@ class Server:
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.prometheus)
         return app
 
     @web.middleware
@@ -112,6 +113,10 @@ class Server:
                                   "max_queue": self.max_queue, **w.stats},
                                  status=200 if ok else 503)
 
+    async def prometheus(self, request):
+        body, ctype = self.metrics.render()
+        return web.Response(body=body, headers={"Content-Type": ctype})
+
     async def completions(self, request):
         return await self._generate(request, chat=False)
 
@@ -137,9 +142,9 @@ class Server:
         if not self.per_request_sampling and ((g.temperature, g.top_p) != self.defaults
                                               or g.seed is not None or g.ignore_eos):
             raise ApiError(400, f"temperature/top_p/seed/ignore_eos: executor "
-                           f"{type(self.worker.executor).__name__} samples only with its "
+                           f"{self.worker.info['executor']} samples only with its "
                            f"settings {self.defaults}", "temperature")
-        if g.temperature > 0 and getattr(self.worker.executor, "greedy_only", False):
+        if g.temperature > 0 and self.worker.info["greedy_only"]:
             raise ApiError(400, f"temperature={g.temperature}: this server decodes "
                            "speculatively (executor.draft) and verifies the drafts greedily; "
                            "send temperature 0", "temperature")

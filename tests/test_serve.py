@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 from helpers import ROOT, patience
 from sarathi_lab.engine import Engine
 from sarathi_lab.request import Request, Status
-from sarathi_lab.serve.command import configure
+from sarathi_lab.serve.configure import configure
 from sarathi_lab.serve.protocol import ApiError, parse_generation
 from sarathi_lab.sweeps import register_resolvers
 from served import PROMPT, Served, _greedy, _tiny, save_tokenizer

@@ -22,7 +22,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-PROG = "sarathi-lab-serve"
+from sarathi_lab.serve.configure import PROG, ServeError, configure
+
 API_KEY_ENV = "SARATHI_LAB_API_KEY"
 
 HELP = f"""usage: {PROG} [KEY=VALUE ...]
@@ -51,29 +52,6 @@ examples:
 
 More: sarathi_lab/docs/serving.md (routes, fields, errors, the run directory) and
 settings.md (every key). Hydra's own help: --hydra-help; the composed config: --cfg job."""
-
-
-class ServeError(SystemExit):
-    """A reason to exit 1, said in one line (a SystemExit: Hydra passes it through)."""
-
-    def __init__(self, message: str):
-        super().__init__(f"{PROG}: error: {message}")
-
-
-def check(c: dict, r) -> None:
-    """What a served session cannot be: a simulation, a capacity search, several engines."""
-    if r.executor_cls.simulated:
-        raise ServeError(f"executor={c['executor']['name']}: {PROG} runs a real executor "
-                         "(executor=torch); a simulator has no tokens to send")
-    if r.run.mode != "run":
-        raise ServeError(f"mode={r.run.mode}: {PROG} serves one engine (mode=run)")
-    if r.disagg is not None or r.cluster.num_replicas != 1:
-        raise ServeError(f"cluster: {PROG} serves one engine (cluster.num_replicas=1)")
-    if c.get("trace"):
-        raise ServeError("trace: a server's arrivals come from HTTP and it reads no trace "
-                         "(drop trace=...; replay one against it with a client)")
-    if getattr(r.executor_cfg, "pipeline_parallel", 1) != 1:
-        raise ServeError(f"executor.pipeline_parallel: {PROG} serves one engine")
 
 
 def help_text() -> str:
@@ -127,21 +105,6 @@ def redact(run_dir: Path, secret: str) -> None:
         text = f.read_text()
         if secret in text:
             f.write_text(text.replace(secret, "<redacted>"))
-
-
-def configure(c: dict, overrides: list[str]):
-    """(run config, `ServeConfig`, `Resolved`) from the composed configs/serve.yaml, checked
-    before anything is built: every setting typed, none unread, nothing a server cannot be."""
-    from sarathi_lab.config import resolve
-    from sarathi_lab.serve.settings import ServeConfig
-    from sarathi_lab.settings import ConfigError, parse
-    try:
-        sc = parse(ServeConfig, c.pop("serve", None) or {}, "serve")
-        resolved = resolve(c, overrides)
-        check(c, resolved)
-    except ConfigError as e:
-        raise ServeError(str(e)) from None
-    return c, sc, resolved
 
 
 async def _serve(server, sc, stop: asyncio.Event) -> None:

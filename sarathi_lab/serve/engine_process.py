@@ -143,7 +143,7 @@ def _build(link, c, overrides, sc_values, run_dir: Path, num_threads, served_bas
     from sarathi_lab.engine import Engine
     from sarathi_lab.journal import Journal
     from sarathi_lab.runner import build, results, write_run
-    from sarathi_lab.serve.command import configure
+    from sarathi_lab.serve.configure import configure
     from sarathi_lab.serve.text import StopWatch, load_tokenizer
     from sarathi_lab.serve.worker import Worker
     from sarathi_lab.summary_text import format_summary

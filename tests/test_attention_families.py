@@ -311,3 +311,18 @@ def test_a_disaggregated_hand_off_moves_the_latent_to_every_decode_gpu():
     assert t.kv_bytes_per_token == 31_104
     assert t.link_bytes(10) == 2 * 311_040      # sent: two decode GPUs' whole copies
     assert Transfer.for_model(shape("deepseek-v2-lite"), link, 2, 2).link_bytes(10) == 311_040
+
+
+def test_a_config_converted_from_gguf_is_read_as_its_dtype():
+    """`sarathi-lab-prepare-model` saves what transformers writes for a GGUF file: the source in
+    quantization_config (quant_method gguf; the saved weights are dequantized, in `dtype`) and
+    generic PretrainedConfig fields: read, same shape as without them; another quantization
+    is still refused."""
+    base = json.loads((SHIPPED / "llama-3-8b" / "config.json").read_text())
+    d = {**base, "_model_name_or_path": "x", "unk_token_id": 0, "num_beams": 1,
+         "quantization_config": {"dequantize": False, "gguf_file": "m.Q4_1.gguf",
+                                 "quant_method": "gguf"}}
+    assert ModelShape.from_hf(d, "cfg.json", name="m") == ModelShape.from_hf(base, "b.json",
+                                                                            name="m")
+    with pytest.raises(ValueError, match="field 'quantization_config'"):
+        ModelShape.from_hf({**base, "quantization_config": {"quant_method": "awq"}}, "cfg.json")

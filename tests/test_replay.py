@@ -618,7 +618,9 @@ def test_against_transformers_serve(tmp_path):
            "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([*exe, "serve", str(SMOLLM2_DIR), "--host", "127.0.0.1",
                              "--port", str(port), "--device", "cpu"],
-                            stdout=log, stderr=subprocess.STDOUT, env=env)
+                            stdout=log, stderr=subprocess.STDOUT, env=env,
+                            cwd=tmp_path)   # `-m` puts the folder on sys.path: not the
+    # checkout, whose kernels/ would stand for Hugging Face's `kernels` package
     url = f"http://127.0.0.1:{port}/v1"
     try:
         deadline = time.monotonic() + patience(300)

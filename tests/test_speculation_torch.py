@@ -242,9 +242,11 @@ def test_a_speculating_server_refuses_sampling():
     where the greedy verification could not honour it; temperature 0 is taken."""
     import asyncio
     from sarathi_lab.engine import Engine
+    from types import SimpleNamespace
+
     from sarathi_lab.serve.app import Server
+    from sarathi_lab.serve.engine_process import _info
     from sarathi_lab.serve.protocol import ApiError
-    from sarathi_lab.serve.worker import Worker
     policy, ex = runner.build({
         "executor": {"name": "torch", "device": "cpu", "kv_cache_gib": 0.01,
                      "draft": "layers:1"},
@@ -252,7 +254,10 @@ def test_a_speculating_server_refuses_sampling():
                   "intermediate_size": 64, "num_heads": 4, "num_kv_heads": 2, "head_dim": 8,
                   "vocab_size": 100, "max_model_len": 64},
         "scheduler": {"name": "sarathi", "num_speculative_tokens": 2}})
-    server = Server(Worker(Engine(policy, ex)), "tiny-llama", 8)
+    # what the engine process tells the HTTP side (`EngineClient.info`)
+    info = _info(Engine(policy, ex), policy, ex)
+    assert info["greedy_only"]
+    server = Server(SimpleNamespace(info=info), "tiny-llama", 8)
 
     class Body:
         def __init__(self, temperature):

@@ -45,7 +45,22 @@ _METADATA = frozenset((
     "bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "initializer_range",
     "attention_dropout", "pretraining_tp", "is_llama_config", "transformers.js_config",
     "output_router_logits", "router_aux_loss_coef", "router_jitter_noise", "aux_loss_alpha",
-    "seq_aux",
+    "seq_aux", "_model_name_or_path", "unk_token_id", "sep_token_id",
+    "decoder_start_token_id",
+    # what transformers' PretrainedConfig writes for every model (4.x also saved generation
+    # defaults in config.json): outputs, labels, tokenizer and generation settings, none of
+    # which changes the forward pass's shape or cost
+    "return_dict", "output_hidden_states", "output_attentions", "torchscript", "use_bfloat16",
+    "tf_legacy_loss", "pruned_heads", "chunk_size_feed_forward", "is_encoder_decoder",
+    "is_decoder", "add_cross_attention", "cross_attention_hidden_size", "tie_encoder_decoder",
+    "id2label", "label2id", "problem_type", "finetuning_task", "tokenizer_class", "prefix",
+    "task_specific_params", "max_length", "min_length", "do_sample", "early_stopping",
+    "num_beams", "num_beam_groups", "diversity_penalty", "temperature", "top_k", "top_p",
+    "typical_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
+    "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences",
+    "output_scores", "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id",
+    "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
+    "begin_suppress_tokens",
     # Qwen2's layers below max_window_layers use sliding_window only if use_sliding_window
     "max_window_layers"))
 _READ = frozenset((
@@ -545,11 +560,20 @@ def _hf_moe(hf: dict, mtype: str, where: str) -> dict:
     return {}
 
 
+def _gguf_source(q) -> bool:
+    """A quantization_config that only records the GGUF file the weights came from (what
+    transformers writes when it converts one, as `sarathi-lab-prepare-model` does): transformers
+    dequantizes GGUF weights as it reads them, so the weights saved are in the config's dtype and
+    the shape and cost are the dtype's."""
+    return isinstance(q, dict) and q.get("quant_method") == "gguf"
+
+
 def _check_fields(hf: dict, mtype: str, where: str) -> None:
     """Refuse a field the reader does not understand (module constants say why), naming it, and
     one of _MUST_BE's with another value than the one modelled."""
     known = _METADATA | _READ | set(_READ_BY_TYPE[mtype])
-    unknown = sorted(k for k in hf if k not in known)
+    unknown = sorted(k for k in hf if k not in known
+                     and not (k == "quantization_config" and _gguf_source(hf[k])))
     if unknown:
         raise ValueError(
             f"{where}: field {unknown[0]!r}"

@@ -118,7 +118,8 @@ def test_progress_counts_requests_done_and_tokens_computed(name):
 
 
 def test_a_step_that_schedules_nothing_computes_no_token():
-    out, done, n_pre, n_dec = Engine(make_policy("sarathi"), LinearCost()).step()
+    adv = Engine(make_policy("sarathi"), LinearCost()).advance()
+    out, done, n_pre, n_dec = adv.batch, adv.finished, adv.prefill_tokens, adv.decode_tokens
     assert not out and done == [] and (n_pre, n_dec) == (0, 0)
 
 
@@ -228,9 +229,9 @@ def test_admission_goes_on_past_a_head_rejected_for_good():
     add(p, ex, req(2, 5, 6))
     for _ in range(3):
         assert step(p, ex) == [(0, 1), (1, 1)]
-    out = engine(p, ex).step()[0]
+    out = engine(p, ex).advance().batch
     assert [r.request_id for r in out.preempted] == [1]
-    out = engine(p, ex).step()[0]
+    out = engine(p, ex).advance().batch
     assert [r.request_id for r in out.rejected] == [1] and "kv_watermark" in \
         out.rejected[0].rejection_reason
     assert [(r.request_id, n) for r, n in zip(out.reqs, out.num_new_tokens)] == [(2, 5)]

@@ -8,7 +8,7 @@ iteration holds it for 16 iterations). Here ongoing prefills and waiting request
 the queue's key: whoever ranks first gets the next chunk. Decodes still come first (no stall).
 """
 from sarathi_lab.request import Status
-from sarathi_lab.schedulers import steady
+from sarathi_lab.schedulers.mechanics.fast_forward import ORDERED_SARATHI
 from sarathi_lab.schedulers.mechanics.progress import split_running
 from sarathi_lab.schedulers.output import SchedulerOutput
 from sarathi_lab.schedulers.queues import OrderedQueue
@@ -21,7 +21,7 @@ class OrderedSarathi(Sarathi):
     ranks after a head that cannot start still gets its chunk (its blocks are held already)."""
 
     name = "ordered_sarathi"
-    fast_forward = steady.ORDERED_SARATHI   # its steady decode runs (schedulers/steady.py)
+    fast_forward = ORDERED_SARATHI   # its steady decode runs (mechanics/fast_forward.py)
     follows_prefill_order = False   # prompts go by the queue's key (a controller's order refused)
 
     def __init__(self, cfg, kv, queue=None):

@@ -7,7 +7,7 @@ choose one up to it, from the batch's predicted time and the requests' SLOs.
 from dataclasses import dataclass, field, fields
 
 from sarathi_lab.request import Status
-from sarathi_lab.schedulers import steady
+from sarathi_lab.schedulers.mechanics.fast_forward import SARATHI
 from sarathi_lab.schedulers.base import Policy, SchedulerConfig
 from sarathi_lab.schedulers.controllers.consult import Consulting, split_settings
 from sarathi_lab.schedulers.mechanics.progress import split_running
@@ -29,7 +29,7 @@ class SarathiConfig(SchedulerConfig):
 class Sarathi(Consulting, Policy):
     name = "sarathi"
     config_class = SarathiConfig
-    fast_forward = steady.SARATHI   # its steady decode and chunk runs (schedulers/steady.py)
+    fast_forward = SARATHI   # its steady decode and chunk runs (mechanics/fast_forward.py)
     speculates = True
 
     def __init__(self, cfg, kv, queue=None):

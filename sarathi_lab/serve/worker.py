@@ -110,10 +110,8 @@ class Worker:
                     break
                 if e.policy.has_work() and not e.blocked:
                     e.wake(self.now())
-                    out, done, _, _ = e.step()
-                    if not out.reqs:
-                        e.settle_empty(out)   # a policy that would never progress raises
-                    self._deliver(out, done)
+                    adv = e.advance()   # one iteration (a policy that would never progress raises)
+                    self._deliver(adv.batch, adv.finished)
                     self._publish()
                 else:
                     self._publish()
@@ -181,7 +179,6 @@ class Worker:
             self.executor.set_sampling(rid, gen.temperature, gen.top_p, gen.seed,
                                        gen.ignore_eos)
         e.wake(t)
-        e.interrupt()
         self.requests.append(req)
         if e.add_request(req):
             watch = self.stop_watch(gen.stop) if gen.stop and self.stop_watch else None

@@ -98,7 +98,9 @@ class Engine(FastForwardRuns):
         # `fast_forward_off` says which is missing (`why_not`: why it was not asked for), for
         # the summary's record (`runner.results`)
         self._ff = policy.fast_forward
-        undeclared = f"{type(policy).__qualname__} declares no fast_forward"
+        # a policy that turned its class's declaration off says why (a budget controller)
+        undeclared = policy.fast_forward_off \
+            or f"{type(policy).__qualname__} declares no fast_forward"
         self.fast_forward_off = (
             why_not if not fast_forward else
             executor.no_fast_forward if not executor.supports_fast_forward else

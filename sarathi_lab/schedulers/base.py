@@ -88,13 +88,16 @@ class Policy(Admission, Preemption, Progress, abc.ABC):
       name                   registry name
       config_class           its settings (a SchedulerConfig subclass)
       reserves_kv            True: the KV manager reserves each request's max length up front
-      whole_prompts          True: prompts are never chunked
+      whole_prompts          True: every entry computes all its request has left (no prompt
+                             is chunked); the engine's guard checks every batch
       oracle                 True: may read true output lengths (`oracle_output_len`)
       speculates             True: its decodes take `schedule_decodes`'s speculation
                              (scheduler.num_speculative_tokens)
       fast_forward           a FastForward: the simulator may skip through its steady runs
                              (mechanics/fast_forward.py, with the rule for subclasses); None
                              (the default): stepped one iteration at a time
+      fast_forward_off       (set on an instance that turns its class's declaration off,
+                             with `fast_forward = None`) why: the summary's reason
 
     May override:
       token_limit()          the most tokens a batch may hold (the engine checks every batch)
@@ -122,6 +125,7 @@ class Policy(Admission, Preemption, Progress, abc.ABC):
     whole_prompts: ClassVar[bool] = False
     oracle: ClassVar[bool] = False
     fast_forward: ClassVar[FastForward | None] = None
+    fast_forward_off: str | None = None
     #: True when its decodes go through `schedule_decodes`, which gives each 1 + k tokens with
     #: scheduler.num_speculative_tokens = k; False: that setting is an error
     speculates: ClassVar[bool] = False

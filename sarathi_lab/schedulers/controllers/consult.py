@@ -120,6 +120,8 @@ class Consulting:
             return
         self.controller = cls(cfg.controller_settings or cls.config_class())
         self.fast_forward = None   # stepped: the budget may change every iteration
+        self.fast_forward_off = (f"scheduler.controller={cfg.controller}: the budget may change "
+                                 "every iteration")
         if cls.relegates:
             if type(self.waiting) is not RequestQueue:
                 raise ValueError(

@@ -188,6 +188,7 @@ def test_a_well_behaved_run_passes_every_check():
 
 class ForgetsTheQueue(Sarathi):
     """Says it has no work while requests still wait."""
+    overrides = ("has_work",)
     def has_work(self):
         return bool(self.running)
 

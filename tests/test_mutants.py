@@ -286,6 +286,7 @@ def test_a_request_preempted_twice_counts_two_preemptions():
 
 class NewestFirst(VLLM):
     """Grants decodes newest first, protecting those already in the batch through `out`."""
+    overrides = ("schedule_decodes",)
 
     def schedule_decodes(self, out, decodes):
         for r in reversed(decodes):
@@ -305,6 +306,7 @@ def test_preemption_spares_the_requests_already_in_the_batch():
 
 class OneByOne(Sarathi):
     """Adds its decodes to the batch one at a time, as a plug-in may."""
+    overrides = ("schedule_decodes",)
 
     def schedule_decodes(self, out, decodes):
         for r in decodes:
@@ -326,6 +328,7 @@ def test_decodes_added_one_by_one_are_counted_as_decodes():
 
 # -- errors ---------------------------------------------------------------------------------------
 class FailingAdd(Sarathi):
+    overrides = ("add_request",)
     def add_request(self, r):
         raise KeyError("lost")
 
@@ -386,6 +389,7 @@ def test_reading_the_true_output_length_names_the_policy():
 
 class NoDecodeSlots(Sarathi):
     """Schedules decodes without asking the KV manager for their slots."""
+    overrides = ("schedule_decodes",)
 
     def schedule_decodes(self, out, decodes):
         out.add_decodes(decodes)

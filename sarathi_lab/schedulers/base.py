@@ -78,6 +78,39 @@ class SchedulerConfig:
                              "space)")
 
 
+#: The toolkit a `schedule()` composes: the mixins `Policy` inherits (mechanics/), whose methods
+#: call each other and are called by the engine. A subclass that defines one of their names
+#: (method or attribute, private ones included) replaces what the mechanics rely on: it must
+#: say so (`overrides`), else the class is refused when it is created.
+TOOLKIT = (Admission, Preemption, Progress)
+#: The toolkit's hooks, meant to be overridden (each documented where it is defined): no
+#: `overrides` entry needed.
+HOOKS = frozenset({"update", "iteration_token_limit", "speculation_length"})
+
+
+def check_overrides(cls: type) -> None:
+    """TypeError if the policy class `cls` (or a mixin of it) defines a toolkit name that is
+    not a hook and that no class of it lists in `overrides`."""
+    declared = set()
+    for klass in cls.__mro__:
+        declared.update(vars(klass).get("overrides", ()))
+    base = {Policy, *TOOLKIT, object, abc.ABC}
+    for klass in cls.__mro__:
+        if klass in base:
+            continue
+        for name in vars(klass):
+            if name in HOOKS or name in declared or name.startswith("__"):
+                continue
+            owner = next((t for t in TOOLKIT if name in vars(t)), None)
+            if owner is not None:
+                raise TypeError(
+                    f"policy class {cls.__module__}.{cls.__qualname__}: {klass.__qualname__} "
+                    f"defines {name!r}, a name of the policy toolkit ({owner.__module__}."
+                    f"{owner.__name__}) that the mechanics and the engine rely on; rename "
+                    f"yours, or replace it knowingly with `overrides = ({name!r},)` in the "
+                    "class body")
+
+
 class Policy(Admission, Preemption, Progress, abc.ABC):
     """A scheduling policy.
 
@@ -124,6 +157,8 @@ class Policy(Admission, Preemption, Progress, abc.ABC):
     reserves_kv: ClassVar[bool] = False
     whole_prompts: ClassVar[bool] = False
     oracle: ClassVar[bool] = False
+    #: toolkit names (mechanics/) this class replaces knowingly (`check_overrides`)
+    overrides: ClassVar[tuple[str, ...]] = ()
     fast_forward: ClassVar[FastForward | None] = None
     fast_forward_off: str | None = None
     #: True when its decodes go through `schedule_decodes`, which gives each 1 + k tokens with
@@ -134,6 +169,7 @@ class Policy(Admission, Preemption, Progress, abc.ABC):
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
         bind(cls)   # the opt-in holds only for what it was declared for (fast_forward.py)
+        check_overrides(cls)   # no toolkit name replaced unknowingly
 
     def __init__(self, cfg: SchedulerConfig, kv: KVCacheManager, queue: RequestQueue | None = None):
         self.cfg = cfg

@@ -153,6 +153,8 @@ class VTC(Sarathi):
         # the tenant queue is this policy's own (the queue setting is fixed to per-tenant FCFS)
         super().__init__(cfg, kv, TenantQueue(cfg.input_weight, cfg.output_weight))
 
+    overrides = ("admit",)   # charges a tenant when its request starts
+
     def admit(self, req, max_tokens, whole=False):
         n = super().admit(req, max_tokens, whole)
         if n and "vtc_charged" not in req.extra:   # a re-admission after preemption is free

@@ -45,11 +45,13 @@ class FastForwardRuns:
         policy, rows = self.policy, self.rows
         while self.now < until and policy.has_work():
             if self._decoding:
-                if rows and until - self.now < 2 * rows[-1][1]:
-                    # a run is at least 2 steps before the bound, and the next decode step
-                    # takes about the last step's time or more: not worth pricing (engines of a
-                    # fleet that watches answers are bounded by each other's clocks, a step or
-                    # so ahead). Stepping instead is exact: this saves time only
+                if not self._fold and rows and until - self.now < 2 * rows[-1][1]:
+                    # without the stop rule a run stops before the iteration that ends a
+                    # request and needs 2 steps before the bound, and the next decode step takes
+                    # about the last step's time or more: not worth pricing (engines of a fleet
+                    # that watches answers are bounded by each other's clocks, a step or so
+                    # ahead). With it, a run of one iteration costs less than a step. Stepping
+                    # instead is exact: this saves time only
                     return None
                 ended = self._skip_decodes(until, self._fold) if self._steady() else None
                 if ended is None:

@@ -140,16 +140,21 @@ class Policy(Admission, Preemption, Progress, abc.ABC):
       update(...)            with `super()`: e.g. counters of service (then declare a
                              fast_forward whose advance_decodes does the same, or be stepped)
 
-    At hand for `schedule()` (mechanics): `running`, `waiting` (a RequestQueue), `swapped`,
-    `kv`; `admit_waiting`, `admit`, `admission_blocker`, `head_blocked`, `never_fits`;
-    `schedule_decodes`, `allocate_or_preempt`, `preempt`, `swap_in_waiting`;
-    `decode_reserved`; `mechanics.progress.split_running`.
+    The toolkit at hand for `schedule()` (mechanics/, the mixins in TOOLKIT): `running`,
+    `waiting` (a RequestQueue), `swapped`, `kv`; `admit_waiting`, `admit`,
+    `admission_blocker`, `head_blocked`, `never_fits`; `schedule_decodes`,
+    `allocate_or_preempt`, `preempt`, `swap_in_waiting`; `decode_reserved`;
+    `mechanics.progress.split_running`; a token budget as an object, `Budget`
+    (mechanics/budget.py: each entry charged what it computes). Its names are not to be
+    redefined unknowingly: a class that does is refused unless it lists the name in
+    `overrides` (HOOKS, meant to be overridden, need no entry).
 
-    The engine calls: `add_request`, `schedule`, `update`, `has_work`, `reject`, `adopt` (a
-    disaggregated decode replica), `abort` (a served request whose client went away),
-    `swap_in_possible` and the `fast_forward` declaration; the run layer `parse_config`,
-    `setting_classes`, `needs_predictor`, `unread_settings`, `swap_blocks` and, once,
-    `bind_predictor`.
+    The engine-facing interface (what the engine and the topologies call): `add_request`,
+    `schedule`, `update`, `has_work`, `reject`, `adopt` (a disaggregated decode replica),
+    `abort` (a served request whose client went away), `swap_in_possible`, `token_limit`,
+    `whole_prompts` and the `fast_forward` declaration (`fast_forward_off`); the run layer's
+    `parse_config`, `setting_classes`, `needs_predictor`, `unread_settings`, `swap_blocks` and,
+    once, `bind_predictor`.
     """
 
     name: ClassVar[str] = "base"

@@ -43,7 +43,7 @@ class FastForwardRuns:
         ended requests or emitted a first token (the caller's to see; `_last_start` is when
         that iteration started), else None."""
         policy, rows = self.policy, self.rows
-        while self.now < until and policy.has_work():
+        while self.now < until:   # the caller's engine has work; after a run, asked below
             if self._decoding:
                 if not self._fold and rows and until - self.now < 2 * rows[-1][1]:
                     # without the stop rule a run stops before the iteration that ends a
@@ -58,6 +58,8 @@ class FastForwardRuns:
                     return None
                 if ended:   # the run's last iteration ended them
                     return ended, [], 0, len(policy.running) + len(ended)
+                if not policy.has_work():
+                    return None
                 continue
             if not self._chunks:
                 return None

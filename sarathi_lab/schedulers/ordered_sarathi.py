@@ -44,7 +44,7 @@ class OrderedSarathi(Sarathi):
         budget = Budget(tokens)
         decodes, prefills = split_running(self.running)
         self.schedule_decodes(out, decodes[:tokens])
-        budget.charge(out)   # a speculative decode costs 1 + k
+        budget.charge_decodes(out)   # a speculative decode costs 1 + k
         prefills = sorted((r for r in prefills if r.status is Status.RUNNING), key=self.rank)
         i, admitting, waiting = 0, True, self.waiting
         while budget:

@@ -79,7 +79,7 @@ class Sarathi(Consulting, Policy):
         # decodes first: a running decode is never stalled by a prefill
         left = budget.left
         self.schedule_decodes(out, decodes if len(decodes) <= left else decodes[:left])
-        budget.charge(out)   # a speculative decode costs 1 + k
+        budget.charge_decodes(out)   # a speculative decode costs 1 + k
         # then ongoing prefills, chunked to what is left; their blocks were taken at admission,
         # so they never preempt the decodes already in this batch
         for req in prefills:

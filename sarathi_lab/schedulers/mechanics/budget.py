@@ -13,9 +13,8 @@ from sarathi_lab.schedulers.output import SchedulerOutput
 
 
 class Budget:
-    """What is left of `tokens` while a batch is built. `charge(out)` charges the entries the
-    toolkit added to `out` since the last charge (`schedule_decodes`' decodes, speculative or
-    not); `add(out, req, n)` adds an entry and charges it; `chunk(req)` is the most of `req`'s
+    """What is left of `tokens` while a batch is built. `charge_decodes(out)` charges the
+    decodes `schedule_decodes` added to `out` since the last charge (speculative or not); `add(out, req, n)` adds an entry and charges it; `chunk(req)` is the most of `req`'s
     remaining tokens that fits. False once nothing is left."""
     __slots__ = ("left", "_charged")
 
@@ -26,13 +25,15 @@ class Budget:
     def __bool__(self) -> bool:
         return self.left > 0
 
-    def charge(self, out: SchedulerOutput) -> int:
-        """Charge the entries added to `out` since the last charge: each costs the tokens it
-        computes (a decode 1, a speculative decode 1 + k). Returns what is left."""
+    def charge_decodes(self, out: SchedulerOutput) -> int:
+        """Charge the decodes `schedule_decodes` added to `out` since the last charge: each
+        costs the tokens it computes, 1, or 1 + k for a speculative one. Returns what is
+        left."""
         ns = out.num_new_tokens
-        i = self._charged
-        self.left -= sum(ns[i:]) if i else sum(ns)
-        self._charged = len(ns)
+        i, n = self._charged, len(ns)
+        # without speculation every decode computes one token (no sum over the batch)
+        self.left -= (sum(ns[i:]) if i else sum(ns)) if out.spec_lens else n - i
+        self._charged = n
         return self.left
 
     def chunk(self, req: Request) -> int:

@@ -443,7 +443,7 @@ class Engine(FastForwardRuns):
         has work and is not blocked (`next_event_time` < inf); an empty batch leaves it
         blocked until its next input, or raises if the policy would never make progress
         (`where`: the replica, prefixed to the message)."""
-        if until is not None and (self._decoding and self.fast_forward or self._chunks):
+        if until is not None and self.fast_forward and (self._decoding or self._chunks):
             before = self.now
             ran = self._fast_forward(until)
             if ran is not None:

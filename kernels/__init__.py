@@ -11,30 +11,9 @@ are used, and ``get_backend("triton")`` imports them when asked for.
 from __future__ import annotations
 
 import os
-import sys
 from typing import Callable
 
-if __name__ == "kernels":
-    # This folder is `sarathi_lab.kernels`; it is imported as top-level `kernels` only when a
-    # checkout's root is on sys.path (`python -m pytest` run there). That name belongs to Hugging
-    # Face's kernel hub package, which transformers probes for (and >= 5.25 imports) at start:
-    # hand the import over to it, or, with none installed, give what Python gives for a folder
-    # without __init__.py: an empty namespace package, which transformers takes for "absent".
-    import importlib.util
-    from importlib.machinery import ModuleSpec, PathFinder
-
-    _root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    _spec = PathFinder.find_spec("kernels", [p for p in sys.path
-                                             if os.path.abspath(p or os.curdir) != _root])
-    if _spec is None:
-        _spec = ModuleSpec("kernels", None, is_package=True)
-        _spec.submodule_search_locations = []
-    _module = importlib.util.module_from_spec(_spec)
-    sys.modules["kernels"] = _module   # what `import kernels` returns, and its submodules' parent
-    if _spec.loader is not None:
-        _spec.loader.exec_module(_module)
-else:   # (past the hand-over, `.` would be the hub package)
-    from .reference import paged_attention_torch, write_kv_torch
+from .reference import paged_attention_torch, write_kv_torch
 
 __all__ = ["write_kv_torch", "paged_attention_torch", "get_backend", "triton_available"]
 

@@ -78,6 +78,8 @@ def _key_metrics(mode: str, result: dict) -> str:
         return "-" if v is None else f"{v:.2f} s"
     parts = [f"TBT p99 {ms(s['tbt']['p99'])}", f"TTFT p50 {sec(s['ttft']['p50'])}",
              f"{s['throughput_rps']:.2f} req/s"]
+    if s.get("num_rejected"):   # a run that served only some of its requests says so
+        parts.insert(0, f"REJECTED {s['num_rejected']} of {s['num_requests']}")
     if slo:
         # only the criteria the SLO defines (a TTFT/TPOT SLO has no P99-TBT criterion)
         kinds = {c["criterion"] for c in slo.get("criteria", ())}
@@ -189,6 +191,13 @@ def _main(cfg: DictConfig):
         start_collecting()
         result = _execute(c, job, resolved)
     except Exception as e:   # recorded, never lost: the sweep goes on without this job
+        if not job.multirun and isinstance(e, ConfigError):
+            # a setting refused once the run was building (a bound, the trace's settings): as
+            # a configuration error, no run directory is left that holds no run
+            _remove_fresh_run_dir(job.dir)
+            if not job.dir.exists():
+                sys.stderr.write(f"sarathi-lab: error: {e}\n")
+                raise Abort(1) from None
         tb = traceback.format_exc()
         where = job.save_error(tb)
         if job.multirun:
@@ -260,6 +269,39 @@ def _composition_errors():
         os.environ.pop("HYDRA_FULL_ERROR", None)
 
 
+# Options of a config group that are not choices: the settings every policy option includes.
+INTERNAL_OPTIONS = {"scheduler": ("common",)}
+
+
+def public_help(text: str) -> str:
+    """Hydra's --help text without the internal options (`INTERNAL_OPTIONS`) in its list of
+    config groups ("scheduler: common, custom, ..." lists what `scheduler=` may choose)."""
+    lines = []
+    for line in text.splitlines(keepends=True):
+        group, sep, options = line.partition(": ")
+        if sep and group in INTERNAL_OPTIONS:
+            kept = [o for o in options.strip().split(", ") if o not in INTERNAL_OPTIONS[group]]
+            line = f"{group}: {', '.join(kept)}\n"
+        lines.append(line)
+    return "".join(lines)
+
+
+@contextlib.contextmanager
+def _public_help(argv: list[str]):
+    """--help prints Hydra's help (the config groups and the composed config), as
+    `public_help` words it."""
+    if not {"--help", "-h"} & set(argv):
+        yield
+        return
+    import io
+    text = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(text):
+            yield
+    finally:
+        sys.stdout.write(public_help(text.getvalue()))
+
+
 def _what_is_kept() -> str:
     """What a stopped command leaves: a sweep's finished jobs keep their results; a single run
     writes its results only when it ends, so a stopped one keeps none, and its directory goes
@@ -288,7 +330,8 @@ def main() -> None:
     warnings.filterwarnings("ignore", message="\n'hydra/launcher/ray' is validated against "
                             "ConfigStore schema with the same name", category=UserWarning)
     try:
-        with stop_on_signals() as received, _no_mode_probe(sys.argv[1:]), _composition_errors():
+        with stop_on_signals() as received, _no_mode_probe(sys.argv[1:]), \
+                _composition_errors(), _public_help(sys.argv[1:]):
             _main()
     except KeyboardInterrupt:   # Interrupted, or what a launcher (Ray) made of it
         stopped = Interrupted(received.signum or signal.SIGINT)

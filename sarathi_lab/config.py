@@ -343,7 +343,7 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
     model = _node(c, "model")
     if not model:
         raise ConfigError("model: a model preset is needed (e.g. model=mistral-7b)")
-    from sarathi_lab.models.hf_config import resolve_model
+    from sarathi_lab.models.shape import resolve_model
     try:   # model.hf_config: the shape from a config.json, for every executor alike
         model = resolve_model(model)
     except (ValueError, FileNotFoundError) as e:

@@ -96,7 +96,13 @@ def _import(target: str, what: str):
         for part in attr.split("."):
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as e:
-        raise ValueError(f"cannot load {what} {target!r}: {e}") from e
+        hint = ""
+        if isinstance(e, ModuleNotFoundError) and mod.split(".")[0] == e.name:
+            # the console scripts do not look in the current folder, unlike `python`
+            hint = (f" (Python finds a plug-in module on PYTHONPATH: for {e.name}.py in the "
+                    "current folder, run PYTHONPATH=$PWD sarathi-lab ...; "
+                    "sarathi_lab/docs/plugins.md)")
+        raise ValueError(f"cannot load {what} {target!r}: {e}{hint}") from e
     return obj
 
 

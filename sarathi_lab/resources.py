@@ -9,6 +9,9 @@ rounded up):
     a request            ~1,011 bytes + ~64 per output token   -> REQUEST_BYTES, TOKEN_BYTES
     an engine (replica)  ~431 KB (Mistral-7B on an A100)        -> ENGINE_BYTES
 
+A generated trace that carries token ids (multi-turn sessions) holds them in Python lists: an
+8-byte pointer and a 28-byte int each (`sys.getsizeof(32000)`)          -> ID_BYTES
+
 KV blocks cost nothing until used (`kv.block_pool` makes them on first use), so neither
 `scheduler.num_kv_blocks` nor the simulator's swap space is counted here; the swap space is bounded
 by the host memory it would take (`Executor.check_swap_memory`). The limit is the memory
@@ -24,6 +27,7 @@ from sarathi_lab.settings import ConfigError
 REQUEST_BYTES = 1_100
 TOKEN_BYTES = 70
 ENGINE_BYTES = 450_000
+ID_BYTES = 36
 LIMIT_ENV = "SARATHI_LAB_MEMORY_GIB"
 
 
@@ -62,7 +66,8 @@ def check_memory(parts: list[tuple[str, int, int, str]]) -> None:
     if limit is None or need <= limit:
         return
     gib = 2**30
-    items = ", ".join(f"{setting}: {n:,} x {each / 1e3:,.1f} kB per {what}"
+    items = ", ".join(f"{setting}: {n:,} x "
+                      f"{f'{each / 1e3:,.1f} kB' if each >= 1000 else f'{each} bytes'} per {what}"
                       for setting, n, each, what in parts if n)
     worst = max(parts, key=lambda p: p[1] * p[2])[0].split("=")[0]
     raise ConfigError(f"{worst}: the run would hold about {need / gib:,.1f} GiB ({items}; "
@@ -81,6 +86,16 @@ def engines_setting(resolved) -> tuple[str, int]:
         return f"executor.pipeline_parallel={pp}", pp
     n = resolved.cluster.num_replicas
     return f"cluster.num_replicas={n}", n
+
+
+def output_tokens_held(prompt, output, max_model_len: int) -> int:
+    """The most output tokens the requests can hold (for `check_run`): no request emits past
+    max_model_len, whether it is rejected (overlong=reject) or served cut short
+    (overlong=cap), so a trace row asking for 1e12 tokens counts for what fits, and the engine
+    rejects that request alone with its reason."""
+    import numpy as np
+    room = np.maximum(max_model_len - np.asarray(prompt, np.int64), 0)
+    return int(np.minimum(np.asarray(output, np.int64), room).sum())
 
 
 def check_run(resolved, num_requests: int | None, output_tokens: int = 0) -> None:

@@ -13,7 +13,7 @@ from sarathi_lab import rundir
 from sarathi_lab.config import Resolved, check_settings_act, resolve
 from sarathi_lab.engine import Engine
 from sarathi_lab.kv import KVCacheManager
-from sarathi_lab.resources import check_run
+from sarathi_lab.resources import check_run, output_tokens_held
 from sarathi_lab.settings import ConfigError, plain
 from sarathi_lab.topology import Fleet, OpenLoop, Single, drive
 
@@ -94,16 +94,41 @@ def used_settings(r: Resolved, policy) -> dict:
     return eff
 
 
+class ProgressLines:
+    """Progress as log lines, where a bar cannot show (stderr is not a terminal, or CI): a
+    first line once the run has taken `first_s` of wall time (a quick run logs none), then one
+    every `every_s`."""
+
+    def __init__(self, total: int, simulated: bool, first_s: float = 10.0,
+                 every_s: float = 30.0):
+        self.total, self.simulated, self.every_s = total, simulated, every_s
+        self.t0 = time.perf_counter()
+        self.next = self.t0 + first_s
+
+    def __call__(self, num_done: int, num_tokens: int) -> None:
+        now = time.perf_counter()
+        if now < self.next:
+            return
+        self.next = now + self.every_s
+        spent = now - self.t0
+        tokens = "" if self.simulated else \
+            f", {num_tokens:,} tokens computed ({num_tokens / spent:,.0f} tok/s)"
+        log.info("%s: %d of %d requests done%s after %.0f s", "simulating" if self.simulated
+                 else "real run", num_done, self.total, tokens, spent)
+
+
 def _progress_bar(total: int, enabled, simulated: bool = True):
     """(bar, the engine's progress callable), or (None, None) when off. `enabled`: the
     `progress` setting. auto shows the bar on a terminal outside CI, and only once the run has
-    taken 2 s (a quick run prints none); true shows it at once, anywhere. A real run's bar also
-    counts the tokens computed; a simulation's does not (fast-forwarded decodes report none)."""
+    taken 2 s (a quick run prints none), elsewhere log lines (`ProgressLines`, no bar); true
+    shows the bar at once, anywhere. A real run's bar also counts the tokens computed; a
+    simulation's does not (fast-forwarded decodes report none)."""
     if enabled not in ("auto", True, False):
         raise ValueError(f"progress={enabled!r}: must be auto, true or false")
     delay = 0.0
     if enabled == "auto":
-        enabled = sys.stderr.isatty() and not os.environ.get("CI")
+        if not sys.stderr.isatty() or os.environ.get("CI"):
+            return None, ProgressLines(total, simulated)
         delay = 2.0
     if not enabled:
         return None, None
@@ -224,7 +249,8 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
         served = describe_trace(built)
         trace = frame = executor.prepare_trace(built, c["trace"])
         requests = to_requests(trace)
-        output_tokens = int(trace["num_output_tokens"].sum())
+        output_tokens = output_tokens_held(trace["num_prompt_tokens"],
+                                           trace["num_output_tokens"], policy.max_model_len)
     check_run(r, len(requests), output_tokens)
     check_settings_act(r, requests, (c.get("trace") or {}).get("name", "?"))
     bar, progress = _progress_bar(len(requests), r.run.progress, executor.simulated)
@@ -263,6 +289,7 @@ def results(c: dict, r: Resolved, topology, load, requests, policy, executor, wa
     summary["simulated"] = executor.simulated
     summary["cost_model"] = executor.cost_model_record()
     summary["fast_forward"] = fast_forward_record(topology)
+    summary["predictor"] = predictor_record(topology)
     summary["config"] = c
     summary["settings"] = used_settings(r, policy) if r.disagg is None else \
         disagg_settings(r, policy, topology.decode[0].policy)
@@ -276,6 +303,17 @@ def fast_forward_record(topology) -> dict:
     a policy without the declaration turn it off."""
     off = sorted({e.fast_forward_off for _, e in topology.named_engines()} - {None})
     return {"enabled": not off, "why_not": "; ".join(off) or None}
+
+
+def predictor_record(topology) -> dict | None:
+    """What priced the budget controller's batches (schedulers/controllers/predictor.py): the
+    engine's record, or one per engine by name (a fleet, a pipeline, disaggregated pools);
+    None where no controller predicts."""
+    recs = {name: rec for name, e in topology.named_engines()
+            if (rec := getattr(e.policy, "predictor_record", lambda: None)()) is not None}
+    if len(recs) == 1 and len(topology.named_engines()) == 1:
+        return next(iter(recs.values()))
+    return recs or None
 
 
 def write_run(run_dir: Path, req_df, it_df, summary: dict) -> None:

@@ -2,6 +2,8 @@
 served anything at all."""
 from __future__ import annotations
 
+import re
+
 TOP_REJECTIONS = 3   # reason kinds shown; summary.json has them all
 MAX_GROUP_ROWS = 20  # SLO classes / tenants shown, the most requests first; summary.json has all
 
@@ -19,12 +21,39 @@ def check_served(s: dict) -> None:
                             "column rejection_reason)")
 
 
+def _reason_text(kind: str, s: dict) -> str:
+    """A rejection kind (its numbers replaced by N, `metrics.rejection_kind`) as printed: the
+    context limit filled in from the run's settings, the requests' own lengths left out
+    ("prompt + output exceeds max_model_len=4096", not "prompt of N + output of N tokens
+    exceeds max_model_len=N")."""
+    settings = s.get("settings") or {}
+    known = {**(settings.get("model") or {}), **(settings.get("scheduler") or {})}
+
+    def setting(m: re.Match) -> str:   # "block_size=N" -> "block_size=16"
+        value = known.get(m[1])
+        return m[0] if value is None else f"{m[1]}={value}"
+    kind = re.sub(r"\b(\w+)=N\b", setting, kind)
+    return re.sub(r" of N(?: tokens)?\b", "", kind)
+
+
 def _top_rejections(s: dict) -> str:
-    kinds = list((s.get("rejections") or {}).items())
+    kinds = [(_reason_text(k, s), n) for k, n in (s.get("rejections") or {}).items()]
     text = "; ".join(f"{count} x {kind}" for kind, count in kinds[:TOP_REJECTIONS])
     if len(kinds) > TOP_REJECTIONS:
         text += f"; {len(kinds) - TOP_REJECTIONS} more kinds in summary.json"
+    if re.search(r"\bN\b", text):
+        text += " (N: numbers that differ by request; requests.parquet, column rejection_reason)"
     return text
+
+
+def _missed_as_well(s: dict) -> str:
+    """What the SLO attainment counts as missed besides the requests served too slowly: ""
+    when every request was served whole."""
+    parts = [f"{s['num_rejected']} rejected"] if s.get("num_rejected") else []
+    if s.get("num_length_capped"):
+        parts.append(f"{s['num_length_capped']} cut short")
+    return f" (of all {s['num_requests']} requests: the {' and '.join(parts)} count as missed)" \
+        if parts else ""
 
 
 def _duration(v: float, digits: int = 3) -> str:
@@ -82,12 +111,14 @@ def _missed_parts(crit: list[dict], key: str) -> list[str]:
             for c in crit if c["criterion"] == key and c["met"] is False]   # None: not observed
 
 
-def _slo_lines(slo: dict) -> list[str]:
+def _slo_lines(slo: dict, missed: str = "") -> list[str]:
+    """The SLO's lines; `missed`: what the attainment counts as missed besides slow requests
+    (`_missed_as_well`)."""
     per_gpu = slo.get("goodput_rps_per_gpu")
     per_gpu = "" if per_gpu is None or per_gpu == slo["goodput_rps"] else \
         f" ({per_gpu:.2f} per GPU)"
     judged = slo.get("judged_by")
-    lines = [f"SLO {slo.get('name', '')}: attainment {slo['attainment']:.1%}, "
+    lines = [f"SLO {slo.get('name', '')}: attainment {slo['attainment']:.1%}{missed}, "
              f"goodput {slo['goodput_rps']:.2f} req/s{per_gpu}"
              + (f", judged by {judged}" if judged else "")]
     if slo.get("classes_without_targets"):
@@ -111,9 +142,11 @@ def _offered_line(s: dict) -> str:
     if off["requests_per_s"] is None:
         return (f"offered load: {off['num_requests']} request(s) arriving at once "
                 "(no arrival rate)")
-    return (f"offered load {off['requests_per_s']:.2f} req/s over {off['arrival_span_s']:.1f} s "
-            f"of arrivals: {off['prompt_tokens_per_s']:.0f} prompt + "
-            f"{off['output_tokens_per_s']:.0f} output tok/s")
+    head = (f"offered load {off['requests_per_s']:.2f} req/s over "
+            f"{off['arrival_span_s']:.1f} s of arrivals: {off['prompt_tokens_per_s']:.0f} prompt")
+    if off["output_tokens_per_s"] is None:   # served: the model ends each request
+        return f"{head} tok/s (output lengths not known in advance)"
+    return f"{head} + {off['output_tokens_per_s']:.0f} output tok/s"
 
 
 def _prefix_line(s: dict) -> str:
@@ -286,7 +319,9 @@ def format_summary(s: dict) -> str:
     hw = (s.get("settings") or {}).get("hardware", cfg.get("hardware")) or {}
     where = (f"simulated {hw.get('name', '(no hardware preset)')}" if sim else
              f"executor {ex.get('name')} ({ex.get('device', '?')})")
-    head = (f"{_policy(s, cfg)} | {cfg.get('model', {}).get('name', '?')}"
+    # the model as resolved: model=hf names itself after its config.json (name: null)
+    model = (s.get("settings") or {}).get("model", cfg.get("model")) or {}
+    head = (f"{_policy(s, cfg)} | {model.get('name') or '?'}"
             f" on {where} | trace {_trace_text(s)}")
     lines = [head]
     if "replicas" in s:
@@ -298,10 +333,13 @@ def format_summary(s: dict) -> str:
     if "pools" in s:
         lines += _pool_lines(s)
     n, n_rej = s["num_requests"], s["num_rejected"]
+    bar = "!" * 78
     if n and n_rej == n:
-        bar = "!" * 78
         lines += [bar, f"!!! ALL {n} REQUESTS WERE REJECTED: nothing was served, every figure "
                   "below is empty", bar]
+    elif n and n_rej * 2 >= n:
+        lines += [bar, f"!!! MOST REQUESTS WERE REJECTED: {n_rej} of {n} ({_share(n_rej / n)}) "
+                  f"never served; the latencies below are the {n - n_rej} others'", bar]
     closed = _load_line(s)
     if closed:
         lines.append(closed)
@@ -313,7 +351,8 @@ def format_summary(s: dict) -> str:
               f"makespan {s['makespan_s']:.1f} s ({'simulated' if sim else 'run'} in "
               f"{s['wall_time_s']:.2f} s of wall time)"]
     if n_rej:
-        lines.append(f"  rejected: {_top_rejections(s)}")
+        lines.append(f"  REJECTED {n_rej} of {n} requests ({_share(n_rej / n)}), never served "
+                     f"(no latency; missed in the SLO attainment): {_top_rejections(s)}")
     lines += [f"throughput {s['throughput_rps']:.2f} req/s, {s['throughput_tok_s']:.0f} "
               "output tok/s",
               "", f"{'metric (s)':<18}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}"]
@@ -350,7 +389,7 @@ def format_summary(s: dict) -> str:
     if "cost" in s:
         lines.append(_cost_line(s))
     if "slo" in s:
-        lines += _slo_lines(s["slo"])
+        lines += _slo_lines(s["slo"], _missed_as_well(s))
     if len(s.get("classes") or {}) > 1:
         lines += _group_lines("SLO class", s["classes"], False)
     if len(s.get("tenants") or {}) > 1:

@@ -1,5 +1,15 @@
 import dataclasses
 import os
+import resource
+import sys
+from pathlib import Path
+
+# The checkout's root is no import root: `python -m pytest` puts it first on sys.path (and xdist's
+# workers copy that sys.path), where kernels/, shipped as sarathi_lab.kernels, would stand in for
+# Hugging Face's `kernels` package that transformers imports. The project is imported from its
+# install (editable or the wheel), the tests' helpers from tests/ (pytest puts it there).
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [p for p in sys.path if Path(p or os.curdir).resolve() != ROOT]
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -11,6 +21,66 @@ from sarathi_lab.executors.base import Executor, StepResult  # noqa: E402
 from sarathi_lab.kv import KVCacheManager  # noqa: E402
 from sarathi_lab.registry import policy_class, queue_class  # noqa: E402
 from sarathi_lab.request import Request  # noqa: E402
+
+
+def slow_fixture(*args, **kwargs):
+    """`pytest.fixture` for a fixture that runs a study, the command line, a server or a
+    measurement: every test that uses it, directly or through another fixture, is marked slow
+    (tests/test_suite_rules.py reads the test files for it; `pytest_fixture_setup` below checks
+    the tests that run)."""
+    def declare(fn):
+        fn.slow_fixture = True
+        return pytest.fixture(fn, **kwargs)
+    if len(args) == 1 and callable(args[0]) and not kwargs:   # @slow_fixture, no arguments
+        return declare(args[0])
+    return declare
+
+
+# A fixture that is not declared slow and takes more than this much CPU time (its process's and
+# its subprocesses', nested fixtures' excluded) to set up for a test of the fast tier is an error:
+# CPU time, not wall time, so the load of the machine does not move it.
+SLOW_SETUP_CPU_S = 20.0
+_setting_up: list = []   # the test being set up (the fixtures' requester)
+_nested: list[float] = []   # CPU seconds of the fixtures set up inside each one being set up
+
+
+def _cpu_s() -> float:
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    _setting_up.append(item)
+    try:
+        return (yield)
+    finally:
+        _setting_up.pop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    item = _setting_up[-1] if _setting_up else None
+    if item is None or item.get_closest_marker("slow"):
+        return (yield)
+    _nested.append(0.0)
+    start = _cpu_s()
+    try:
+        result = yield
+    finally:
+        spent = _cpu_s() - start
+        own = spent - _nested.pop()
+        if _nested:
+            _nested[-1] += spent
+    # after the fixture is set up, so that pytest caches it as usual
+    if getattr(fixturedef.func, "slow_fixture", False):
+        pytest.fail(f"{item.nodeid} uses the slow fixture {fixturedef.argname!r} and is not "
+                    f"marked slow", pytrace=False)
+    if own > SLOW_SETUP_CPU_S:
+        pytest.fail(f"fixture {fixturedef.argname!r} took {own:.0f} CPU-s to set up for "
+                    f"{item.nodeid}, a test of the fast tier: declare it with slow_fixture "
+                    f"(tests/conftest.py) and mark the tests that use it slow", pytrace=False)
+    return result
 
 
 class LinearCost(Executor):

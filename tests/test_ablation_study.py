@@ -2,7 +2,6 @@
 hand, and the study at toy scale through the CLI's dotted-path plug-in loading."""
 import json
 import os
-from pathlib import Path
 
 import pandas as pd
 import pytest

@@ -2,6 +2,7 @@
 is chosen by its mean goodput over seeds, and each cell shows the seeds' mean [min-max]."""
 import pandas as pd
 import pytest
+from conftest import slow_fixture
 
 from study_scripts import load_study
 
@@ -22,7 +23,31 @@ def test_the_seed_table_picks_the_best_static_budget_by_mean_goodput():
     assert lines[3].startswith("| mix strict | 3 | tbt_target | 1.00 | 50% |")
 
 
-@pytest.fixture(scope="module")
+def test_the_noise_table_picks_the_best_static_by_attainment_and_compares_seed_by_seed():
+    """--noise: per load and step jitter, the best static budget by mean attainment; each
+    controller's attainment over it in points, seed by seed (mean [min to max])."""
+    study = load_study("adaptive_chunking")
+    rows = []
+    # static 512: 0.9, 0.8 (mean 0.85); static 256: 0.7, 0.9 (0.8) -> 512 is the best static;
+    # tbt_target (learned) 0.95, 0.9: +5 and +10 points over 512's seeds
+    for seed, a256, a512, ctl in ((0, 0.7, 0.9, 0.95), (1, 0.9, 0.8, 0.9)):
+        for config, att in (("static 256", a256), ("static 512", a512),
+                            ("tbt_target (learned)", ctl)):
+            rows.append({"seed": seed, "workload": "mix strict", "qps": 2.0, "step_jitter": 0.1,
+                         "config": config, "goodput_rps": att * 2, "attainment": att,
+                         "p99_tbt_s": 0.09, "p99_ttft_s": 2.0, "relegated": 0})
+    lines = study.noise_table(pd.DataFrame(rows)).splitlines()
+    assert len(lines) == 4
+    assert lines[2].startswith("| 2 | 0.1 | best static (512) | 85.0 [80.0-90.0]% |  | ")
+    assert lines[3].startswith("| 2 | 0.1 | tbt_target (learned) | 92.5 [90.0-95.0]% | "
+                               "+7.5 [+5.0 to +10.0] | 1.85 [1.80-1.90] | 90 | 2.0 | 0.0 |")
+    # the committed runs' configurations name the predictor; the full scale pins the oracle
+    assert ("tbt_target (oracle)" in dict(study.configs(("oracle", "learned")))
+            and "scheduler.predictor=oracle" in study.adaptive_capacity.config_overrides(
+                "slack"))
+
+
+@slow_fixture(scope="module")
 def tiny_full(tmp_path_factory):
     """The --full path at tiny scale: 30 requests per probe, Mistral-7B on ShareGPT, strict and
     relaxed, two static budgets and tbt_target, one seed, on two joblib workers."""

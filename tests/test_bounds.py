@@ -185,7 +185,7 @@ def test_engines_and_requests_at_the_memory_limit_and_past_it(memory):
         f"cluster.num_replicas: the run would hold about {need / 2**30:,.1f} GiB "
         "(cluster.num_replicas=2000: 2,000 x 450.0 kB per engine, trace.num_requests=1000: "
         "1,000 x 1.1 kB per request, trace.num_requests=1000 (their output tokens): 50,000 x "
-        "0.1 kB per output token; measured per item, sarathi_lab/resources.py) but "
+        "70 bytes per output token; measured per item, sarathi_lab/resources.py) but "
         f"{(need - 1) / 2**30:,.1f} GiB is the limit (the memory available now; "
         "SARATHI_LAB_MEMORY_GIB=GiB sets another); lower cluster.num_replicas")
 
@@ -203,6 +203,54 @@ def test_a_run_past_the_memory_limit_is_refused_before_it_is_built(monkeypatch, 
                                           r".* but 0\.5 GiB is the limit "
                                           r"\(SARATHI_LAB_MEMORY_GIB=0\.5\); lower "):
         _run(*overrides)
+
+
+def test_a_row_asking_past_max_model_len_is_rejected_alone_not_the_run(memory, tmp_path):
+    """A trace row asking 1e12 output tokens counts for what fits within max_model_len in the
+    memory estimate (70 TB otherwise): the run goes on and the engine rejects that request
+    alone, with its reason (issue 35, item 5)."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,100,20\n"
+                     "0.1,50,1000000000000\n0.2,80,10\n")
+    memory(2**30)
+    s = run(composed(f"trace.path={trace}", "trace.num_requests=null"), None, write=False)
+    assert (s["num_finished"], s["num_rejected"]) == (2, 1)
+    assert list(s["rejections"]) == ["prompt of N + output of N tokens exceeds "
+                                     "max_model_len=N (overlong=cap serves it cut short)"]
+    assert resources.output_tokens_held([100, 50, 80, 5000], [20, 10**12, 4000, 1], 4096) == \
+        20 + 4046 + 4000 + 0
+
+
+SESSIONS = {"name": "s", "sessions": 100, "session_rate": 1.0, "turns": 3, "message_len": 20,
+            "answer_len": 10, "system_prompt_len": 0}
+
+
+@pytest.mark.parametrize("extra, setting, count", [
+    ({"sessions": 10**9}, "trace.sessions", "1,000,000,000 x 1.1 kB per session"),
+    ({"turns": 10**9}, "trace.turns", "100,000,000,000 x 1.1 kB per turn"),
+    # 100 sessions of 300 turns that each grow the prompt by 30 tokens: 30 x (1 + ... + 300)
+    # ids per session, the prompts and answers held as lists of ids
+    ({"turns": 300, "message_len": 20, "answer_len": 10}, "trace.max_total_tokens",
+     f"{100 * 30 * 300 * 301 // 2:,} x 36 bytes per token id"),
+])
+def test_multi_turn_sessions_past_the_memory_limit_are_refused_naming_the_setting(
+        memory, extra, setting, count):
+    """Refused before what is named is allocated: a billion sessions or turns would otherwise
+    draw arrays of tens of GiB (issue 35, item 5)."""
+    from sarathi_lab.traces import build_trace
+    memory(100 * 2**20)
+    with pytest.raises(ConfigError) as e:
+        build_trace({**SESSIONS, **extra})
+    assert str(e.value).startswith(f"{setting}: the run would hold about "), e.value
+    assert count in str(e.value) and str(e.value).endswith(f"; lower {setting}")
+
+
+def test_multi_turn_sessions_within_the_limit_are_built(memory):
+    from sarathi_lab.traces import build_trace
+    memory(2**30)   # 15,150,000 token ids (0.5 GiB) fit
+    df = build_trace({**SESSIONS, "turns": 300, "max_total_tokens": 3000})
+    # a session's prompt + answer grows by 30 a turn: 100 turns fit within 3,000 tokens
+    assert len(df) == 100 * 100 and df["turn"].max() == 99
 
 
 def test_the_memory_limit_setting_is_checked(monkeypatch):

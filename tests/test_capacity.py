@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import patience
 
 from sarathi_lab.capacity import bisect, unit_arrivals
 
@@ -65,7 +66,7 @@ def test_capacity_search_brackets_the_known_answer(tmp_path):
             "capacity.qps_low=0.5", "capacity.qps_high=2", "capacity.precision=0.002",
             f"slo.ttft={T}", "slo.tpot=0.05", "slo.request_p99_tbt=null"]
     r = subprocess.run([sys.executable, "-c", "from sarathi_lab.cli import main; main()", *args],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=patience(180))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Sarathi-Serve" in r.stdout and "DistServe" in r.stdout   # the answer is printed
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import slow_fixture
 from study_scripts import load_study
 
 pytestmark = pytest.mark.slow   # a study at toy scale
@@ -28,7 +29,7 @@ def test_binding_names_what_failed_at_the_first_failing_probe():
     assert binding(result(probes, None)) == "none"     # never failed: not bracketed above
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def toy(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("capacity_grid")
     study = load_study("capacity_grid")

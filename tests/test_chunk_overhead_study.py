@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import slow_fixture
 import torch
 
 from study_scripts import load_study
@@ -34,7 +35,7 @@ def test_ratios_by_hand():
     assert "| one piece (s) | 2 | 1 |" in md
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def toy(tmp_path_factory):
     n = torch.get_num_threads()
     out = tmp_path_factory.mktemp("chunk_overhead")

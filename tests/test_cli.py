@@ -8,7 +8,7 @@ import sys
 
 import pandas as pd
 import pytest
-from helpers import ROOT, cli, composed
+from helpers import ROOT, cli, composed, patience
 from hydra import compose, initialize_config_module
 
 from sarathi_lab.cli import check_config
@@ -101,7 +101,7 @@ def test_startup_imports_no_heavy_packages(tmp_path):
             "print('HEAVY', sorted(m for m in ('torch', 'wandb', 'matplotlib') "
             "if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-                       env={**os.environ, "WANDB_MODE": "disabled"}, timeout=120)
+                       env={**os.environ, "WANDB_MODE": "disabled"}, timeout=patience(120))
     assert r.returncode == 0, r.stderr
     assert "HEAVY []" in r.stdout
 

@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import patience
 
 from sarathi_lab.capacity import check_context, never_served
 from sarathi_lab.config import without_unread
@@ -68,13 +69,13 @@ def test_capacity_search_from_the_cli_fails_fast_and_records_drops(tmp_path):
             "slo=yi-34b-strict", "trace.num_requests=40", "capacity.max_probes=2",
             f"results_root={tmp_path}"]
     r = subprocess.run([*base, f"hydra.run.dir={tmp_path}/a"], env=ENV, capture_output=True,
-                       text=True, timeout=300)
+                       text=True, timeout=patience(300))
     assert r.returncode == 1
     assert "do not fit max_model_len=4096" in r.stderr and "trace.max_total_tokens" in r.stderr
     assert not (tmp_path / "a" / "capacity.json").exists()
     # dropping them: the search runs, on 40 requests that fit, and says how many were dropped
     r = subprocess.run([*base, f"hydra.run.dir={tmp_path}/b", "trace.max_total_tokens=4096"],
-                       env=ENV, capture_output=True, text=True, timeout=300)
+                       env=ENV, capture_output=True, text=True, timeout=patience(300))
     assert r.returncode == 0, r.stderr
     res = json.loads((tmp_path / "b" / "capacity.json").read_text())
     head = load_trace("sharegpt", num_requests=None, qps=1.0)
@@ -125,7 +126,7 @@ def test_a_seed_sweep_samples_different_requests_from_the_cli(tmp_path):
         d = tmp_path / f"s{seed}"
         r = subprocess.run([*CLI, "trace.shuffle=true", "trace.num_requests=20", f"seed={seed}",
                             f"hydra.run.dir={d}"], env=ENV, capture_output=True, text=True,
-                           timeout=300)
+                           timeout=patience(300))
         assert r.returncode == 0, r.stderr
         s = json.loads((d / "summary.json").read_text())
         assert s["config"]["trace"]["shuffle"] is True
@@ -150,7 +151,7 @@ def test_capacity_multirun_over_policies_with_a_budget_only_sarathi_reads(tmp_pa
     r = subprocess.run([*CLI, "-m", f"results_root={tmp_path}", "name=cap", "mode=capacity",
                         "scheduler=vllm,sarathi", "scheduler.token_budget=256",
                         "trace.num_requests=30", "capacity.max_probes=2"], env=ENV,
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=patience(300))
     assert r.returncode == 0, r.stdout + r.stderr
     found = {}
     for p in (tmp_path / "sweeps" / "cap").glob("*/capacity.json"):

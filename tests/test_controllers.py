@@ -225,15 +225,30 @@ def test_a_decision_that_breaks_the_contract_names_the_controller(plugin, rule):
         eng.advance()
 
 
-def test_a_controller_that_needs_a_predictor_without_one_is_an_error_naming_the_setting():
-    p = make_policy("sarathi", controller="tbt_target")
-    with pytest.raises(ConfigError, match="scheduler.controller=tbt_target.*predictor"):
+def test_the_oracle_without_a_cost_model_is_an_error_naming_the_setting():
+    p = make_policy("sarathi", controller="tbt_target", predictor="oracle", target_tbt_s=0.1)
+    with pytest.raises(ConfigError, match="scheduler.predictor=oracle .*controller=tbt_target.*"
+                                          "use scheduler.predictor=learned"):
         p.bind_predictor(None)
     make_policy("sarathi", controller="plugins:Fraction").bind_predictor(None)   # needs none
+    # the learned one (the default) needs no cost model: it learns from the executed steps
+    make_policy("sarathi", controller="tbt_target", target_tbt_s=0.1).bind_predictor(None)
     # and before any run directory or model: the executor class offers none
-    ov = ["executor=torch", "model=tiny-llama", "scheduler.controller=slo_dp"]
-    with pytest.raises(ConfigError, match="scheduler.controller=slo_dp: needs a predictor.*"
-                                          "executor 'torch' offers none"):
+    ov = ["executor=torch", "model=tiny-llama", "scheduler.controller=slo_dp",
+          "scheduler.predictor=oracle"]
+    with pytest.raises(ConfigError, match="scheduler.predictor=oracle .scheduler.controller="
+                                          "slo_dp.: needs a predictor.*executor 'torch' offers "
+                                          "none"):
+        resolve(composed(*ov), ov)
+    resolve(composed(*ov[:3]), ov[:3])   # learned: any executor
+    # the learned one's settings are unread with the oracle
+    ov = ["scheduler.controller=tbt_target", "scheduler.predictor=oracle",
+          "scheduler.predictor_quantile=0.9"]
+    with pytest.raises(ConfigError, match="predictor_quantile=0.9: read only with "
+                                          "predictor=learned"):
+        resolve(composed(*ov), ov)
+    ov = ["scheduler.controller=slack", "scheduler.predictor=exact"]
+    with pytest.raises(ConfigError, match="scheduler.predictor"):
         resolve(composed(*ov), ov)
 
 
@@ -271,7 +286,7 @@ def test_relegated_requests_are_served_after_the_others_and_recorded():
     reqs = [Request(0, 0.0, 40, 3, deadline=1.0), Request(1, 0.0, 500, 2, deadline=0.2),
             Request(2, 0.0, 40, 3, deadline=1.0)]
     p = make_policy("sarathi", token_budget=64, controller="slack", target_tbt_s=0.05,
-                    max_model_len=1024)
+                    max_model_len=1024, predictor="oracle")   # priced as the executor does
     p.bind_predictor(_linear)
     eng = Engine(p, LinearCost(), fast_forward=False)
     eng.run(reqs)
@@ -406,7 +421,11 @@ def test_slo_dp_in_a_run_learns_a_poor_draft_and_prices_a_costly_one(tmp_path):
     pull its estimate down; and a draft as costly as the target itself (layers:32 of
     Mistral-7B's 32) makes it stop speculating."""
     from sarathi_lab.runner import run
+    # priced by the cost model: what is tested is the acceptance estimate and the draft's price.
+    # The learned predictor prices each k from the steps run with it, and slo_dp, which never
+    # explores, can keep a k whose few early steps made another look dearer (docs/plugins.md)
     base = ["scheduler.controller=slo_dp", "scheduler.num_speculative_tokens=3",
+            "scheduler.predictor=oracle",
             "executor.acceptance_rate=0.05", "scheduler.assumed_acceptance=0.9", *SMALL]
 
     def proposed(*ov):
@@ -419,3 +438,50 @@ def test_slo_dp_in_a_run_learns_a_poor_draft_and_prices_a_costly_one(tmp_path):
     assert s["speculation"]["acceptance_rate"] < 0.15
     full, _ = proposed("executor.draft=layers:32", "scheduler.learn_acceptance=false")
     assert full < 0.1 * told   # a draft step as dear as a target step: speculation never pays
+
+
+# -- the learned predictor against the oracle (issue 35, item 3) -------------------------------
+
+MIX = ["model=mistral-7b", "hardware=a100-80gb", "trace=mix", "slo=chat-batch",
+       "slo.classes.interactive.tpot=null", "slo.classes.interactive.request_p99_tbt=0.1",
+       "trace.qps=2", "progress=false", "seed=0"]
+
+
+def attainment(*ov, n=120):
+    from sarathi_lab.runner import run
+    s = run(composed(*MIX, f"trace.num_requests={n}", *ov), None, write=False)
+    return s["slo"]["attainment"], s["predictor"]
+
+
+def controller_against_static(ctl, n):
+    """(oracle, learned) at zero noise and (learned, static 512) at executor.step_jitter=0.1
+    (which no predictor is told): the learned predictor within 5 points of the oracle, and
+    never below the static budget under noise."""
+    c = ["scheduler.token_budget=2048", f"scheduler.controller={ctl}"]
+    oracle, rec = attainment(*c, "scheduler.predictor=oracle", n=n)
+    assert rec["name"] == "oracle"
+    learned, rec = attainment(*c, n=n)
+    assert rec["name"] == "learned" and rec["quantile"] == 0.99 and rec["pooled"]["steps"] > 0
+    assert learned >= oracle - 0.05
+    noisy, _ = attainment(*c, "executor.step_jitter=0.1", n=n)
+    static, rec = attainment("executor.step_jitter=0.1", n=n)
+    assert rec is None   # static prices nothing
+    assert noisy >= static
+    return oracle, learned, noisy, static
+
+
+def test_a_learned_predictor_keeps_the_oracle_s_attainment_and_degrades_gracefully():
+    """tbt_target on the mix (120 requests, 2 req/s, Mistral-7B A100): at zero noise the
+    learned predictor's attainment is the oracle's (99.2% both when written); with step jitter
+    0.1 the oracle, planning at exactly 100 ms, falls to 29% while the learned one, planning
+    with the margin it observes, stays at 99% above static 512's 97.5%."""
+    oracle, learned, noisy, static = controller_against_static("tbt_target", 120)
+    c = ["scheduler.token_budget=2048", "scheduler.controller=tbt_target",
+         "scheduler.predictor=oracle", "executor.step_jitter=0.1"]
+    assert attainment(*c)[0] < static - 0.3   # what the oracle assumption hides
+
+
+@pytest.mark.slow   # 12 runs of 300 requests, ~30 s
+@pytest.mark.parametrize("ctl", ["tbt_target", "slack", "slo_dp"])
+def test_every_controller_with_the_learned_predictor_at_300_requests(ctl):
+    controller_against_static(ctl, 300)

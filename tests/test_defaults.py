@@ -212,7 +212,6 @@ TEMPLATE = ("{% for m in messages %}<|user|> {{ m['content'] }} {% endfor %}"
 
 def _tokenizer(tmp_path, template: str | None) -> Path:
     """A word-level tokenizer saved as a local directory, with or without a chat template."""
-    pytest.importorskip("transformers")
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     words = ["<unk>", "<|user|>", "<|assistant|>", "what", "is", "the", "capital", "of",
@@ -264,7 +263,9 @@ SMOLLM2 = Path(os.environ.get("SARATHI_LAB_SMOLLM2_DIR")
 
 
 @pytest.mark.slow   # SmolLM2 on a CPU, in a CLI subprocess
-@pytest.mark.skipif(not (SMOLLM2 / "prepared.json").exists(),
+# as tests/test_smollm2.py: SARATHI_LAB_REQUIRE_SMOLLM2=1 (.ci/run) makes a missing model a failure
+@pytest.mark.skipif(not (SMOLLM2 / "prepared.json").exists()
+                    and os.environ.get("SARATHI_LAB_REQUIRE_SMOLLM2") != "1",
                     reason="SmolLM2 not prepared (sarathi-lab-prepare-model smollm2); the "
                            "template itself is tested with a tokenizer built above")
 def test_smollm2_answers_a_question_in_its_chat_template(tmp_path):

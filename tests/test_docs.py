@@ -62,7 +62,7 @@ def plugins(tmp_path_factory) -> Path:
 def cli(plugins: Path, run_dir: Path, *args):
     """`sarathi-lab` in a subprocess with the example modules on PYTHONPATH, as the plug-in page
     tells a user to run them; the run's summary and tables."""
-    path = os.pathsep.join([str(plugins), str(ROOT), os.environ.get("PYTHONPATH", "")])
+    path = os.pathsep.join([str(plugins), os.environ.get("PYTHONPATH", "")])
     r = sarathi_lab_cli(f"hydra.run.dir={run_dir}", *args, cwd=run_dir.parent,
                         env={"PYTHONPATH": path})
     assert r.returncode == 0, r.stdout + r.stderr

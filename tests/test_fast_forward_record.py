@@ -40,6 +40,7 @@ def test_the_summary_says_whether_the_run_fast_forwarded_and_why_not(overrides, 
     assert s["settings"]["run"]["fast_forward"] is ("fast_forward=false" not in overrides)
 
 
+@pytest.mark.slow   # the real executor on a CPU (~10 CPU-s; 234 s at load 12)
 def test_a_real_executor_runs_every_iteration():
     s = run(composed("executor=torch", "model=tiny-llama", "executor.device=cpu", *SMALL), None,
             write=False)

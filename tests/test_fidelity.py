@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import slow_fixture
 import torch
 
 from sarathi_lab.costmodels.profiles import ProfileError
@@ -174,7 +175,7 @@ def test_decodes_by_their_place_in_a_run_of_them():
     assert t.loc["3-4", "measured_ms_p50"] == pytest.approx(1e3)
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def toy(tmp_path_factory):
     n = torch.get_num_threads()
     out = tmp_path_factory.mktemp("fidelity")
@@ -478,6 +479,7 @@ def test_noise_of_by_hand():
     assert rho == 0.0 and sigma == pytest.approx(0.1 * np.sqrt(4 / 3))
 
 
+@pytest.mark.slow   # the toy study (fixture `toy`)
 def test_noise_memory_on_a_kept_toy_study(toy):
     out, _ = toy
     md = NM.main([str(out), "--seeds", "1"])
@@ -496,6 +498,7 @@ PO = importlib.util.module_from_spec(_po_spec)
 _po_spec.loader.exec_module(PO)
 
 
+@pytest.mark.slow   # the toy study (fixture `toy`)
 def test_pooled_rounds_of_kept_toy_studies(toy):
     """Two studies of 2 rounds each: no line per study, one through their 4 rounds, which is
     `matched_bias` of the rounds' own biases and levels; every variant's rounds are read
@@ -524,6 +527,7 @@ SS = importlib.util.module_from_spec(_ss_spec)
 _ss_spec.loader.exec_module(SS)
 
 
+@pytest.mark.slow   # the toy study (fixture `toy`)
 def test_speed_spread_on_a_kept_toy_study(toy, tmp_path):
     """speed_spread.py recomputes, from the kept parts and runs, the study's own "speed"
     variant: the same spread, the same simulations, the same bias."""
@@ -539,6 +543,7 @@ def test_speed_spread_on_a_kept_toy_study(toy, tmp_path):
         SS.main([str(tmp_path)])
 
 
+@pytest.mark.slow   # the toy study (fixture `toy`)
 def test_bias_table_from_the_command_line(toy, capsys):
     """`run.py --bias DIR` prints the kept study's bias table and runs nothing."""
     out, _ = toy

@@ -133,9 +133,12 @@ def test_moe_width_defaults_to_the_mlp():
     ("deepseek-moe-16b", {"moe_layer_freq": 2}, "moe_layer_freq=2"),
     ("deepseek-moe-16b", {"scoring_func": "sigmoid"}, "scoring_func='sigmoid' is not supported"),
     ("mixtral-8x7b", {"num_local_experts": None}, "lacks num_local_experts"),
+    # DeepSeek-MoE's file relabelled V2: latent attention's fields are required, not guessed
     ("deepseek-moe-16b", {"model_type": "deepseek_v2"},
-     "model_type 'deepseek_v2' is not supported \\(llama, mistral, qwen2, mixtral, qwen2_moe, "
-     "deepseek are\\)"),
+     "model_type 'deepseek_v2' lacks kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, "
+     "v_head_dim"),
+    ("deepseek-moe-16b", {"model_type": "gemma3_text"},
+     "model_type 'gemma3_text' is not supported"),
 ])
 def test_layouts_the_shape_cannot_describe_are_refused(name, change, message):
     hf = json.loads((SHIPPED / name / "config.json").read_text())
@@ -193,7 +196,8 @@ def test_serving_choices_override_the_config_json():
 
 @pytest.mark.parametrize("overrides, message", [
     (["model=hf"], "model.hf_config: must be set: the model preset takes its shape from a "
-                   "config.json .*shipped config: deepseek-moe-16b, llama-2-70b"),
+                   "config.json .*shipped config: deepseek-moe-16b, deepseek-v2-lite, deepseek-v3, "
+                   "gemma-2-9b, gpt-oss-20b, llama-2-70b"),
     (["model=hf", "model.hf_config=nosuch"], "model.hf_config='nosuch': no such config.json"),
     (["model=hf", "model.hf_config=llama-3-8b", "model.max_model_len=0"],
      "model.hf_config=llama-3-8b: model 'llama-3-8b': max_model_len=0 must be a positive"),
@@ -205,7 +209,7 @@ def test_bad_hf_config_settings_are_named(overrides, message):
 
 
 def test_a_preset_with_its_own_shape_cannot_take_another_config():
-    from sarathi_lab.models.hf_config import resolve_model
+    from sarathi_lab.models.shape import resolve_model
     node = yaml.safe_load((ROOT / "configs" / "model" / "mistral-7b.yaml").read_text())
     with pytest.raises(ValueError, match="model.hf_config=llama-3-8b: the model preset sets "
                        "intermediate_size=14336 .the config.json: 14336.|rope_theta=10000.0 "

@@ -20,6 +20,7 @@ try:
     import tomllib
 except ImportError:   # Python 3.10; import-linter itself needs tomli there
     import tomli as tomllib
+from helpers import patience
 
 from sarathi_lab import registry
 
@@ -55,7 +56,7 @@ def lint(package_parent: Path) -> subprocess.CompletedProcess:
             f"sys.exit(lint_imports(config_filename={str(PYPROJECT)!r}, no_cache=True, "
             "no_logo=True))")
     return subprocess.run([sys.executable, "-c", code], cwd=package_parent, env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=patience(300))
 
 
 def unlayered(modules, layers) -> list[str]:

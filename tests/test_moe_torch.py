@@ -15,8 +15,6 @@ from hf_oracle import hf_generate, make_hf_model, make_specs, one_thread, run_en
 from sarathi_lab.models.loader import load_model, model_shape
 from sarathi_lab.models.moe import SparseMoE
 
-transformers = pytest.importorskip("transformers")
-
 # 4 experts, 2 per token: a tiny model still routes rows to different experts
 MOE = {
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
@@ -200,7 +198,7 @@ def test_the_real_executor_refuses_what_it_cannot_run(tmp_path):
 
 def test_a_shipped_moe_config_runs_on_random_weights():
     """model.hf_config=mixtral-8x7b's shape, shrunk to a test size: Mixtral's MoE layers."""
-    from sarathi_lab.models.hf_config import read_shape
+    from sarathi_lab.models.shape import read_shape
     big = read_shape("mixtral-8x7b")
     cfg = {**big.to_preset(), "num_layers": 2, "hidden_size": 64, "intermediate_size": 32,
            "moe_intermediate_size": 32, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16,

@@ -10,7 +10,7 @@ from helpers import CONFIGS, cli
 
 from sarathi_lab.engine import Engine
 from sarathi_lab.settings import ConfigError
-from sarathi_lab.traces import build_trace, load_trace, to_requests
+from sarathi_lab.traces import build_trace, describe_trace, load_trace, to_requests
 from sarathi_lab.traces import csv_formats
 
 
@@ -110,20 +110,31 @@ def burst(tmp_path):
     return f
 
 
-@pytest.mark.parametrize("models, log_types, kept", [
-    (None, None, [(0.0, 472, 18), (40.0, 1087, 230), (113.0, 417, 276), (125.5, 30, 0)]),
-    ("ChatGPT", None, [(0.0, 472, 18), (125.5, 30, 0)]),
-    (["gpt-4"], None, [(0.0, 1087, 230), (73.0, 417, 276)]),   # case ignored; times from 45 s
-    (None, "API log", [(0.0, 1087, 230), (85.5, 30, 0)]),
-    (["GPT-4", "ChatGPT"], ["conversation log"], [(0.0, 472, 18), (113.0, 417, 276)]),
+@pytest.mark.parametrize("models, log_types, kept, dropped", [
+    (None, None, [(0.0, 472, 18), (40.0, 1087, 230), (113.0, 417, 276)], (1, 1, 0)),
+    ("ChatGPT", None, [(0.0, 472, 18)], (1, 1, 2)),
+    (["gpt-4"], None, [(0.0, 1087, 230), (73.0, 417, 276)], (1, 1, 1)),   # case ignored
+    (None, "API log", [(0.0, 1087, 230)], (1, 1, 2)),
+    (["GPT-4", "ChatGPT"], ["conversation log"], [(0.0, 472, 18), (113.0, 417, 276)],
+     (1, 1, 1)),
 ])
-def test_burstgpt_rows_with_filters(burst, models, log_types, kept):
-    """The row of 0 request tokens (a failed call) is dropped; the filters keep what they
-    name; times count from the first kept request."""
+def test_burstgpt_rows_with_filters(burst, models, log_types, kept, dropped):
+    """The failed call (0 response tokens, BurstGPT's mark of one) and the row of 0 request
+    tokens are dropped, whatever the filters, and counted; the filters keep what they name
+    among the rest; times count from the first kept request."""
     df = load_trace(burst, models=models, log_types=log_types)
     assert list(df[["arrival_time", "num_prompt_tokens", "num_output_tokens"]]
                 .itertuples(index=False, name=None)) == kept
     assert df.attrs["format"] == "burstgpt"
+    assert (df.attrs["failed"], df.attrs["no_prompt"], df.attrs["filtered"]) == dropped
+
+
+def test_burstgpt_failed_calls_are_counted_in_the_summary_record(burst, caplog):
+    caplog.set_level("INFO", logger="sarathi_lab.traces.load")
+    df = build_trace({"name": "bg", "path": str(burst), "num_requests": None})
+    assert describe_trace(df)["dropped_rows"] == {"failed_calls": 1, "no_prompt": 1,
+                                                  "filtered": 0}
+    assert "1 failed calls (0 response tokens), 1 rows of 0 request tokens" in caplog.text
 
 
 def test_burstgpt_filters_before_num_requests(burst):

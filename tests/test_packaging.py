@@ -8,6 +8,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import slow_fixture
+from helpers import patience
 
 ROOT = Path(__file__).resolve().parents[1]
 # where each folder of the tree lands in the wheel (pyproject.toml's package-dir)
@@ -41,7 +43,7 @@ def expected(files: list[Path]) -> tuple[set[str], set[str]]:
     return packages, data
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def wheel(tmp_path_factory) -> zipfile.ZipFile:
     """The wheel, built from a copy of the tree (building in place would leave build/ and stale
     modules in the checkout, and could hide a file that only the checkout has)."""
@@ -51,7 +53,7 @@ def wheel(tmp_path_factory) -> zipfile.ZipFile:
         (src / p).write_bytes((ROOT / p).read_bytes())
     res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
                           "--no-build-isolation", "-q", "-w", str(dist), str(src)],
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=patience(600))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (whl,) = dist.glob("sarathi_lab-*.whl")
     return zipfile.ZipFile(whl)

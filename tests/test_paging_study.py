@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import slow_fixture
 from study_scripts import load_study
 from helpers import INSTANT_HW, TINY_MODEL
 
@@ -68,7 +69,7 @@ def test_max_tokens_rules_of_the_reservation_arms():
     assert rule(out, "pow2") == [1, 4, 4, 8, 1]
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def toy(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("paging")
     study = load_study("paging")

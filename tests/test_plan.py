@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import slow_fixture
 
 from helpers import cli
 from sarathi_lab import capacity
@@ -332,7 +333,7 @@ def test_cheapest_equals_brute_force_and_methods_agree(tmp_path):
     pd.testing.assert_frame_equal(a[cols], b[cols])
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def toy_cli(tmp_path_factory):
     """The toy plan from the command's entry point: (its directory, what it printed)."""
     out = tmp_path_factory.mktemp("toy") / "plan"
@@ -448,7 +449,7 @@ def test_resume_after_an_interruption(tmp_path, monkeypatch):
 
 @pytest.mark.slow   # a local Ray instance
 def test_on_ray_gives_the_serial_rows(tmp_path, monkeypatch):
-    ray = pytest.importorskip("ray")
+    import ray   # the [ray] extra: without it this test errors, it does not skip
     # Ray takes 127.0.0.1 as the node's address with this (tests/test_ray_launcher.py)
     monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     # a local Ray 2.60 writes an auth token into ~/.ray unless told not to (the user's home is

@@ -5,6 +5,7 @@ import json
 
 import pandas as pd
 import pytest
+from conftest import slow_fixture
 from study_scripts import load_study
 
 pytestmark = pytest.mark.slow   # a study at toy scale (~10-20 s)
@@ -14,7 +15,7 @@ ARGS = ["--requests", "30", "--models", "mixtral-8x7b", "--workloads", "chat", "
         "strict", "--hardware", "a100-80gb", "--load", "chat=2", "--n-jobs", "1"]
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def toy(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("planning")
     study = load_study("planning")

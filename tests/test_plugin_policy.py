@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import LinearCost, make_policy
-from helpers import random_requests
+from helpers import patience, random_requests
 from plugin_policy import Alternate, DecodeFirst
 
 from sarathi_lab.engine import Engine
@@ -61,7 +61,7 @@ def cli(run_dir: Path, *args):
            "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     r = subprocess.run([sys.executable, "-c", "from sarathi_lab.cli import main; main()",
                         f"hydra.run.dir={run_dir}", *args], cwd=run_dir.parent, env=env,
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=patience(300))
     assert r.returncode == 0, r.stdout + r.stderr
     return (pd.read_parquet(run_dir / "requests.parquet"),
             pd.read_parquet(run_dir / "iterations.parquet"))

@@ -9,13 +9,14 @@ import sys
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from conftest import slow_fixture
 import torch
 import yaml
 
 from sarathi_lab import profiler as P
 from sarathi_lab.costmodels.profiled import ProfiledConfig, ProfiledCostModel
 from sarathi_lab.costmodels.profiles import ProfileError
-from helpers import CONFIGS, cli
+from helpers import CONFIGS, cli, patience
 
 # Held-out iterations (shapes the fit never uses) are predicted within this share of their
 # measured time, as the median over the shapes. They are measured as the profile's `mixed` rows,
@@ -49,7 +50,7 @@ def profile_tiny(directory):
                    directory / "tiny.parquet"), h
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def measured(tmp_path_factory, one_thread):
     return profile_tiny(tmp_path_factory.mktemp("prof"))
 
@@ -73,6 +74,7 @@ HELD_OUT = (
 GRID = dataclasses.replace(P.GRIDS["tiny"], mixed=P.GRIDS["tiny"].mixed + HELD_OUT)
 
 
+@pytest.mark.slow   # a real model measured (fixture `measured`)
 def test_profile_predicts_held_out_iterations(measured, tmp_path):
     tries = []
     for path in (measured[0], None):
@@ -87,6 +89,7 @@ def test_profile_predicts_held_out_iterations(measured, tmp_path):
     pytest.fail(f"held-out errors of two profiles: {tries}")
 
 
+@pytest.mark.slow   # a real model measured (fixture `measured`)
 def test_rows_are_the_parts_of_real_iterations(measured):
     path, _ = measured
     t = pq.read_table(path).to_pandas()
@@ -103,6 +106,7 @@ def test_rows_are_the_parts_of_real_iterations(measured):
     assert (over["time_s"] > 0).all()
 
 
+@pytest.mark.slow   # a real model measured (fixture `measured`)
 def test_harness_splits_an_iteration_into_its_parts(measured, one_thread):
     _, h = measured
     h.bind(5000)
@@ -113,6 +117,7 @@ def test_harness_splits_an_iteration_into_its_parts(measured, one_thread):
 
 
 @pytest.mark.parametrize("which", ["linear", "chunk", "context", "batch", "decode_context"])
+@pytest.mark.slow   # a real model measured (fixture `measured`)
 def test_more_tokens_never_predict_less(measured, which):
     cm = cost_model(measured[0])
 
@@ -128,6 +133,7 @@ def test_more_tokens_never_predict_less(measured, which):
     assert min(ts) > 0
 
 
+@pytest.mark.slow   # a real model measured (fixture `measured`)
 def test_profile_for_another_model_dtype_or_shape_fails_clearly(measured):
     path = measured[0]
     with pytest.raises(ProfileError, match=r"model=tiny-llama.*model=llama-other.*differs in: "
@@ -149,7 +155,7 @@ def test_cli_writes_the_parquet_with_its_metadata(tmp_path):
     r = subprocess.run([sys.executable, "-m", "sarathi_lab.profiler", *TINY, "executor.clock=cpu",
                         "--grid", "tiny", "--repeats", "1", "--warmup", "0", "--threads", "1",
                         "--out", str(out)],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=patience(300))
     assert r.returncode == 0, r.stderr[-2000:]
     assert "held-out mixed iterations" in r.stdout
     assert "profiling" in r.stderr          # the progress bar
@@ -172,15 +178,15 @@ def test_cli_writes_the_parquet_with_its_metadata(tmp_path):
     # bad input: a clean message naming it, no traceback
     r = subprocess.run([sys.executable, "-m", "sarathi_lab.profiler", *TINY, "--out",
                         str(tmp_path / "p.csv"), "--grid", "tiny", "--repeats", "1"],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=patience(300))
     assert r.returncode != 0 and "--out" in r.stderr and "Traceback" not in r.stderr
     r = subprocess.run([sys.executable, "-m", "sarathi_lab.profiler", *TINY, "executor.clock=cpu",
                         "--out", str(out), "--grid", "tiny", "--threads", "2"],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=patience(300))
     assert r.returncode != 0 and "executor.clock=cpu" in r.stderr and "2 threads" in r.stderr
     assert "Traceback" not in r.stderr
     r = subprocess.run([sys.executable, "-m", "sarathi_lab.profiler", "executor.dtyp=float32",
-                        "--out", str(out)], capture_output=True, text=True, timeout=300)
+                        "--out", str(out)], capture_output=True, text=True, timeout=patience(300))
     assert r.returncode != 0 and "executor.dtyp" in r.stderr and "Traceback" not in r.stderr
 
 

@@ -58,12 +58,31 @@ def test_simulation_bar_counts_requests_only(fake_tqdm, monkeypatch):
 
 
 @pytest.mark.parametrize("on_tty, ci", [(False, None), (True, "1")])
-def test_auto_is_off_in_ci_and_off_a_terminal(fake_tqdm, monkeypatch, on_tty, ci):
+def test_auto_logs_lines_in_ci_and_off_a_terminal(fake_tqdm, monkeypatch, on_tty, ci):
     tty(monkeypatch, on_tty)
     if ci:
         monkeypatch.setenv("CI", ci)
-    assert runner._progress_bar(10, "auto", simulated=False) == (None, None)
-    assert not fake_tqdm.made
+    bar, update = runner._progress_bar(10, "auto", simulated=False)
+    assert bar is None and isinstance(update, runner.ProgressLines) and not fake_tqdm.made
+    assert (update.total, update.next - update.t0, update.every_s) == (10, 10.0, 30.0)
+
+
+def test_progress_lines_after_the_first_wait_then_one_per_interval(caplog, monkeypatch):
+    # the wall clock by hand: started at 100 s, the first line due at 110 s, then every 30 s
+    clock = iter([100.0, 112.0, 130.0, 145.0])
+    monkeypatch.setattr(runner.time, "perf_counter", lambda: next(clock))
+    caplog.set_level("INFO", logger="sarathi_lab.runner")
+    lines = runner.ProgressLines(16, simulated=False)
+    lines(1, 1200)   # 12 s in: 1,200 tokens / 12 s
+    lines(2, 2400)   # 30 s in, before 112 + 30: no line
+    lines(3, 4500)   # 45 s in: 4,500 / 45
+    assert [r.getMessage() for r in caplog.records] == [
+        "real run: 1 of 16 requests done, 1,200 tokens computed (100 tok/s) after 12 s",
+        "real run: 3 of 16 requests done, 4,500 tokens computed (100 tok/s) after 45 s"]
+    clock = iter([0.0, 5.0])
+    quick = runner.ProgressLines(16, simulated=True, first_s=10.0)   # the first 10 s: none
+    quick(5, 0)
+    assert len(caplog.records) == 2
 
 
 def test_true_shows_it_anywhere_at_once_false_never(fake_tqdm, monkeypatch):

@@ -11,10 +11,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import pytest
+from conftest import slow_fixture
+from helpers import patience
 
 from sarathi_lab.report import incomplete_jobs, make_report, run_table
 
@@ -101,19 +102,19 @@ def listening(pids: list[int]) -> list[str]:
 def stop_head(temp: Path) -> None:
     """SIGTERM to the head's processes (Ray's own shutdown), SIGKILL to any left after 2 s
     (one of them, at least, outlives SIGTERM when the others are gone)."""
-    for sig, patience in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
+    for sig, grace in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
         pids = head_processes(temp)
         for pid in pids:
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-        end = time.monotonic() + patience
+        end = time.monotonic() + grace
         while time.monotonic() < end and head_processes(temp):
             time.sleep(0.2)
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def head():
     """A Ray head on 127.0.0.1 with two CPUs: its temporary files and logs in a directory of its
     own, every port chosen free (two sessions' heads do not collide), stopped at the end however
@@ -135,7 +136,7 @@ def head():
                  f"--dashboard-port={dash}", f"--dashboard-agent-listen-port={agent}",
                  f"--dashboard-agent-grpc-port={agent_grpc}",
                  f"--runtime-env-agent-port={env_agent}", "--log-style=record"],
-                cwd=temp / "head", capture_output=True, text=True, timeout=120,
+                cwd=temp / "head", capture_output=True, text=True, timeout=patience(120),
                 env=_env(DASHBOARD_METRIC_PORT=str(dash_metric),
                          AUTOSCALER_METRIC_PORT=str(scaler_metric), RAY_USAGE_STATS_ENABLED="0"))
             if r.returncode == 0 or "Deadline Exceeded" not in r.stdout + r.stderr:
@@ -150,7 +151,7 @@ def head():
 
 def cli(*args, cwd, timeout=180):
     return subprocess.run([sys.executable, "-c", CLI, *args], cwd=cwd, env=_env(),
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=patience(timeout))
 
 
 def on_ray(head) -> list[str]:
@@ -168,7 +169,7 @@ def job_files(sweep: Path) -> dict[str, list[str]]:
             for d in sweep.iterdir() if (d / ".hydra").is_dir()}
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def sweeps(head, tmp_path_factory):
     """The same failing, merging grid under Ray (results_root relative to the command's
     directory, which the head's workers do not start in) and under joblib."""
@@ -282,7 +283,7 @@ def test_sigterm_stops_a_ray_sweep_and_its_jobs(head, tmp_path):
             time.sleep(0.2)
         assert len(running_jobs()) == 2
         p.send_signal(signal.SIGTERM)
-        out, err = p.communicate(timeout=60)
+        out, err = p.communicate(timeout=patience(60))
         assert p.returncode == 128 + signal.SIGTERM, out + err
         assert err.strip().splitlines()[-1] == (
             "sarathi-lab: stopped by SIGTERM; finished jobs keep their results "

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from conftest import slow_fixture
 import torch
 
 from sarathi_lab.metrics import tbt_gaps
@@ -21,7 +22,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("real_check")]
 S = load_study("real_check")
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def toy(tmp_path_factory):
     n = torch.get_num_threads()
     out = tmp_path_factory.mktemp("real_check")

@@ -7,7 +7,7 @@ import sys
 import pandas as pd
 import pytest
 from study_scripts import REPO
-from helpers import cli
+from helpers import cli, patience
 
 sys.path.insert(0, str(REPO / "experiments"))
 import regenerate as R  # noqa: E402
@@ -62,7 +62,7 @@ def toy(name, tmp_path, *overrides):
     argv = [a.replace("outputs", str(tmp_path)).replace(f"results/{name}", str(out))
             for a in report.argv[1:]]
     r = subprocess.run([sys.executable, "-m", "sarathi_lab.report", *argv],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=patience(300))
     assert r.returncode == 0, r.stderr[-3000:]
     return out
 

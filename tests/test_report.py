@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import slow_fixture
+from helpers import patience
 
 from sarathi_lab.metrics import tbt_gaps
 from sarathi_lab.report import main, make_report
@@ -17,12 +19,12 @@ TINY = ["trace=synthetic", "trace.num_requests=40"]
 def cli(*args, cwd):
     env = {**os.environ, "WANDB_MODE": "disabled"}
     r = subprocess.run([sys.executable, "-c", "from sarathi_lab.cli import main; main()", *args],
-                       cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
+                       cwd=cwd, env=env, capture_output=True, text=True, timeout=patience(180))
     assert r.returncode == 0, r.stdout + r.stderr
     return r
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def inputs(tmp_path_factory):
     """A 2 x 2 x 2 sweep (policy, token budget, load): vllm reads no token budget, so its four
     combinations run as two (merged); and two small capacity searches."""
@@ -173,7 +175,8 @@ def test_drawing_leaves_the_matplotlib_backend_alone(inputs, tmp_path):
             "assert 'timeline' in rep.plots, rep.skipped; "
             "assert 'matplotlib.pyplot' not in sys.modules, 'pyplot imported'; "
             "print('BACKEND', matplotlib.get_backend())")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=patience(120),
                        env={**os.environ, "MPLBACKEND": "template"})
     assert r.returncode == 0, r.stderr
     assert "BACKEND template" in r.stdout

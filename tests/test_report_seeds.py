@@ -7,6 +7,8 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import slow_fixture
+from helpers import patience
 
 from sarathi_lab.report import by_config, labelled, main, make_report, spread, t_quantile
 
@@ -74,12 +76,12 @@ def test_by_config_by_hand():
 def _cli(*args, cwd):
     r = subprocess.run([sys.executable, "-c", "from sarathi_lab.cli import main; main()", *args],
                        cwd=cwd, env={**os.environ, "WANDB_MODE": "disabled"},
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=patience(300))
     assert r.returncode == 0, r.stdout + r.stderr
     return r
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def seeded(tmp_path_factory):
     """vllm and sarathi at two loads, three seeds; sarathi with two token budgets that never
     bind (40 short requests: every prompt fits both), so they run the same schedule."""

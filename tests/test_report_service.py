@@ -8,12 +8,14 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import slow_fixture
+from helpers import patience
 
 from sarathi_lab.plots import Skip, slug, tenant_service
 from sarathi_lab.report import make_report
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def report(tmp_path_factory):
     """trace=mix (interactive and batch classes, 11 tenants) at two loads under sarathi."""
     root = tmp_path_factory.mktemp("service")
@@ -21,7 +23,7 @@ def report(tmp_path_factory):
                         f"results_root={root}", "name=mix", "trace=mix", "slo=chat-batch",
                         "trace.num_requests=60", "trace.qps=1,3"], cwd=root,
                        env={**os.environ, "WANDB_MODE": "disabled"}, capture_output=True,
-                       text=True, timeout=180)
+                       text=True, timeout=patience(180))
     assert r.returncode == 0, r.stdout + r.stderr
     return make_report([root / "sweeps" / "mix"], tmp_path_factory.mktemp("out"))
 
@@ -102,7 +104,7 @@ def test_single_class_runs_skip_the_class_plots(tmp_path):
     r = subprocess.run([sys.executable, "-c", "from sarathi_lab.cli import main; main()",
                         f"hydra.run.dir={tmp_path}/run", "trace=synthetic",
                         "trace.num_requests=20"], cwd=tmp_path, capture_output=True, text=True,
-                       env={**os.environ, "WANDB_MODE": "disabled"}, timeout=120)
+                       env={**os.environ, "WANDB_MODE": "disabled"}, timeout=patience(120))
     assert r.returncode == 0, r.stderr
     rep = make_report([tmp_path / "run"], tmp_path / "out")
     assert "two or more SLO classes" in rep.skipped["class_cdf"]

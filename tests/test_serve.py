@@ -21,40 +21,23 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import slow_fixture
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from helpers import ROOT, TESTS, composed
-from sarathi_lab import runner
+from helpers import ROOT, patience
 from sarathi_lab.engine import Engine
 from sarathi_lab.request import Request, Status
-from sarathi_lab.serve.command import configure
-from sarathi_lab.serve.launch import wait_for_address
+from sarathi_lab.serve.configure import configure
 from sarathi_lab.serve.protocol import ApiError, parse_generation
 from sarathi_lab.sweeps import register_resolvers
+from served import PROMPT, Served, _greedy, _tiny, save_tokenizer
 
-PROMPT = [5, 17, 42, 99, 3, 250, 7]
 # the module's server is shared by its tests: one worker runs them all (pytest-xdist)
 pytestmark = pytest.mark.xdist_group("serve")
 
 
 # -- in process --------------------------------------------------------------------------------
-def _tiny(name="sarathi", **sched):
-    c = composed(f"scheduler={name}", "executor=torch", "model=tiny-llama",
-                 "executor.device=cpu", "executor.kv_cache_gib=0.01")
-    c["scheduler"].update(sched)
-    return runner.build(c)
-
-
-def _greedy(prompt, n) -> list[int]:
-    """The in-process executor's greedy tokens for one prompt (as `sarathi-lab` runs it)."""
-    policy, ex = _tiny()
-    req = Request(0, 0.0, len(prompt), None, prompt_token_ids=list(prompt), max_tokens=n)
-    Engine(policy, ex).run([req])
-    assert req.status is Status.FINISHED and req.num_output_tokens == n
-    return req.output_token_ids
-
-
 @pytest.mark.parametrize("where", ["waiting", "running", "swapped"])
 def test_an_aborted_request_leaves_the_policy_and_frees_its_kv(where):
     swap = dict(preemption_mode="swap", num_swap_blocks=64) if where == "swapped" else {}
@@ -163,59 +146,7 @@ def composed_serve(*overrides) -> dict:
 
 
 # -- the server, in a subprocess ----------------------------------------------------------------
-class Served:
-    """`sarathi-lab-serve` in a subprocess on a free 127.0.0.1 port; `stop()` sends SIGINT and
-    returns the run directory it wrote."""
-
-    def __init__(self, cwd: Path, *overrides, timeout=180):
-        env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1",
-               "PYTHONPATH": os.pathsep.join([str(cwd), str(TESTS), str(ROOT)])}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from sarathi_lab.serve.command import main; main()",
-             "serve.port=0", "executor.device=cpu", "executor.kv_cache_gib=0.02", *overrides],
-            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.completed = 0      # completions answered 200 (streamed or whole)
-        self.disconnected = 0   # streams the tests broke off
-        try:
-            _, self.port, self.out = wait_for_address(self.proc, timeout)
-        except RuntimeError as e:
-            raise AssertionError(f"the server did not start: {e}{self.proc.stderr.read()}")
-
-    def request(self, method, path, body=None, timeout=60):
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
-        conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        raw = resp.read()
-        conn.close()
-        if method == "POST" and resp.status == 200:
-            self.completed += 1
-        return resp.status, json.loads(raw) if raw.startswith(b"{") else raw.decode()
-
-    def stream(self, body):
-        """The events of a streamed completion, [DONE] excluded."""
-        status, text = self.request("POST", "/v1/completions", {**body, "stream": True})
-        assert status == 200, text
-        events = [e[len("data: "):] for e in text.split("\n\n") if e]
-        assert events[-1] == "[DONE]"
-        return [json.loads(e) for e in events[:-1]]
-
-    def stop(self, sig=signal.SIGINT, timeout=120) -> Path:
-        self.proc.send_signal(sig)
-        out, err = self.proc.communicate(timeout=timeout)
-        assert self.proc.returncode == 0, err[-3000:]
-        self.printed = out   # the summary it printed
-        run_dir = Path(out.split("run directory: ")[1].strip())
-        assert (run_dir / "summary.json").is_file()
-        return run_dir
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.communicate()
-
-
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def server(tmp_path_factory):
     s = Served(tmp_path_factory.mktemp("serve"), "scheduler=sarathi",
                "scheduler.token_budget=8")
@@ -273,7 +204,7 @@ def test_documented_status_codes(server):
 
 @pytest.mark.slow
 def test_a_client_that_disconnects_frees_its_kv(server):
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=patience(60))
     conn.request("POST", "/v1/completions", body=json.dumps(
         {"model": "tiny-llama", "prompt": PROMPT * 20, "max_tokens": 4000, "stream": True}),
         headers={"Content-Type": "application/json"})
@@ -328,16 +259,11 @@ def _word_tokenizer(d: Path):
     """A tokenizer for the tiny model's 512 ids (id i is the word "w<i>") with a chat template:
     what `serve.tokenizer` points at."""
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, 512)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                                   eos_token="</s>")
-    fast.chat_template = ("{% for m in messages %}w3 {{ m['content'] }} {% endfor %}"
-                          "{% if add_generation_prompt %}w4{% endif %}")
-    fast.save_pretrained(d)
-    return fast
+    return save_tokenizer(d, tok, "{% for m in messages %}w3 {{ m['content'] }} {% endfor %}"
+                                  "{% if add_generation_prompt %}w4{% endif %}")
 
 
 @pytest.mark.slow
@@ -440,7 +366,7 @@ def test_a_plugin_that_raises_stops_the_server_with_its_error(tmp_path):
         assert _ids(events[:-1]) == _greedy(PROMPT, 3)
         assert events[-1]["error"]["code"] == "engine_error"
         assert "boom after 3 tokens" in events[-1]["error"]["message"]
-        _, err = s.proc.communicate(timeout=120)   # it stops by itself
+        _, err = s.proc.communicate(timeout=patience(120))   # it stops by itself
     finally:
         s.kill()
     assert s.proc.returncode == 1 and "the engine stopped" in err and "boom.Boom" in err
@@ -464,7 +390,8 @@ def test_the_replay_client_against_the_server(tmp_path):
                 [sys.executable, "-c", "from sarathi_lab.replay import main; main()",
                  "--base-url", f"http://127.0.0.1:{s.port}/v1", "--model", "tiny-llama",
                  "--vocab-size", "512", "--out", str(outs[name]), "trace=synthetic",
-                 "trace.num_requests=6", *load], capture_output=True, text=True, timeout=600,
+                 "trace.num_requests=6", *load], capture_output=True, text=True,
+                 timeout=patience(600),
                 cwd=tmp_path)
             assert proc.returncode == 0, proc.stderr[-3000:]
         run_dir = s.stop()

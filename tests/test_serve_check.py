@@ -28,6 +28,28 @@ def test_compare_by_hand():
     assert "| ttft_p50 | 0.2 | 0.15 | 0.25 | +25.0% | -25.0% |" in md
 
 
+def test_steps_by_hand(tmp_path):
+    """Median step durations by batch composition, each side's: decode-only steps of 1 and 2
+    requests, prefill-only, mixed; the served side's excess over the simulation's."""
+    def its(rows):   # (prefill tokens, decode tokens, requests, duration s)
+        return pd.DataFrame(rows, columns=["prefill_tokens", "decode_tokens", "num_requests",
+                                           "duration"])
+    for name, rows in (("served", [(0, 1, 1, 0.004), (0, 1, 1, 0.006), (0, 1, 1, 0.005),
+                                   (0, 2, 2, 0.008), (32, 0, 1, 0.02), (16, 1, 2, 0.012)]),
+                       ("sim", [(0, 1, 1, 0.004), (0, 2, 2, 0.0064), (32, 0, 1, 0.02),
+                                (16, 1, 2, 0.01), (16, 1, 2, 0.014)])):
+        (tmp_path / name).mkdir()
+        its(rows).to_parquet(tmp_path / name / "iterations.parquet")
+    t = S.steps(tmp_path / "served", tmp_path / "sim", max_batch=3).set_index("steps")
+    assert t.loc["decode x1", "served_ms"] == pytest.approx(5.0)   # median of 4, 6, 5
+    assert t.loc["decode x1", "served_vs_sim"] == pytest.approx(0.25)
+    assert t.loc["decode x2", "served_vs_sim"] == pytest.approx(0.25)   # 8 against 6.4
+    assert t.loc["prefill only", "served_vs_sim"] == pytest.approx(0)
+    assert t.loc["mixed", "sim_ms"] == pytest.approx(12.0)
+    assert (t.loc["decode x3+", ["n_served", "n_sim"]] == 0).all()
+    assert "| decode x1 | 5.000 | 4.000 | +25.0% | 3 / 1 |" in S.steps_markdown(t.reset_index())
+
+
 def test_trace_overrides_are_the_same_requests_for_client_and_simulator():
     o = S.trace_overrides(S.SCALES["toy"], 5.0, 7, 3)
     assert "trace=synthetic" in o and "trace.num_requests=7" in o and "trace.qps=5.0" in o

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import patience
 
 from sarathi_lab.costmodels.roofline import RooflineCostModel
 from sarathi_lab.models.dtypes import dtype_bytes, dtype_name, torch_dtype
@@ -158,6 +159,7 @@ def test_the_cost_model_and_the_shape_import_no_torch():
     code = ("import sys; import sarathi_lab.costmodels.roofline, sarathi_lab.models.shape, "
             "sarathi_lab.models.dtypes; print(sorted(m for m in ('torch', 'triton') "
             "if m in sys.modules))")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=patience(60))
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import slow_fixture
 import torch
+import transformers
 
 from sarathi_lab.extras import MissingExtra
 from sarathi_lab.models import prepare as P
 
 from helpers import cli
-
-transformers = pytest.importorskip("transformers")
 
 
 def tiny_llama(tie=True):
@@ -69,6 +69,15 @@ def test_a_complete_directory_returns_at_once(tmp_path, monkeypatch):
     logs = []
     assert P.prepare("smollm2", d, log=logs.append) == d
     assert "already prepared" in logs[0]
+    # the command it prints labels the model with its name and runs a few short requests
+    line = logs[0].split("run it with: ")[1]
+    assert line == P.run_command("smollm2", d)
+    from helpers import composed
+    c = composed(*line.split()[1:])
+    assert (c["model"]["name"], c["model"]["path"], c["executor"]["name"]) == \
+        ("smollm2", str(d), "torch")
+    assert c["trace"]["num_requests"] * (c["trace"]["prompt_len"] + c["trace"]["output_len"]) \
+        <= 200
 
 
 def test_a_foreign_non_empty_directory_is_refused(tmp_path, monkeypatch):
@@ -199,7 +208,7 @@ CHAT = "What is the capital of France?"
 OUT_LEN = 24   # the trace's output_len: the cap; the chat answer ends at EOS before it
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def served(model_dir, tmp_path_factory):
     """Three prompts through `sarathi-lab executor=torch model.path=DIR`, chunked prefill with
     a budget below the longest prompt so prefills are split and mixed with decodes."""

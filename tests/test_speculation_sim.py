@@ -415,3 +415,29 @@ def test_an_executor_that_emits_more_than_it_computed_is_stopped():
     with pytest.raises(ValueError, match="Greedy.execute.*StepResult.emitted=.*at most 1 \\+ "
                                          "its accepted drafts"):
         run(Greedy({0: [1]}), [req(0, 4, 20)], token_budget=64, num_speculative_tokens=2)
+
+
+def test_the_summary_s_speculation_figures_by_hand():
+    """The scenario of `test_two_requests_by_hand_tokens_times_and_budget`: three speculative
+    steps of k = 3 drafts, each accepting 2 (rates [1, 1, 0]). Proposed 3 + 3 + 3 = 9, accepted
+    2 + 2 + 2 = 6 (B's 2 past its end count: they measure the draft): acceptance_rate 6 / 9.
+    Emitted 3 (A), 2 (A's stop cuts 3 to 2), 1 (B's stop keeps 1 of 3): tokens_per_step
+    (3 + 2 + 1) / 3 = 2, drafts_per_step 9 / 3 = 3 -- not the 1 + accepted / steps = 3 that
+    ignores the stops, nor the accepted / judged of the controller's estimate."""
+    from sarathi_lab.metrics.summary import summarize
+    from sarathi_lab.metrics.tables import requests_table
+    ex = sim(draft_cost_ratio=0.2, acceptance="geometric", acceptance_rates=[1.0, 1.0, 0.0])
+    p = make_policy("sarathi", token_budget=8, num_speculative_tokens=3, block_size=4)
+    e = Engine(p, ex, fast_forward=False)
+    reqs = [Request("A", 0.0, 8, 6), Request("B", 0.0, 12, 2)]
+    e.run(reqs)
+    s = summarize(requests_table(reqs), pd.DataFrame(e.iteration_columns()))["speculation"]
+    assert s == {"proposed": 9, "accepted": 6, "acceptance_rate": pytest.approx(6 / 9),
+                 "steps": 3, "tokens_per_step": 2.0, "drafts_per_step": 3.0}
+    # acceptance 1: every step keeps its 4 drafts, 5 tokens a step: 41 tokens = the prompt
+    # step's 1 + 8 steps of 5
+    r = Request(0, 0.0, 16, 41)
+    e = run(sim(draft_cost_ratio=0.1, acceptance_rate=1.0), [r], token_budget=64,
+            num_speculative_tokens=4)[1]
+    s = summarize(requests_table([r]), pd.DataFrame(e.iteration_columns()))["speculation"]
+    assert (s["acceptance_rate"], s["steps"], s["tokens_per_step"]) == (1.0, 8, 5.0)

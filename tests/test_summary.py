@@ -92,9 +92,13 @@ def test_rejections_grouped_by_kind_with_counts():
     }
     assert list(s["rejections"])[0].startswith("prompt of")   # the most frequent first
     assert s["num_rejected"] == 4 and s["num_finished"] == 1
-    text = format_summary(with_config(s))
-    assert ("rejected: 3 x prompt of N tokens leaves no room to generate within "
-            "max_model_len=N; 1 x needs N KV blocks") in text
+    s = with_config(s)
+    s["settings"] = {"scheduler": {"max_model_len": 32, "block_size": 4}}
+    # the limits filled in from the settings, the requests' own lengths left out
+    assert ("REJECTED 4 of 5 requests (80%), never served (no latency; missed in the SLO "
+            "attainment): 3 x prompt leaves no room to generate within max_model_len=32; 1 x "
+            "needs N KV blocks, the cache has N (block_size=4) (N: numbers that differ by "
+            "request; requests.parquet, column rejection_reason)") in format_summary(s)
 
 
 def test_rejection_kind_of_a_plugin_without_a_reason():
@@ -106,8 +110,8 @@ def test_only_the_top_rejection_kinds_are_printed():
     reqs = [rejected(i, 0.0, 8, 2, f"kind{'abcde'[i]} of 7") for i in range(5)]
     s = with_config(summarize(requests_table(reqs), iterations_table([])))
     assert len(s["rejections"]) == 5
-    line = next(ln for ln in format_summary(s).splitlines() if "rejected:" in ln)
-    assert "1 x kinda of N; 1 x kindb of N; 1 x kindc of N; 2 more kinds in summary.json" in line
+    line = next(ln for ln in format_summary(s).splitlines() if ln.startswith("  REJECTED"))
+    assert "1 x kinda; 1 x kindb; 1 x kindc; 2 more kinds in summary.json" in line
 
 
 # -- prefix cache -------------------------------------------------------------------------------
@@ -229,7 +233,7 @@ def test_check_served():
     check_served(hand_run())                                  # one of three served: fine
     reqs = [rejected(i, 0.0, 8, 2, "prompt of 8 tokens too long") for i in range(2)]
     s = with_config(summarize(requests_table(reqs), iterations_table([])))
-    with pytest.raises(NothingServed, match="all 2 requests were rejected.*2 x prompt of N"):
+    with pytest.raises(NothingServed, match="all 2 requests were rejected.*2 x prompt too long"):
         check_served(s)
     assert "ALL 2 REQUESTS WERE REJECTED" in format_summary(s)
     assert json.loads(json.dumps(s, allow_nan=False))["stalls"]["time_lost_share"] == 0.0

@@ -6,8 +6,6 @@ import torch
 # the fixtures too: one thread, and the tiny HF model with its greedy outputs
 from hf_oracle import one_thread, oracle, run_engine  # noqa: F401
 
-pytest.importorskip("transformers")
-
 
 # 80 tokens of KV for 18 requests of up to 75 tokens: 6-7 preemptions
 CASES = {

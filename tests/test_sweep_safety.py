@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from helpers import patience
 
 from sarathi_lab import sweeps
 from sarathi_lab.rundir import atomic_write
@@ -33,7 +34,7 @@ def _env(**extra):
 
 def cli(*args, cwd, code=CLI, timeout=180):
     return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=_env(),
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=patience(timeout))
 
 
 def start(*args, cwd, **env):
@@ -59,13 +60,14 @@ def marked(mark: str) -> list[int]:
 
 
 def wait_for(cond, timeout: float, what: str):
+    timeout = patience(timeout)   # for an idle machine
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         value = cond()
         if value:
             return value
         time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def kill_all(mark: str) -> None:
@@ -129,7 +131,7 @@ def test_a_second_sweep_with_the_same_name_is_refused(tmp_path):
         assert (d / "sweep.json").read_text() == before      # the first sweep's, untouched
         assert not list(d.rglob("summary.json"))
         first.send_signal(signal.SIGTERM)
-        first.wait(timeout=30)
+        first.wait(timeout=patience(30))
         r = cli("-m", f"results_root={tmp_path}", "name=same", *TINY, cwd=tmp_path)
         # the lock went with the first: what refuses this one now is the grid, checked under it
         assert r.returncode == 1 and "sweep same already ran in" in r.stderr \
@@ -158,14 +160,14 @@ def test_killing_a_parallel_sweep_stops_its_workers(tmp_path, sig):
         workers = set(marked(mark)) - {p.pid}
         t0 = time.monotonic()
         p.send_signal(sig)
-        out, err = p.communicate(timeout=30)
+        out, err = p.communicate(timeout=patience(30))
         assert p.returncode == 128 + sig
         assert err.strip().splitlines()[-1] == (
             f"sarathi-lab: stopped by {sig.name}; finished jobs keep their results "
             "(resume=true runs the rest)")
         assert "Traceback" not in err
         wait_for(lambda: not (workers & set(marked(mark))), 15, "the workers to end")
-        assert time.monotonic() - t0 < 45
+        assert time.monotonic() - t0 < patience(45)
         assert not list(d.rglob("summary.json"))
         # the interrupted jobs are listed as unfinished, the sweep as no longer running
         rows = incomplete_jobs([d])
@@ -230,7 +232,7 @@ def test_a_full_disk_in_a_single_run_is_one_error_and_no_partial_result(tmp_path
     run = tmp_path / "run"
     r = subprocess.run([sys.executable, "-c", FULL_DISK + CLI, f"hydra.run.dir={run}", *TINY],
                        cwd=tmp_path, env=_env(FULL="all"), capture_output=True, text=True,
-                       timeout=120)
+                       timeout=patience(120))
     assert r.returncode == 1
     assert "Traceback" not in r.stderr and "During handling" not in r.stderr
     err = r.stderr.strip().splitlines()
@@ -245,7 +247,7 @@ def test_a_full_disk_in_a_single_run_is_one_error_and_no_partial_result(tmp_path
 def test_a_full_disk_in_a_sweep_is_recorded_and_listed(tmp_path):
     r = subprocess.run([sys.executable, "-c", FULL_DISK + CLI, "-m", f"results_root={tmp_path}",
                         "name=full", *TINY], cwd=tmp_path, env=_env(FULL="error.txt"),
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=patience(120))
     assert r.returncode == 1
     assert "Traceback" not in r.stderr + r.stdout
     d = tmp_path / "sweeps" / "full"
@@ -381,7 +383,7 @@ def test_a_stopped_single_run_says_that_nothing_of_it_is_kept(tmp_path):
         wait_for(lambda: list(runs.glob("*/.hydra/overrides.yaml")), 60, "the run's directory")
         time.sleep(1.0)   # into the run
         p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=30)
+        out, err = p.communicate(timeout=patience(30))
         assert p.returncode == 128 + signal.SIGINT
         assert err.strip().splitlines()[-1] == (
             "sarathi-lab: stopped by SIGINT; the run did not finish and no result of it is kept "

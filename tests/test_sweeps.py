@@ -6,6 +6,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import slow_fixture
+from helpers import patience
 
 from sarathi_lab.report import run_table
 
@@ -20,14 +22,14 @@ def cli(*args, cwd, timeout=180):
                                           os.environ.get("PYTHONPATH", "")])}
     return subprocess.run([sys.executable, "-c", "from sarathi_lab.cli import main; main()",
                            *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=patience(timeout))
 
 
 def log_lines(sweep: Path) -> list[list[str]]:
     return [ln.split("\t") for ln in (sweep / "sweep.log").read_text().splitlines()]
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def sweep(tmp_path_factory):
     root = tmp_path_factory.mktemp("sweep")
     r = cli("-m", f"results_root={root}", "name=grid", *TINY, *GRID, cwd=root)
@@ -162,7 +164,6 @@ def test_parallel_launcher(tmp_path):
 
 @pytest.mark.slow   # a sweep in CLI subprocesses
 def test_submitit_local_launcher(tmp_path):
-    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     r = cli("-m", f"results_root={tmp_path}", "name=sub", "hydra/launcher=submitit_local",
             "hydra.launcher.timeout_min=2", *TINY, "scheduler=vllm,sarathi", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -225,7 +226,8 @@ with initialize_config_module("sarathi_lab.configs", version_base="1.3"):
     cfg = compose("config", overrides=["trace.path=/a/b.csv"], return_hydra_config=True)
 print(cfg.hydra.sweep.subdir)
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=patience(60))
     assert r.returncode == 0, r.stderr
     from sarathi_lab.sweeps import dirname
     assert r.stdout.strip() == dirname("trace.path=/a/b.csv")
@@ -277,6 +279,6 @@ def test_a_run_and_a_sweep_collect_garbage_while_their_jobs_run(tmp_path):
     for mode in ([], ["-m"]):
         r = subprocess.run([sys.executable, "-c", probe, *mode, *TINY, f"results_root={tmp_path}",
                             f"name=gc{len(mode)}"], cwd=tmp_path, env=env, capture_output=True,
-                           text=True, timeout=180)
+                           text=True, timeout=patience(180))
         assert r.returncode == 0, r.stdout + r.stderr
         assert "collector True True" in r.stdout, r.stdout

@@ -5,7 +5,6 @@ replay's run directory (no iterations) exports its requests."""
 import json
 from collections import defaultdict
 
-import numpy as np
 import pandas as pd
 import pytest
 from helpers import composed

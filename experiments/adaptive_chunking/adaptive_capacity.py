@@ -49,7 +49,10 @@ def config_overrides(config: str) -> list[str]:
         return [f"scheduler.token_budget={int(config.split()[1])}"]
     if config not in CONTROLLERS:
         raise ValueError(f"config {config!r}: neither 'static B' nor one of {CONTROLLERS}")
-    return [f"scheduler.token_budget={CAP}", f"scheduler.controller={config}"]
+    # the capacities committed were measured with the oracle (the cost model itself): kept
+    # explicit so a rerun reproduces them (run.py --noise compares it with the learned one)
+    return [f"scheduler.token_budget={CAP}", f"scheduler.controller={config}",
+            "scheduler.predictor=oracle"]
 
 
 def model_tbt(model: str, kind: str) -> float:

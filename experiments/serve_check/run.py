@@ -120,6 +120,40 @@ def compare(client: dict, server: dict, sim: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def steps(served: Path, sim: Path, max_batch: int = 4) -> pd.DataFrame:
+    """The served steps against the simulation's (the profile's) by batch composition: median
+    duration of decode-only steps of 1, 2, ... requests, of prefill-only and of mixed steps, on
+    each side, and the served one's excess (the goal of the engine process: within 5%)."""
+    its = {k: pd.read_parquet(d / "iterations.parquet") for k, d in (("served", served),
+                                                                     ("sim", sim))}
+    def kinds(it):
+        dec = (it["prefill_tokens"] == 0)
+        pre = (it["decode_tokens"] == 0)
+        out = {f"decode x{b}": it[dec & (it["num_requests"] == b)] for b in range(1, max_batch)}
+        out[f"decode x{max_batch}+"] = it[dec & (it["num_requests"] >= max_batch)]
+        out["prefill only"] = it[pre & ~dec]
+        out["mixed"] = it[~pre & ~dec]
+        return out
+    a, b = kinds(its["served"]), kinds(its["sim"])
+    rows = []
+    for k in a:
+        sv, sm = a[k]["duration"], b[k]["duration"]
+        rows.append({"steps": k, "n_served": len(sv), "n_sim": len(sm),
+                     "served_ms": sv.median() * 1e3 if len(sv) else float("nan"),
+                     "sim_ms": sm.median() * 1e3 if len(sm) else float("nan")})
+    t = pd.DataFrame(rows)
+    t["served_vs_sim"] = t["served_ms"] / t["sim_ms"] - 1
+    return t
+
+
+def steps_markdown(t: pd.DataFrame) -> str:
+    return ("\n\nMedian step duration, served against the simulation (the profile):\n\n"
+            "| steps | served (ms) | simulation (ms) | served vs sim | n served / sim |\n"
+            "|---|---|---|---|---|\n" +
+            "".join(f"| {r.steps} | {r.served_ms:.3f} | {r.sim_ms:.3f} | {r.served_vs_sim:+.1%} | "
+                    f"{r.n_served} / {r.n_sim} |\n" for r in t.itertuples()))
+
+
 def markdown(t: pd.DataFrame, info: dict) -> str:
     head = ("| metric | client (replay) | server | simulation | sim vs client | server vs "
             "client |\n|---|---|---|---|---|---|\n")
@@ -213,9 +247,14 @@ def main(argv=None) -> None:
             "endpoint": a.base_url or "sarathi-lab-serve (started here)",
             "overrides": a.overrides}
     table.to_csv(out / "serve_check.csv", index=False)
-    (out / "serve_check.md").write_text(markdown(table, info))
+    text = markdown(table, info)
+    if served:   # the steps, where the server is ours
+        st = steps(served, out / "sim")
+        st.to_csv(out / "steps.csv", index=False)
+        text += steps_markdown(st)
+    (out / "serve_check.md").write_text(text)
     (out / "serve_check.json").write_text(json.dumps(info, indent=1))
-    print(markdown(table, info))
+    print(text)
     print(f"-> {out}")
 
 

@@ -64,8 +64,9 @@ def configs(scale: dict):
             for k in scale["ks"]:
                 if k:
                     yield draft, p, f"k={k}", [*spec, f"scheduler.num_speculative_tokens={k}"]
+            # the oracle predictor (the cost model), as the committed results were measured
             yield draft, p, "slo_dp", [*spec, f"scheduler.num_speculative_tokens={K_MAX}",
-                                       "scheduler.controller=slo_dp",
+                                       "scheduler.controller=slo_dp", "scheduler.predictor=oracle",
                                        f"scheduler.assumed_acceptance={p}"]
 
 
@@ -125,8 +126,8 @@ def study(out: Path, scale_name: str = "full", log=print, only: str | None = Non
                 continue
             ov = [f"executor.draft_cost_ratio={RATIO}", f"executor.acceptance_rate={p}",
                   f"scheduler.num_speculative_tokens={K_MAX if k == 'slo_dp' else k}",
-                  *(["scheduler.controller=slo_dp", f"scheduler.assumed_acceptance={p}"]
-                    if k == "slo_dp" else [])] if k else []
+                  *(["scheduler.controller=slo_dp", "scheduler.predictor=oracle",
+                     f"scheduler.assumed_acceptance={p}"] if k == "slo_dp" else [])] if k else []
             n += 1
             cap = {"p": p if k else None, "config": k if k == "slo_dp" else f"k={k}",
                    **capacity([*ov, "scheduler.token_budget=512",

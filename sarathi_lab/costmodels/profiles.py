@@ -59,6 +59,8 @@ from pathlib import Path
 
 import numpy as np
 
+from sarathi_lab.costmodels.profile_rows import ProfileError, monotone, number
+from sarathi_lab.costmodels.rewarm import Rewarm
 
 OPERATORS = ("linear", "prefill_attention", "decode_attention", "lm_head", "overhead",
              "decode_rewarm")
@@ -72,28 +74,6 @@ _VIDUR_LINEAR = {"input_layernorm": 1, "attn_pre_proj": 1, "attn_rope": 1, "attn
                  "post_attention_layernorm": 1, "mlp_up_proj": 1, "mlp_act": 1,
                  "mlp_down_proj": 1, "add": 2}
 _VIDUR_ATTN_EXTRA = ("attn_input_reshape", "attn_output_reshape")
-
-
-class ProfileError(ValueError):
-    """A profile that cannot be read, or one made for another model, TP, dtype or device."""
-
-
-def monotone(y) -> np.ndarray:
-    """The nondecreasing sequence nearest to y in absolute deviation (isotonic regression by
-    pooling adjacent violators, each pool at its median). Unlike a running maximum, one point
-    measured while another job held the core (noise that only adds time) is outvoted by its
-    neighbours instead of raising every larger point to it."""
-    pools: list[list[float]] = []
-    level: list[float] = []
-    for v in np.asarray(y, dtype=float):
-        pools.append([v])
-        level.append(v)
-        while len(pools) > 1 and level[-2] > level[-1]:
-            last = pools.pop()
-            pools[-1] += last
-            level.pop()
-            level[-1] = float(np.median(pools[-1]))
-    return np.repeat(level, [len(p) for p in pools])
 
 
 def subadditive_minorant(x, y) -> np.ndarray:
@@ -381,14 +361,6 @@ def peek(path) -> dict | None:
             "device": meta["device"], "tensor_parallel": int(float(meta["tensor_parallel"]))}
 
 
-def _num(row, key, where):
-    v = row.get(key)
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        raise ProfileError(f"{where}: column {key!r} must be a number, got {v!r}") from None
-
-
 def _from_rows(rows, meta, source) -> Profile:
     if not rows:
         raise ProfileError(f"{source}: no rows")
@@ -417,29 +389,28 @@ def _from_rows(rows, meta, source) -> Profile:
                            f"{ {k: meta[k] for k in _SHAPE_KEYS if k in meta} }") from None
     if by_op["linear"]:
         r = by_op["linear"]
-        prof.linear = Curve([_num(x, "num_tokens", w) for x in r],
-                            [_num(x, "time_s", w) for x in r], f"{w}: linear", subadditive=True)
+        prof.linear = Curve([number(x, "num_tokens", w) for x in r],
+                            [number(x, "time_s", w) for x in r], f"{w}: linear", subadditive=True)
     if by_op["lm_head"]:
         r = by_op["lm_head"]
-        prof.lm_head = Curve([_num(x, "num_tokens", w) for x in r],
-                             [_num(x, "time_s", w) for x in r], f"{w}: lm_head")
+        prof.lm_head = Curve([number(x, "num_tokens", w) for x in r],
+                             [number(x, "time_s", w) for x in r], f"{w}: lm_head")
     for op, a in (("prefill_attention", "chunk"), ("decode_attention", "batch")):
         if by_op[op]:
             r = by_op[op]
-            setattr(prof, op, _surface(op, [_num(x, a, w) for x in r],
-                                       [_num(x, "context", w) for x in r],
-                                       [_num(x, "time_s", w) for x in r], f"{w}: {op}"))
+            setattr(prof, op, _surface(op, [number(x, a, w) for x in r],
+                                       [number(x, "context", w) for x in r],
+                                       [number(x, "time_s", w) for x in r], f"{w}: {op}"))
     r = by_op["overhead"]
     with_batch = [x for x in r if x.get("batch") not in (None, "")]
     if with_batch and len(with_batch) < len(r):
         raise ProfileError(f"{w}: overhead rows must all have a batch or none may")
     if with_batch:
-        prof.overhead = Curve([_num(x, "batch", w) for x in r],
-                              [_num(x, "time_s", w) for x in r], f"{w}: overhead")
+        prof.overhead = Curve([number(x, "batch", w) for x in r],
+                              [number(x, "time_s", w) for x in r], f"{w}: overhead")
     elif r:
-        prof.overhead_s = float(np.median([_num(x, "time_s", w) for x in r]))
+        prof.overhead_s = float(np.median([number(x, "time_s", w) for x in r]))
     if by_op["decode_rewarm"]:
-        from sarathi_lab.costmodels.rewarm import Rewarm
         prof.rewarm = Rewarm.from_rows(by_op["decode_rewarm"], w)
     return prof
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from sarathi_lab.costmodels.profile_rows import ProfileError, monotone, number
+
 
 class Rewarm:
     """factor(T, p): how much slower than steady a decode-only step runs at place p (1, 2, ...)
@@ -26,10 +28,9 @@ class Rewarm:
     between the measured prompt sizes and flat beyond them (clamped to the smallest and largest:
     no prompt step is known to cost its decodes more than the largest measured one did).
     Monotone: never below 1, nonincreasing in place, nondecreasing in T (noise pooled by
-    `profiles.monotone`)."""
+    `profile_rows.monotone`)."""
 
     def __init__(self, prompts, places, factors, what: str = "decode_rewarm"):
-        from sarathi_lab.costmodels.profiles import ProfileError, monotone
         prompts = np.asarray(prompts, dtype=float)
         f = np.asarray(factors, dtype=float)
         if f.shape != (prompts.size, len(places)) or not prompts.size or not len(places):
@@ -52,14 +53,13 @@ class Rewarm:
     def from_rows(cls, rows, where: str) -> "Rewarm":
         """From ``decode_rewarm`` rows (num_tokens T, place p, time_s; place 0: the steady
         time): per T, time(p) / time(0)."""
-        from sarathi_lab.costmodels.profiles import ProfileError, _num
         by_t: dict[float, dict[int, float]] = {}
         for r in rows:
-            T, p = _num(r, "num_tokens", where), _num(r, "place", where)
+            T, p = number(r, "num_tokens", where), number(r, "place", where)
             if p != int(p) or p < 0:
                 raise ProfileError(f"{where}: decode_rewarm place must be an integer >= 0, "
                                    f"got {p}")
-            by_t.setdefault(T, {})[int(p)] = _num(r, "time_s", where)
+            by_t.setdefault(T, {})[int(p)] = number(r, "time_s", where)
         prompts = sorted(by_t)
         places = sorted({p for d in by_t.values() for p in d} - {0})
         for T in prompts:

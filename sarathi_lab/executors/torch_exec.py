@@ -34,7 +34,7 @@ import torch
 from sarathi_lab.executors import spec_step
 from sarathi_lab.executors.base import Executor, ExecutorConfig, StepResult
 from sarathi_lab.executors.draft import check_draft, make_draft, require_draft
-from sarathi_lab.executors.sampling import draw, eos_token_ids, stream_seed
+from sarathi_lab.executors.sampling import draw, eos_token_ids, probabilities, stream_seed
 from sarathi_lab.kernels.sequence_kv import SequenceKV
 from sarathi_lab.models.llama import AttnMetadata
 from sarathi_lab.models.dtypes import torch_dtype
@@ -486,7 +486,7 @@ class TorchExecutor(Executor):
             return self._sample_each(logits, reqs)
         if self.temperature <= 0:
             return logits.argmax(dim=-1).tolist()
-        probs = torch.softmax(logits / self.temperature, dim=-1).cpu()
+        probs = probabilities(logits, self.temperature)
         return [draw(p, self.top_p, stream_seed(self.seed, r.request_id, r.num_output_tokens))
                 for p, r in zip(probs, reqs)]
 
@@ -501,7 +501,7 @@ class TorchExecutor(Executor):
             if temp <= 0:
                 toks.append(greedy[i])
                 continue
-            p = torch.softmax(logits[i] / temp, dim=-1).cpu()
+            p = probabilities(logits[i], temp)
             # a request's own seed: its stream depends on nothing else (same seed, same tokens)
             stream = stream_seed(self.seed, r.request_id, r.num_output_tokens) \
                 if seed is None else stream_seed(seed, None, r.num_output_tokens)

@@ -1,6 +1,8 @@
 """Offered load (module docstring of sarathi_lab.metrics) and the cost of serving at a rate."""
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 
@@ -12,7 +14,8 @@ def offered_load(req_df: pd.DataFrame) -> dict:
     rate = (n - 1) / span if n > 1 and span > 0 else None
 
     def tok_s(col):
-        return None if rate is None else rate * float(req_df[col].mean())
+        mean = float(req_df[col].mean())   # NaN when no request has one: a served session's
+        return None if rate is None or math.isnan(mean) else rate * mean   # are the model's
     return {"num_requests": n, "arrival_span_s": span, "requests_per_s": rate,
             "prompt_tokens_per_s": tok_s("num_prompt_tokens"),
             "output_tokens_per_s": tok_s("target_output_tokens")}

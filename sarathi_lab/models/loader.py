@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from sarathi_lab.models.dtypes import torch_dtype
-from sarathi_lab.models.hf_config import config_file, read_shape
+from sarathi_lab.models.hf_config import config_file
 from sarathi_lab.models.llama import LlamaForCausalLM
-from sarathi_lab.models.shape import ModelShape
+from sarathi_lab.models.shape import FAMILY_FIELDS, ModelShape, read_shape
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def model_shape(model_cfg: dict) -> ModelShape:
     if model_cfg.get("hf_config"):
         _check_real_type(config_file(model_cfg["hf_config"]), "model.hf_config")
     if not model_cfg.get("path"):
-        return ModelShape.from_config(model_cfg)
+        return _check_real_family(ModelShape.from_config(model_cfg))
     d = _model_dir(model_cfg["path"])
     _check_real_type(d / "config.json", "model.path")
     shape = read_shape(d, model_cfg.get("name"), "model.path")
@@ -67,6 +67,18 @@ def model_shape(model_cfg: dict) -> ModelShape:
             raise ValueError(f"model.hf_config={model_cfg['hf_config']} and model.path="
                              f"{model_cfg['path']}: their config.json files describe different "
                              "models (set one)")
+    return shape
+
+
+def _check_real_family(shape: ModelShape) -> ModelShape:
+    """Refuse a preset whose attention family the real model does not compute (latent attention,
+    q/k norms, local and global layers, Gemma's norms and GeGLU): the simulator prices them, the
+    forward here would silently be another model's."""
+    odd = [k for k in FAMILY_FIELDS
+           if getattr(shape, k) != ModelShape.__dataclass_fields__[k].default]
+    if odd:
+        raise ValueError(f"model {shape.name!r}: {odd[0]}={getattr(shape, odd[0])!r} is not run "
+                         "by the real executor (the simulator prices it)")
     return shape
 
 

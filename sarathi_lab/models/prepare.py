@@ -140,6 +140,14 @@ def mark_complete(d: Path, **info) -> None:
     tmp.replace(d / MARKER)
 
 
+def run_command(name: str, out: Path) -> str:
+    """A short first run of the prepared model on a CPU: labelled with its name (else the
+    default model's, mistral-7b), on a few short synthetic requests (the default trace is
+    1,000 ShareGPT requests: hours on a CPU)."""
+    return (f"sarathi-lab executor=torch model.path={out} model.name={name} trace=synthetic "
+            "trace.num_requests=4 trace.prompt_len=32 trace.output_len=16")
+
+
 def prepare(name: str, out: Path | None = None, *, force: bool = False,
             pip_args: tuple[str, ...] = (), log=print) -> Path:
     """The prepared directory for model `name`, built unless already complete."""
@@ -148,7 +156,7 @@ def prepare(name: str, out: Path | None = None, *, force: bool = False,
     src = MODELS[name]
     out = Path(out).expanduser() if out else default_dir(name)
     if is_complete(out) and not force:
-        log(f"{name}: already prepared in {out}")
+        log(f"{name}: already prepared in {out}; run it with: {run_command(name, out)}")
         return out
     if out.exists() and any(out.iterdir()) and not (out / MARKER).exists() and not force:
         raise PrepareError(f"--out {out} exists, is not empty and is not a prepared model; "
@@ -186,7 +194,7 @@ def prepare(name: str, out: Path | None = None, *, force: bool = False,
         if out.exists():
             shutil.rmtree(out)
         build.rename(out)
-    log(f"{name}: ready in {out}; run it with: sarathi-lab executor=torch model.path={out}")
+    log(f"{name}: ready in {out}; run it with: {run_command(name, out)}")
     return out
 
 

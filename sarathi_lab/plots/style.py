@@ -133,9 +133,39 @@ def _one(table, col):
     return vals[0] if len(vals) == 1 else None
 
 
+def simulated(row) -> bool:
+    """Whether a run's times are simulated (else measured: wall-clock)."""
+    v = row.get("simulated")
+    return True if v is None or (isinstance(v, float) and np.isnan(v)) else bool(v)
+
+
+def _where(table: pd.DataFrame) -> str | None:
+    """What the runs ran on: the simulated hardware; a real executor (served or offline); a
+    replay's endpoint. None: simulated runs on several presets."""
+    sim = table.apply(simulated, axis=1) if len(table) else pd.Series([], dtype=bool)
+    if sim.all():
+        return _one(table, "hardware")
+    parts = []
+    if sim.any():
+        parts.append(f"simulated {_one(table[sim], 'hardware') or 'GPUs'}")
+    real = table[~sim]
+    kind = real["executor"].astype(str) if "executor" in real else pd.Series("?", real.index)
+    ends = real["endpoint"].dropna().unique() if "endpoint" in real else []
+    if (kind == "remote").any():
+        parts.append(f"served endpoint {ends[0]}" if len(ends) == 1 else
+                     f"{len(ends)} served endpoints")
+    own = real[kind != "remote"]
+    if len(own):
+        dev = _one(own, "settings_executor_device")
+        parts.append(f"a real {_one(own, 'executor') or 'executor'} executor" +
+                     (f" (device {dev})" if dev else ""))
+    return " and ".join(parts)
+
+
 def context(table: pd.DataFrame) -> str:
-    """What all the runs share: model, hardware, trace and load, SLO, seeds."""
-    model, hw, tp = _one(table, "model"), _one(table, "hardware"), _one(table, "tensor_parallel")
+    """What all the runs share: model, hardware (or real executor, or endpoint), trace and
+    load, SLO, seeds."""
+    model, hw, tp = _one(table, "model"), _where(table), _one(table, "tensor_parallel")
     parts = []
     if model or hw:
         tp_txt = f" (TP{tp})" if tp not in (None, "1", "None") else ""

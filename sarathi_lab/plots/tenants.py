@@ -10,7 +10,7 @@ from matplotlib.figure import Figure
 
 from sarathi_lab.metrics import token_times_flat
 from sarathi_lab.plots.cdfs import load_requests
-from sarathi_lab.plots.style import Skip, context, figure_legend, figure_plot
+from sarathi_lab.plots.style import Skip, context, figure_legend, figure_plot, simulated
 
 MAX_TENANT_LINES = 10
 
@@ -62,7 +62,7 @@ def tenant_service(row: pd.Series, points: int = 200):
     share_ax.set_ylabel("share of all service so far")
     share_ax.set_ylim(0, 1)
     for ax in (cum_ax, share_ax):
-        ax.set_xlabel("simulated time (s)")
+        ax.set_xlabel("simulated time (s)" if simulated(row) else "wall-clock time (s)")
         ax.grid(True, alpha=0.3)
     figure_legend(fig, *cum_ax.get_legend_handles_labels())
     fig.suptitle(f"Service per tenant over time: {row['label']}\n"

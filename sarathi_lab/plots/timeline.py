@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 from sarathi_lab import rundir
 from sarathi_lab.metrics import tbt_gaps
 from sarathi_lab.plots.style import Skip, collect_legend, context, figure_legend, figure_plot, \
-    plain_log
+    plain_log, simulated
 
 
 def _rects(it: pd.DataFrame):
@@ -79,8 +79,9 @@ def timeline(row: pd.Series, window=None):
             ax.axhline(slo * 1e3, color="k", ls="--", lw=1, label=f"P99 TBT SLO {slo * 1e3:.0f} ms")
         ax.grid(True, alpha=0.3)
     figure_legend(fig, *collect_legend([ov, tok, dec, gp]))
-    gp.set_xlabel("simulated time (s)")
-    ov.set_xlabel("simulated time (s)")
+    clock = "simulated time (s)" if simulated(row) else "wall-clock time (s)"
+    gp.set_xlabel(clock)
+    ov.set_xlabel(clock)
     fig.suptitle(f"Iteration timeline: {row['label']}, zoom {a:.1f}-{b:.1f} s\n"
                  f"{context(pd.DataFrame([row]))}", fontsize=10)
     data = pd.concat([

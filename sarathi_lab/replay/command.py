@@ -1,6 +1,7 @@
 """The `sarathi-lab-replay` command: the trace and SLO composed from Hydra overrides (the keys
 of `sarathi-lab`'s `trace` and `slo` groups, and `seed`), replayed against the endpoint, written
-as a run directory."""
+as a run directory. An SLO is judged only when an override names one (`slo=NAME`, `slo.KEY=...`):
+the default model's SLO says nothing about an endpoint's model; `slo=none` judges none."""
 from __future__ import annotations
 
 import argparse
@@ -12,24 +13,36 @@ from urllib.parse import urlsplit
 
 from sarathi_lab import rundir
 from sarathi_lab.replay.loads import Endpoint, replay
-from sarathi_lab.replay.prompts import with_prompt_ids
+from sarathi_lab.replay.prompts import APIS, PROMPTS, prompts
 from sarathi_lab.replay.results import remote_section, requests_frame, write
 from sarathi_lab.settings import ConfigError
 
 READ = ("trace", "slo", "seed")   # the config keys a replay reads
 
 
+def _names_slo(o: str) -> bool:
+    return o.split("=", 1)[0].lstrip("+~").split(".")[0].split("/")[0] == "slo"
+
+
 def compose(overrides: list[str]) -> dict:
     """{trace, slo, seed} of `sarathi-lab <overrides>`; an override of any other key is an error
-    (no component of a replay would read it)."""
+    (no component of a replay would read it). `slo` is None unless an override names one;
+    `slo=none` (or `slo=null`, `~slo`) names none."""
     from sarathi_lab.sweeps import compose_config
     for o in overrides:
         key = o.split("=", 1)[0].lstrip("+~")
-        if "=" not in o or key.split(".")[0].split("/")[0] not in READ:
+        if ("=" not in o and not o.startswith("~")) or \
+                key.split(".")[0].split("/")[0] not in READ:
             raise ConfigError(f"{o}: sarathi-lab-replay reads only overrides of "
                               f"{', '.join(READ)} (trace=..., trace.KEY=..., slo=..., seed=N)")
-    c = compose_config(overrides)
-    return {k: c[k] for k in READ}
+    named = [o for o in overrides if _names_slo(o)]
+    none = [o for o in named if o in ("slo=none", "slo=null", "~slo") or o.startswith("~slo=")]
+    if none and len(named) > len(none):
+        raise ConfigError(f"{' '.join(named)}: {none[0]} judges no SLO; drop the other slo "
+                          "overrides or it")
+    rest = [o for o in overrides if o not in none]
+    c = compose_config(rest + (["slo=none"] if none or not named else []))
+    return {k: c.get(k) for k in READ}
 
 
 def check_url(url: str) -> str:
@@ -45,9 +58,11 @@ def check_url(url: str) -> str:
 
 
 def run_replay(overrides: list[str], ep: Endpoint, out: Path, *, api_key_env: str = "OPENAI_API_KEY",
-               vocab_size: int | None = None, progress="auto") -> dict:
+               vocab_size: int | None = None, progress="auto", prompt: str = "ids",
+               tokenizer=None, warmup: int = 0) -> dict:
     """Replay the configured trace against `ep` and write the run directory `out`; returns the
-    summary."""
+    summary. `prompt`: ids or text (replay.prompts); `warmup`: copies of the trace's first N
+    requests sent before it, not measured."""
     from sarathi_lab.closed_loop import ThinkTime
     from sarathi_lab.traces import build_trace, to_requests
     check_url(ep.base_url)
@@ -60,29 +75,57 @@ def run_replay(overrides: list[str], ep: Endpoint, out: Path, *, api_key_env: st
         raise ConfigError("trace.turns: multi-turn sessions are not replayed against a server "
                           "(each turn waits for the previous answer, which this client does not "
                           "feed back); simulate them with sarathi-lab")
-    trace, source = with_prompt_ids(build_trace(trace_cfg), vocab_size, trace_cfg.get("seed", 0))
+    if prompt not in PROMPTS:
+        raise ConfigError(f"--prompt {prompt}: expected one of {', '.join(PROMPTS)}")
+    if ep.api not in APIS:
+        raise ConfigError(f"--api {ep.api}: expected one of {', '.join(APIS)}")
+    if ep.api == "chat" and prompt != "text":
+        raise ConfigError("--api chat: a chat message is text; give --prompt text")
+    trace = build_trace(trace_cfg)
+    texts, source = prompts(trace, prompt, vocab_size=vocab_size, tokenizer=tokenizer,
+                            seed=trace_cfg.get("seed", 0))
     requests = to_requests(trace)
     for r in requests:   # the trace's output length, asked of the server
         r.max_tokens = r.take_output_len()
+    if not 0 <= warmup <= len(requests):
+        raise ConfigError(f"--warmup {warmup}: between 0 and the trace's {len(requests)} "
+                          "requests")
+    warm = None
+    if warmup:
+        warm = to_requests(trace.iloc[:warmup])
+        for r in warm:
+            r.max_tokens = r.take_output_len()
+        warm = (warm, texts[:warmup])
     key = os.environ.get(api_key_env)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     clients = trace_cfg.get("clients")
     think = ThinkTime.from_spec(trace_cfg.get("think_time")) if clients else None
     t0 = time.perf_counter()
-    outcomes, users = replay(requests, ep, headers, clients=clients, think=think,
-                             seed=trace_cfg.get("seed", 0), progress=progress)
+    if clients and ep.max_concurrency:
+        raise ConfigError("--max-concurrency: an open-loop option; trace.clients already "
+                          "bounds a closed loop's requests in flight")
+    outcomes, users, warm_out = replay(requests, texts, ep, headers, clients=clients,
+                                       think=think, seed=trace_cfg.get("seed", 0),
+                                       progress=progress, warmup=warm)
     wall = time.perf_counter() - t0
     df = requests_frame(requests, outcomes, users if clients else None)
-    endpoint = {"base_url": ep.base_url, "model": ep.model, "api": "completions",
+    endpoint = {"base_url": ep.base_url, "model": ep.model, "api": ep.api,
                 "api_key_env": api_key_env, "api_key_sent": bool(key)}
     settings = {"timeout": ep.timeout, "stall_timeout": ep.stall_timeout,
                 "max_connections": ep.max_connections, "ignore_eos": ep.ignore_eos,
-                "vocab_size": vocab_size, "prompt_ids": source}
+                "vocab_size": vocab_size, "prompt": prompt,
+                "tokenizer": None if tokenizer is None else str(tokenizer),
+                "prompt_ids": source, "max_concurrency": ep.max_concurrency,
+                "warmup": warmup}
     load = {"mode": "open"} if not clients else \
         {"mode": "closed", "clients": clients, "think_time": vars(think)}
+    if ep.max_concurrency:
+        load["max_concurrency"] = ep.max_concurrency
     extra = {
         "executor": "remote", "endpoint": endpoint, "remote": remote_section(df, ep.ignore_eos),
         "load": load, "wall_time_s": wall, "simulated": False, "cost_model": None,
+        "warmup": {"num_requests": warmup,
+                   "num_finished": sum(o.status == "finished" for o in warm_out)},
         # as a simulated run's config, so that the report reads it the same way; the policy
         # is the endpoint's own, named `remote`
         "config": {"executor": {"name": "remote", **endpoint, **settings},
@@ -105,14 +148,25 @@ def _positive(kind):
     return parse
 
 
+def _nonnegative(text):
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 0")
+    return v
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(
         prog="sarathi-lab-replay",
         description="Replay a trace against an OpenAI-compatible endpoint (streamed "
-                    "/v1/completions) and write a run directory that sarathi-lab-report reads.",
+                    "/v1/completions or /v1/chat/completions) and write a run directory that sarathi-lab-report reads.",
         epilog="Overrides are those of sarathi-lab's trace and slo groups and seed, e.g. "
                "trace=azure_conv trace.num_requests=200 trace.qps=4 (open loop), "
-               "trace.clients=8 (closed loop), slo=llama-2-7b-relaxed. "
+               "trace.clients=8 (closed loop), slo=llama-2-7b-relaxed (an SLO is judged only "
+               "when named). "
                "See sarathi_lab/docs/replay.md.")
     p.add_argument("overrides", nargs="*", help="config overrides (key=value)")
     p.add_argument("--base-url", required=True, help="the API root, e.g. http://127.0.0.1:8000/v1")
@@ -121,8 +175,24 @@ def main(argv=None) -> None:
                    help="environment variable holding the API key, sent as a bearer token if "
                         "set (default OPENAI_API_KEY); never written")
     p.add_argument("--out", help="the run directory (default outputs/runs/TIME_replay)")
+    p.add_argument("--api", choices=tuple(APIS), default="completions",
+                   help="completions: /v1/completions (default) | chat: /v1/chat/completions, "
+                        "the prompt as the user's message (needs --prompt text)")
+    p.add_argument("--prompt", choices=PROMPTS, default="ids",
+                   help="ids: token-id prompts (default) | text: the trace's text, or text "
+                        "synthesized with --tokenizer to the trace's prompt lengths")
+    p.add_argument("--tokenizer", metavar="DIR", default=None,
+                   help="--prompt text, a trace without text: the endpoint model's tokenizer "
+                        "(a local directory)")
     p.add_argument("--vocab-size", type=_positive(int), default=None,
-                   help="a length-only trace: random prompt ids are drawn below this")
+                   help="--prompt ids, a length-only trace: random prompt ids are drawn below "
+                        "this")
+    p.add_argument("--max-concurrency", type=_positive(int), default=None, metavar="N",
+                   help="open loop: at most N requests in flight; a request due while N are "
+                        "waits, its times counted from its send (as vllm bench serve)")
+    p.add_argument("--warmup", type=_nonnegative, default=0, metavar="N",
+                   help="send copies of the trace's first N requests first and wait for them; "
+                        "not measured (default 0)")
     p.add_argument("--timeout", type=_positive(float), default=600.0, metavar="S",
                    help="seconds one request may take in all (default 600)")
     p.add_argument("--stall-timeout", type=_positive(float), default=60.0, metavar="S",
@@ -139,11 +209,12 @@ def main(argv=None) -> None:
     out = Path(a.out) if a.out else \
         Path("outputs/runs") / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_replay"
     ep = Endpoint(a.base_url, a.model, a.timeout, a.stall_timeout, a.max_connections,
-                  a.ignore_eos)
+                  a.ignore_eos, a.api, a.max_concurrency)
     progress = {"auto": "auto", "true": True, "false": False}[a.progress]
     try:
         s = run_replay(a.overrides, ep, out, api_key_env=a.api_key_env,
-                       vocab_size=a.vocab_size, progress=progress)
+                       vocab_size=a.vocab_size, progress=progress, prompt=a.prompt,
+                       tokenizer=a.tokenizer, warmup=a.warmup)
     except (ConfigError, ValueError, FileNotFoundError) as e:
         sys.exit(f"sarathi-lab-replay: error: {e}")
     r = s["remote"]

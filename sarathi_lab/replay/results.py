@@ -6,7 +6,7 @@ empty `iterations.parquet` (a client sees no server iterations) and `summary.jso
 What a client cannot observe is left out rather than made up: `first_scheduled_time` and
 `scheduling_delay` are NaN, the summary has no `num_iterations`, `stalls`, `batch` or `queue`
 (all read from server iterations), and `num_gpus` and `slo.goodput_rps_per_gpu` are null. What only a client sees is added: the requests table's
-`http_status`, `error` and `num_token_chunks` columns, statuses `error` and `timeout` beside
+`http_status`, `error`, `num_token_chunks` and `server_prompt_tokens` columns, statuses `error` and `timeout` beside
 `finished` and `rejected` (HTTP 429), and the summary's `remote` section."""
 from __future__ import annotations
 
@@ -48,7 +48,9 @@ def requests_frame(requests, outcomes: list[Outcome], users: list[int] | None) -
                     for o, s in zip(outcomes, df["status"])]
     df["http_status"] = pd.array([o.http_status for o in outcomes], "Int64")
     df["error"] = [o.error for o in outcomes]
-    df["num_token_chunks"] = np.array([len(o.token_times) for o in outcomes], np.int64)
+    df["num_token_chunks"] = np.array([o.num_chunks for o in outcomes], np.int64)
+    # the prompt as the server counted it (usage.prompt_tokens): a text prompt's length there
+    df["server_prompt_tokens"] = pd.array([o.prompt_tokens for o in outcomes], "Int64")
     # the replay sends prompts as ids but reads text back: there are no output ids
     return df.drop(columns=["output_token_ids"], errors="ignore")
 

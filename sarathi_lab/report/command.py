@@ -30,6 +30,8 @@ class Report:
     by_config: pd.DataFrame = field(default_factory=pd.DataFrame)    # over seeds, if any
     capacity_by_config: pd.DataFrame = field(default_factory=pd.DataFrame)
     from_tables: bool = False                     # drawn from an earlier report's tables
+    partial: list = field(default_factory=list)   # served sessions recovered from a journal
+    live: list = field(default_factory=list)      # served sessions still running
 
 
 def _aggregate(table: pd.DataFrame) -> pd.DataFrame:
@@ -49,7 +51,12 @@ def make_report(paths, out, *, pdf: bool = False, timeline: str = "auto", window
         raise ValueError(f"capacity_scale={capacity_scale!r}: one of {plots.CAPACITY_SCALES}")
     paths = [Path(p) for p in paths]
     out = Path(out)
-    rep = Report(out, run_table(paths), capacity_table(paths))
+    # a served session that did not stop cleanly left its journal: its run directory first
+    from sarathi_lab.journal import partial_dirs, recover
+    partial, live = partial_dirs(paths)
+    for d in partial:
+        recover(d)
+    rep = Report(out, run_table(paths), capacity_table(paths), partial=partial, live=live)
     rep.incomplete = incomplete_jobs(paths)
     rep.incomplete["run_dir"] = rep.incomplete["run_dir"].map(lambda p: relative(Path(p), paths))
     if rep.table.empty and rep.capacity.empty:
@@ -58,7 +65,8 @@ def make_report(paths, out, *, pdf: bool = False, timeline: str = "auto", window
     if rep.table.empty and rep.capacity.empty:
         raise FileNotFoundError("\n".join(
             [f"no {rundir.SUMMARY} or {rundir.CAPACITY} below {', '.join(map(str, paths))}"]
-            + incomplete_lines(rep.incomplete)))
+            + incomplete_lines(rep.incomplete)
+            + [f"still serving (its journal is recovered once it ends): {d}" for d in live]))
     out.mkdir(parents=True, exist_ok=True)
     formats = ("png", "pdf") if pdf else ("png",)
     rep.by_config, rep.capacity_by_config = _aggregate(rep.table), _aggregate(rep.capacity)
@@ -224,4 +232,10 @@ def main(argv=None) -> None:
                 print(spread_view(agg).to_string(index=False))
     if not rep.incomplete.empty:
         print("\n" + "\n".join(incomplete_lines(rep.incomplete)))
+    for d in rep.partial:
+        print(f"\npartial run: {d}: a served session that did not stop cleanly, recovered "
+              "from its journal (the requests in flight were lost; summary.json's "
+              "served.partial says what was recovered)")
+    for d in rep.live:
+        print(f"\nstill serving (not in the table): {d}")
     sys.stdout.flush()

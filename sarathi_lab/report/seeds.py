@@ -3,7 +3,7 @@
 A *seed setting* is a swept key named `seed` or ending in `.seed` (`seed`, the run's every random
 stream; `trace.seed`, `executor.seed`). A *configuration* is what a run ran apart from its seeds:
 every swept setting except the seed settings, plus what the run's config says it ran (policy and
-its budgets, model, hardware, trace, load, SLO). A capacity search is aggregated per criterion.
+its budgets, model, hardware or a replay's endpoint, trace, load, SLO). A capacity search is aggregated per criterion.
 
 Per configuration and numeric metric (seeds where the metric is null are left out, n counts the
 others): the mean, and an interval `lo`..`hi`:
@@ -28,7 +28,7 @@ LEVEL = 0.95
 T_MIN_SEEDS = 4          # from this many seeds on, the t interval; below it, min-max
 # what a run ran besides its swept settings (report.tables.identity)
 CONFIG_COLUMNS = ("policy", "token_budget", "max_num_batched_tokens", "max_num_seqs", "model",
-                  "hardware", "tensor_parallel", "trace", "qps", "clients", "slo")
+                  "hardware", "endpoint", "tensor_parallel", "trace", "qps", "clients", "slo")
 ROW_COLUMNS = ("criterion", "source")   # a capacity search has a row per criterion
 _NOT_METRICS = frozenset({"label", "config", "run_dir", "overrides"})
 

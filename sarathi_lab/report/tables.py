@@ -138,6 +138,8 @@ def labelled(df: pd.DataFrame) -> pd.DataFrame:
                                   if c in df] + [k for k in keys if is_seed_key(k)]
     df = df.sort_values(sort, kind="stable").drop(columns="_rank").reset_index(drop=True)
     varying = [k for k in keys if k not in _POLICY_KEYS and df[k].map(str).nunique() > 1]
+    if "endpoint" in df and df["endpoint"].dropna().nunique() > 1:   # replays of two servers
+        varying.append("endpoint")
     label = _labels(df, varying)
     # the same label for different runs (a capacity search has a row per criterion)
     dup = df.groupby(label)["run_dir"].transform("nunique") > 1
@@ -164,6 +166,9 @@ def run_table(paths) -> pd.DataFrame:
         ov = {k: v for k, v in read_overrides(d).items() if k not in unread}
         keys += [k for k in ov if k not in keys]
         ident = identity(cfg)
+        # a replay ran on a server: two servers are two configurations (report.seeds)
+        ex = cfg.get("executor") or {}
+        ident["endpoint"] = ex.get("base_url") if ex.get("name") == "remote" else None
         for k in unread:
             if k.startswith("scheduler.") and k.split(".", 1)[1] in ident:
                 ident[k.split(".", 1)[1]] = None

@@ -57,9 +57,10 @@ class Sarathi(Consulting, Policy):
 
     @classmethod
     def needs_predictor(cls, cfg):
-        from sarathi_lab.schedulers.controllers.consult import controller_class
-        if controller_class(cfg.controller).needs_predictor:
-            return f"scheduler.controller={cfg.controller}"
+        # the executor's cost model is read only by the oracle; the learned predictor learns
+        # from the steps any executor runs
+        if getattr(cfg.controller_settings, "predictor", None) == "oracle":
+            return f"scheduler.predictor=oracle (scheduler.controller={cfg.controller})"
         return None
 
     @classmethod

@@ -9,7 +9,9 @@ engine and frees its KV.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
+import logging
 from collections import Counter
 
 from aiohttp import web
@@ -17,36 +19,43 @@ from aiohttp import web
 from sarathi_lab.serve.protocol import (ApiError, choice, new_id, parse_generation, response,
                                         usage)
 from sarathi_lab.serve.text import Detokenizer
-from sarathi_lab.serve.worker import Channel, Worker
+from sarathi_lab.serve.engine_client import Channel, EngineClient
 
 
 COMPLETION_ROUTES = ("/v1/completions", "/v1/chat/completions")
+OPEN_ROUTES = ("/health",)   # answered without the API key (a load balancer's probe)
+_STREAM = "sarathi_lab.stream"   # a request's prepared stream, if any (request[_STREAM])
+log = logging.getLogger(__name__)
 
 
 class Server:
-    """The routes over one `Worker`. `counts`: the answers to completion requests (both
-    routes) by HTTP status, the summary's record."""
+    """The routes over one engine process (`worker`: its `EngineClient`, ready). `counts`: the
+    answers to completion requests (both routes) by HTTP status, the summary's record.
+    `metrics`: the `serve.metrics.Metrics` that `/metrics` shows."""
 
-    def __init__(self, worker: Worker, model_name: str, max_queue: int, tokenizer=None):
+    def __init__(self, worker: EngineClient, model_name: str, max_queue: int, tokenizer=None,
+                 api_key: str | None = None, metrics=None):
         self.worker, self.model_name, self.max_queue = worker, model_name, max_queue
-        self.tokenizer = tokenizer
-        engine = worker.engine
-        self.max_model_len = engine.policy.max_model_len
-        self.vocab_size = engine.executor.args.vocab_size
-        ex = engine.executor
-        self.defaults = (getattr(ex, "temperature", 0.0), getattr(ex, "top_p", 1.0))
-        self.per_request_sampling = hasattr(ex, "set_sampling")
+        self.tokenizer, self.metrics = tokenizer, metrics
+        self.api_key = api_key   # None: every route open
+        info = worker.info
+        self.max_model_len = info["max_model_len"]
+        self.vocab_size = info["vocab_size"]
+        self.defaults = tuple(info["defaults"])
+        self.per_request_sampling = info["per_request_sampling"]
         self.in_flight = 0
         self.port: int | None = None   # once bound
         self.counts: Counter = Counter()
         self.stopping = False
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors], client_max_size=64 * 2**20)
+        app = web.Application(middlewares=[self._errors, self._auth],
+                              client_max_size=64 * 2**20)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.prometheus)
         return app
 
     @web.middleware
@@ -60,9 +69,36 @@ class Server:
             code = "not_found" if e.status == 404 else None
             resp = web.json_response(ApiError(e.status, f"{request.method} {request.path}: "
                                               f"{e.reason}", code=code).body(), status=e.status)
+        except ConnectionError:   # the client went away mid-answer: nobody to tell
+            raise
+        except Exception as e:   # a bug: said as an error object, never aiohttp's plain text
+            log.exception("%s %s failed", request.method, request.path)
+            err = ApiError(500, f"internal error: {type(e).__name__}: {e}",
+                           code="internal_error")
+            resp = request.get(_STREAM)
+            if resp is None:
+                resp = web.json_response(err.body(), status=500)
+            else:   # mid-stream: the status is sent; the stream ends with the error event
+                try:
+                    await _event(resp, err.body())
+                except Exception:   # the client is gone
+                    pass
         if request.path in COMPLETION_ROUTES:
             self.counts[resp.status] += 1
         return resp
+
+    @web.middleware
+    async def _auth(self, request, handler):
+        """`serve.api_key`: every route but /health needs `Authorization: Bearer <key>`."""
+        if self.api_key is not None and request.path not in OPEN_ROUTES:
+            sent = request.headers.get("Authorization", "")
+            scheme, _, token = sent.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                    token.strip().encode(), self.api_key.encode()):
+                why = "incorrect API key provided" if sent else \
+                    "no API key: send the header 'Authorization: Bearer <key>'"
+                raise ApiError(401, why, code="invalid_api_key")
+        return await handler(request)
 
     # -- routes ------------------------------------------------------------------------------
     async def models(self, request):
@@ -77,6 +113,10 @@ class Server:
                                   "max_queue": self.max_queue, **w.stats},
                                  status=200 if ok else 503)
 
+    async def prometheus(self, request):
+        body, ctype = self.metrics.render()
+        return web.Response(body=body, headers={"Content-Type": ctype})
+
     async def completions(self, request):
         return await self._generate(request, chat=False)
 
@@ -86,9 +126,12 @@ class Server:
     # -- one generation ----------------------------------------------------------------------
     async def _read(self, request, chat: bool):
         try:
-            body = await request.json()
+            body = json.loads(await request.text())
         except (ValueError, UnicodeDecodeError) as e:
             raise ApiError(400, f"the request body is not valid JSON ({e})") from None
+        except RecursionError:   # json.loads' depth bound: nothing here nests that deep
+            raise ApiError(400, "the request body is not valid JSON here: it nests deeper "
+                           "than the server reads") from None
         g = parse_generation(body, chat, self.tokenizer, self.vocab_size, self.defaults)
         if g.model != self.model_name:
             if g.model is None:
@@ -99,9 +142,9 @@ class Server:
         if not self.per_request_sampling and ((g.temperature, g.top_p) != self.defaults
                                               or g.seed is not None or g.ignore_eos):
             raise ApiError(400, f"temperature/top_p/seed/ignore_eos: executor "
-                           f"{type(self.worker.executor).__name__} samples only with its "
+                           f"{self.worker.info['executor']} samples only with its "
                            f"settings {self.defaults}", "temperature")
-        if g.temperature > 0 and getattr(self.worker.executor, "greedy_only", False):
+        if g.temperature > 0 and self.worker.info["greedy_only"]:
             raise ApiError(400, f"temperature={g.temperature}: this server decodes "
                            "speculatively (executor.draft) and verifies the drafts greedily; "
                            "send temperature 0", "temperature")
@@ -169,6 +212,7 @@ class Server:
                 resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                                    "Cache-Control": "no-cache"})
                 await resp.prepare(request)
+                request[_STREAM] = resp
             if kind == "tokens":
                 n_out += len(value)
                 c = choice(g, detok.add(value), value, None, first=n_out == len(value),
@@ -176,7 +220,9 @@ class Server:
             else:
                 c = choice(g, detok.add([], final=True), [], value, first=n_out == 0,
                            whole=False)
-            await _event(resp, response(g, rid, [c], whole=False))
+            # continuous_usage_stats (vLLM's): every chunk carries the usage so far
+            use = usage(len(g.prompt_ids), n_out) if g.continuous_usage else None
+            await _event(resp, response(g, rid, [c], whole=False, use=use))
             if kind == "end":
                 if g.include_usage:
                     await _event(resp, response(g, rid, [], whole=False,

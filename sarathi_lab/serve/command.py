@@ -1,67 +1,116 @@
 """`sarathi-lab-serve`: a policy and the real executor behind an OpenAI-compatible HTTP server.
 
 Configured as `sarathi-lab` is (configs/serve.yaml: its groups, executor=torch by default, and a
-``serve`` node), built as a run is (`runner.build`), served until SIGINT or SIGTERM; then the
-requests still in flight are aborted and the run directory is written as any run's
-(requests.parquet, iterations.parquet, summary.json with ``served``), so `sarathi-lab-report`
-reads a served session as it reads a simulated one. Exit status: 0, or 1 when the configuration
-is refused, the engine failed or the run directory could not be written.
+``serve`` node), checked here, built as a run is (`runner.build`) in the engine process
+(`engine_process`), served until SIGINT or SIGTERM; then the requests still in flight are
+aborted and the run directory is written as any run's (requests.parquet, iterations.parquet,
+summary.json with ``served``), so `sarathi-lab-report` reads a served session as it reads a
+simulated one. Until then the requests that ended are in the run directory's journal
+(`sarathi_lab.journal`), which a crash leaves for `sarathi-lab-report` to recover. Exit status:
+0, or 1 when the configuration is refused, the engine failed or died, or the run directory
+could not be written.
 """
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-PROG = "sarathi-lab-serve"
+from sarathi_lab.serve.configure import PROG, ServeError, configure
+
+API_KEY_ENV = "SARATHI_LAB_API_KEY"
+
+HELP = f"""usage: {PROG} [KEY=VALUE ...]
+
+Serve one scheduling policy and the real PyTorch executor behind an OpenAI-compatible HTTP
+server (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics), until Ctrl-C or
+SIGTERM; then write the run directory (requests.parquet, iterations.parquet, summary.json) that
+sarathi-lab-report reads. Configured as sarathi-lab is, from configs/serve.yaml: its groups
+(scheduler=, model=, executor=, slo=) and any key as KEY=VALUE; executor=torch and
+model=tiny-llama (random weights: token-id prompts) by default.
+
+serve settings:
+{{settings}}
+  {API_KEY_ENV} (environment): the API key when serve.api_key is null
+
+main keys of the run:
+  scheduler=NAME            the policy: sarathi, vllm, orca, ... or a plug-in's name
+  model=NAME | model.path=DIR model.name=NAME   a preset, or a local checkpoint
+  executor.device=cpu|cuda  executor.temperature=0  executor.top_p=1
+  num_threads=N             torch's CPU threads
+
+examples:
+  {PROG} serve.port=0              # tiny-llama on a free port
+  {PROG} model.path=~/.cache/sarathi_lab/models/smollm2 model.name=smollm2 scheduler=vllm
+  {API_KEY_ENV}=secret {PROG} serve.host=0.0.0.0   # other machines, with a key
+
+More: sarathi_lab/docs/serving.md (routes, fields, errors, the run directory) and
+settings.md (every key). Hydra's own help: --hydra-help; the composed config: --cfg job."""
 
 
-class ServeError(SystemExit):
-    """A reason to exit 1, said in one line (a SystemExit: Hydra passes it through)."""
+def help_text() -> str:
+    """HELP with the ``serve`` keys, each with its default and help line (ServeConfig's)."""
+    import textwrap
+    from dataclasses import fields
 
-    def __init__(self, message: str):
-        super().__init__(f"{PROG}: error: {message}")
-
-
-def check(c: dict, r) -> None:
-    """What a served session cannot be: a simulation, a capacity search, several engines."""
-    if r.executor_cls.simulated:
-        raise ServeError(f"executor={c['executor']['name']}: {PROG} runs a real executor "
-                         "(executor=torch); a simulator has no tokens to send")
-    if r.run.mode != "run":
-        raise ServeError(f"mode={r.run.mode}: {PROG} serves one engine (mode=run)")
-    if r.disagg is not None or r.cluster.num_replicas != 1:
-        raise ServeError(f"cluster: {PROG} serves one engine (cluster.num_replicas=1)")
-    if c.get("trace"):
-        raise ServeError("trace: a server's arrivals come from HTTP and it reads no trace "
-                         "(drop trace=...; replay one against it with a client)")
-    if getattr(r.executor_cfg, "pipeline_parallel", 1) != 1:
-        raise ServeError(f"executor.pipeline_parallel: {PROG} serves one engine")
-
-
-def configure(c: dict, overrides: list[str]):
-    """(run config, `ServeConfig`, `Resolved`) from the composed configs/serve.yaml, checked
-    before anything is built: every setting typed, none unread, nothing a server cannot be."""
-    from sarathi_lab.config import resolve
     from sarathi_lab.serve.settings import ServeConfig
-    from sarathi_lab.settings import ConfigError, parse
+    rows = []
+    for f in fields(ServeConfig):
+        key = f"serve.{f.name}={'null' if f.default is None else f.default}"
+        rows.append(textwrap.fill(f.metadata.get("help", ""), 96, initial_indent=f"  {key:<26}",
+                                  subsequent_indent=" " * 28))
+    return HELP.format(settings="\n".join(rows))
+
+
+def api_key(sc) -> tuple[str | None, str]:
+    """(the key, where it came from): serve.api_key, else $SARATHI_LAB_API_KEY, else none. The
+    setting wins, as a command-line flag wins over an environment variable elsewhere."""
+    if sc.api_key is not None:
+        if not sc.api_key.strip():
+            raise ServeError("serve.api_key: an empty key (null: no key)")
+        return sc.api_key, "serve.api_key"
+    env = os.environ.get(API_KEY_ENV, "").strip()
+    return (env, API_KEY_ENV) if env else (None, "")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` binds only this machine (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
     try:
-        sc = parse(ServeConfig, c.pop("serve", None) or {}, "serve")
-        resolved = resolve(c, overrides)
-        check(c, resolved)
-    except ConfigError as e:
-        raise ServeError(str(e)) from None
-    return c, sc, resolved
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:   # a name: it may resolve to any address
+        return False
+
+
+def exposure_warning(host: str, key: str | None) -> str | None:
+    """The start-up warning for an address other machines reach, served without a key."""
+    if key is not None or is_loopback(host):
+        return None
+    return (f"{PROG}: warning: serve.host={host} is reachable from other machines and no API "
+            f"key is set (serve.api_key or {API_KEY_ENV}): anyone who reaches the port can use "
+            "the model")
+
+
+def redact(run_dir: Path, secret: str) -> None:
+    """Blank a key given as serve.api_key out of the .hydra files Hydra wrote (the config and
+    the overrides), so that a run directory that is shared or committed holds no secret."""
+    for f in (run_dir / ".hydra").glob("*.yaml"):
+        text = f.read_text()
+        if secret in text:
+            f.write_text(text.replace(secret, "<redacted>"))
 
 
 async def _serve(server, sc, stop: asyncio.Event) -> None:
     from aiohttp import web
+    client = server.worker
+    client.attach(asyncio.get_running_loop())
     runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, sc.host, sc.port)
@@ -69,88 +118,95 @@ async def _serve(server, sc, stop: asyncio.Event) -> None:
         await site.start()
     except OSError as e:
         await runner.cleanup()
+        client.quit()
         raise ServeError(f"serve.host={sc.host} serve.port={sc.port}: cannot bind ({e})") \
             from None
     port = server.port = runner.addresses[0][1]
+    warning = exposure_warning(sc.host, server.api_key)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     print(f"{PROG}: serving {server.model_name!r} on http://{sc.host}:{port}/v1 "
-          f"(policy {server.worker.engine.policy.name}); stop with Ctrl-C", flush=True)
+          f"(policy {client.info['policy']}); stop with Ctrl-C", flush=True)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    worker_gone = asyncio.ensure_future(asyncio.to_thread(server.worker.join))
+    halted = asyncio.ensure_future(client.halted.wait())
     stopped = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({worker_gone, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.wait({halted, stopped}, return_when=asyncio.FIRST_COMPLETED)
     server.stopping = True
-    server.worker.stop()   # in-flight requests end now, aborted; their handlers are told
-    await worker_gone
+    client.stop()   # in-flight requests end now, aborted; their handlers are told
+    await halted
     stopped.cancel()
+    for _ in range(100):   # the handlers answer what they were told (counted below)
+        if not server.in_flight:
+            break
+        await asyncio.sleep(0.05)
+    client.finish({"port": port, "http_status": {str(k): v for k, v in
+                                                 sorted(server.counts.items())}})
+    await client.gone.wait()
     await runner.cleanup()
 
 
-def serve(c: dict, resolved, run_dir: Path, sc) -> dict:
-    """Build the engine, serve until stopped, write the run directory. Returns the summary."""
-    from sarathi_lab.engine import Engine
-    from sarathi_lab.runner import build, results, write_run
+def serve(c: dict, overrides: list[str], run_dir: Path, sc, num_threads,
+          key: str | None = None) -> None:
+    """Start the engine process, serve until stopped; the engine process writes the run
+    directory (`engine_process`) and this prints its summary. `key`: the API key, or None."""
+    from dataclasses import asdict
     from sarathi_lab.serve.app import Server
-    from sarathi_lab.serve.text import StopWatch, load_tokenizer
-    from sarathi_lab.serve.worker import Worker
-    from sarathi_lab.topology import OpenLoop, Single
-    t0 = time.perf_counter()
+    from sarathi_lab.serve.engine_client import EngineClient, EngineFailed
+    from sarathi_lab.serve.engine_process import start
+    from sarathi_lab.serve.metrics import Metrics
+    from sarathi_lab.serve.text import load_tokenizer
     tokenizer = load_tokenizer(sc.tokenizer, c["model"].get("path"))
-    policy, executor = build(c, resolved)
-    # a served request brings its own prompt: it ends at the model's EOS unless it asks not to
-    engine = Engine(policy, executor, fast_forward=False, overlong=resolved.run.overlong,
-                    why_not="a served session steps as its requests come")
-    stop_watch = None if tokenizer is None else (lambda stops: StopWatch(tokenizer, stops))
-    worker = Worker(engine, stop_watch)
     name = sc.model_name or str(c["model"].get("name"))
-    server = Server(worker, name, sc.max_queue, tokenizer)
-    worker.start()
-    asyncio.run(_serve(server, sc, asyncio.Event()))
-    if worker.error is None:
-        try:   # the guard: nothing left queued or running, every KV block freed
-            engine.finish()
-        except RuntimeError as err:   # a bug: said, after what was served is written
-            worker.error = err
-    requests = worker.requests
-    req_df, it_df, summary = results(c, resolved, Single(engine), OpenLoop(requests), requests,
-                                     policy, executor, time.perf_counter() - t0)
-    summary["load"] = {"mode": "served"}
-    summary["executor"] = c["executor"]["name"]
-    summary["served"] = {"host": sc.host, "port": server.port, "model_name": name,
-                         "max_queue": sc.max_queue, "requests_accepted": len(requests),
-                         "http_status": {str(k): v for k, v in sorted(server.counts.items())},
-                         "engine_error": None if worker.error is None else
-                         f"{type(worker.error).__name__}: {worker.error}"}
-    write_run(run_dir, req_df, it_df, summary)
-    if worker.error is not None:
-        raise ServeError(f"the engine stopped: {type(worker.error).__name__}: {worker.error} "
-                         f"(the run directory {run_dir} holds what it served)")
-    return summary
+    # the key stays here: the engine process records only whether there is one
+    proc, link = start(c, overrides, {**asdict(sc), "api_key": None}, run_dir, num_threads,
+                       {"api_key": key is not None})
+    client = EngineClient(proc, link)
+    client.metrics = Metrics(name, lambda: client.stats)
+    try:
+        client.wait_ready()
+    except EngineFailed as e:
+        raise ServeError(str(e).removeprefix(f"{PROG}: error: ")) from None
+    except KeyboardInterrupt:   # Ctrl-C while the model loads (the engine ignores SIGINT)
+        proc.kill()
+        raise ServeError("interrupted while the engine was being built") from None
+    server = Server(client, name, sc.max_queue, tokenizer, api_key=key, metrics=client.metrics)
+    try:
+        asyncio.run(_serve(server, sc, asyncio.Event()))
+    finally:
+        proc.join(30)
+        if proc.is_alive():   # it did not end after its pipe closed: never left behind
+            proc.kill()
+    if client.result is not None:
+        print(client.result[0], flush=True)
+    if client.error is not None:   # the engine's, or the engine process died
+        raise ServeError(client.error)
 
 
 @hydra.main(version_base="1.3", config_path="pkg://sarathi_lab.configs", config_name="serve")
 def _main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
-    from sarathi_lab.summary_text import format_summary
     hc = HydraConfig.get()
     c, sc, resolved = configure(OmegaConf.to_container(cfg, resolve=True),
                                 list(hc.overrides.task))
-    n = c.get("num_threads", "auto")
-    if isinstance(n, int):
-        import torch
-        torch.set_num_threads(n)
     run_dir = Path(hc.runtime.output_dir)
+    key, source = api_key(sc)
+    if source == "serve.api_key":
+        redact(run_dir, key)
+    if key is not None:
+        print(f"{PROG}: every route but /health asks for the API key ({source})", flush=True)
     try:
-        summary = serve(c, resolved, run_dir, sc)
-    except ValueError as e:   # a setting found wrong while building (memory, a model path)
+        serve(c, list(hc.overrides.task), run_dir, sc, c.get("num_threads", "auto"), key)
+    except ValueError as e:   # a setting found wrong (a tokenizer path)
         raise ServeError(str(e)) from None
-    print(format_summary(summary))
-    print(f"\nrun directory: {run_dir.resolve()}", flush=True)
 
 
 def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        print(help_text())
+        return
     import importlib.util
     # the optional extra, checked before a model is built; the help needs none of it
     helps = ("-h", "--help", "--hydra-help", "--info", "-i", "--cfg", "-c")

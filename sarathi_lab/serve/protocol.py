@@ -1,23 +1,28 @@
 """The OpenAI API's request bodies read into one `Generation`, its errors, and its response
 objects (completions and chat completions, whole and as stream chunks).
 
-A body is read strictly: a field of the wrong type, a value out of range, a feature the server
-does not run (n > 1, logprobs, penalties, ...) or a field it does not know is refused with a 400
-naming the field (`param`), never ignored. Requests are plain dicts from `json.loads`; nothing
-here touches the engine.
+A body is read strictly: a number that is not finite (Python's json reads NaN and Infinity), a
+string that is not Unicode text (a lone surrogate), a field of the wrong type, a value out of
+range or a field it does not know is refused with a 400 naming the field (`param`), never
+ignored. The fields of OpenAI's and vLLM's API this server does not run are accepted where they
+change nothing and refused where they would (`serve.extensions`). Requests are plain dicts from
+`json.loads`; nothing here touches the engine.
 """
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
+
+from sarathi_lab.serve import extensions
 
 
 class ApiError(Exception):
     """An OpenAI-style error: HTTP `status` and the body
     {"error": {"message", "type", "param", "code"}}."""
 
-    TYPES = {400: "invalid_request_error", 404: "not_found_error",
+    TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "not_found_error",
              413: "invalid_request_error", 429: "rate_limit_error", 503: "server_error",
              500: "server_error"}
 
@@ -43,19 +48,52 @@ class Generation:
     ignore_eos: bool = False
     stream: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False  # usage in every chunk (vLLM's continuous_usage_stats)
     chat: bool = False
     model: str = ""
 
 
-# fields accepted only at the value that asks for nothing this server does not do
-_NEUTRAL = {"n": 1, "best_of": 1, "presence_penalty": 0, "frequency_penalty": 0,
-            "logprobs": None, "top_logprobs": None, "echo": False, "suffix": None,
-            "logit_bias": None, "tools": None, "tool_choice": None, "response_format": None,
-            "parallel_tool_calls": None, "functions": None, "function_call": None}
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream",
-           "stream_options", "ignore_eos", "user"}
-COMPLETION_FIELDS = _COMMON | {"prompt"} | set(_NEUTRAL)
-CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens"} | set(_NEUTRAL)
+           "stream_options", "ignore_eos", "user", "add_special_tokens"}
+COMPLETION_FIELDS = _COMMON | {"prompt"} | extensions.names(chat=False)
+CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens"} | extensions.names(chat=True)
+STREAM_OPTIONS = ("include_usage", "continuous_usage_stats", "include_obfuscation")
+
+
+def check_values(body) -> None:
+    """A 400 naming the place of the first number that is not finite (NaN, Infinity, or a
+    literal too large for a float, which json reads as infinity) or the first string that is
+    not Unicode text (a lone surrogate, which no tokenizer and no UTF-8 writer takes). Walked
+    without recursion: json.loads has already bounded the depth, not the width."""
+    todo = [("", body)]
+    while todo:
+        where, v = todo.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ApiError(400, f"{where or 'the body'}={v!r}: must be a finite number",
+                           _param(where))
+        if isinstance(v, str):
+            _text(v, where)
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                _text(k, f"{where}.{k}" if where else "a field name")
+                todo.append((f"{where}.{k}" if where else k, x))
+        elif isinstance(v, list):
+            todo.extend((f"{where}[{i}]", x) for i, x in enumerate(v))
+
+
+def _text(s: str, where: str) -> None:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ApiError(400, f"{where or 'the body'}: not Unicode text ({e.reason} at "
+                       f"character {e.start}: a lone surrogate)", _param(where)) from None
+
+
+def _param(where: str) -> str | None:
+    """The top-level field of a place (`messages[0].content` -> messages)."""
+    if not where or where == "a field name":
+        return None
+    return where.replace("[", ".").split(".")[0]
 
 
 def _number(body: dict, key: str, default, lo: float, hi: float, *, lo_open=False):
@@ -64,6 +102,8 @@ def _number(body: dict, key: str, default, lo: float, hi: float, *, lo_open=Fals
         return default
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ApiError(400, f"{key}={v!r}: must be a number", key)
+    if not math.isfinite(v):
+        raise ApiError(400, f"{key}={v!r}: must be a finite number", key)
     if v < lo or v > hi or (lo_open and v == lo):
         side = "(" if lo_open else "["
         raise ApiError(400, f"{key}={v!r}: must be in {side}{lo}, {hi}]", key)
@@ -81,12 +121,13 @@ def _int(body: dict, key: str, lo: int):
     return v
 
 
-def _bool(body: dict, key: str) -> bool:
+def _bool(body: dict, key: str, within: str = "") -> bool:
     v = body.get(key, False)
     if v is None:
         return False
     if not isinstance(v, bool):
-        raise ApiError(400, f"{key}={v!r}: must be true or false", key)
+        raise ApiError(400, f"{within}{key}={v!r}: must be true or false",
+                       (within + key).split(".")[0])
     return v
 
 
@@ -98,33 +139,35 @@ def parse_generation(body, chat: bool, tokenizer, vocab_size: int,
     of a body that sets none (the server's: executor.temperature and executor.top_p)."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
+    check_values(body)
     known = CHAT_FIELDS if chat else COMPLETION_FIELDS
     unknown = sorted(set(body) - known)
     if unknown:
         raise ApiError(400, f"unknown field {unknown[0]!r}: this server reads "
                        f"{', '.join(sorted(known))}", unknown[0])
-    for key, neutral in _NEUTRAL.items():
-        v = body.get(key)
-        if v is not None and v != neutral and not (key in ("tools", "logit_bias") and not v):
-            raise ApiError(400, f"{key}={v!r}: not supported by this server (only "
-                           f"{neutral!r})", key)
     stream = _bool(body, "stream")
     opts = body.get("stream_options")
-    include_usage = False
-    if opts is not None:
-        if not stream:
-            raise ApiError(400, "stream_options: only with stream=true", "stream_options")
-        if not isinstance(opts, dict) or set(opts) - {"include_usage"}:
-            raise ApiError(400, f"stream_options={opts!r}: only {{'include_usage': bool}}",
-                           "stream_options")
-        include_usage = _bool(opts, "include_usage")
+    if opts is None:
+        opts = {}
+    elif not stream:
+        raise ApiError(400, "stream_options: only with stream=true", "stream_options")
+    if not isinstance(opts, dict) or set(opts) - set(STREAM_OPTIONS):
+        raise ApiError(400, f"stream_options={opts!r}: an object with "
+                       f"{', '.join(STREAM_OPTIONS)}", "stream_options")
+    for key in STREAM_OPTIONS:   # include_obfuscation: read and not honoured (serving.md)
+        _bool(opts, key, "stream_options.")
+    include_usage = _bool(opts, "include_usage")
+    add_special = body.get("add_special_tokens")
+    if add_special is not None and not isinstance(add_special, bool):
+        raise ApiError(400, f"add_special_tokens={add_special!r}: must be true or false",
+                       "add_special_tokens")
     if chat:
-        prompt = _chat_prompt(body.get("messages"), tokenizer)
+        prompt = _chat_prompt(body.get("messages"), tokenizer, bool(add_special))
         max_tokens = _int(body, "max_completion_tokens", 1)
         if max_tokens is None:
             max_tokens = _int(body, "max_tokens", 1)
     else:
-        prompt = _completion_prompt(body.get("prompt"), tokenizer)
+        prompt = _completion_prompt(body.get("prompt"), tokenizer, add_special is not False)
         max_tokens = _int(body, "max_tokens", 1)
         if "max_tokens" not in body:
             max_tokens = 16   # the completions API's default
@@ -144,15 +187,28 @@ def parse_generation(body, chat: bool, tokenizer, vocab_size: int,
     if stop and tokenizer is None:
         raise ApiError(400, "stop: the model has no tokenizer, so its output has no text to "
                        "find a stop string in (set serve.tokenizer)", "stop")
-    seed = _int(body, "seed", 0)
-    return Generation(prompt_ids=prompt, max_tokens=max_tokens,
-                      temperature=_number(body, "temperature", defaults[0], 0.0, 2.0),
-                      top_p=_number(body, "top_p", defaults[1], 0.0, 1.0, lo_open=True), seed=seed,
-                      stop=stop, ignore_eos=_bool(body, "ignore_eos"), stream=stream,
-                      include_usage=include_usage, chat=chat, model=body.get("model"))
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ApiError(400, f"model={model!r}: must be a string", "model")
+    if body.get("user") is not None and not isinstance(body["user"], str):
+        raise ApiError(400, f"user={body['user']!r}: must be a string", "user")
+    g = Generation(prompt_ids=prompt, max_tokens=max_tokens,
+                   temperature=_number(body, "temperature", defaults[0], 0.0, 2.0),
+                   top_p=_number(body, "top_p", defaults[1], 0.0, 1.0, lo_open=True),
+                   seed=_int(body, "seed", 0), stop=stop, ignore_eos=_bool(body, "ignore_eos"),
+                   stream=stream, include_usage=include_usage,
+                   continuous_usage=include_usage and _bool(opts, "continuous_usage_stats"),
+                   chat=chat, model=model)
+    ctx = extensions.Context(greedy=g.temperature == 0, ignore_eos=g.ignore_eos,
+                             stops=bool(stop), tokenizer=tokenizer is not None,
+                             vocab_size=vocab_size, max_tokens=max_tokens)
+    refused = extensions.check(body, chat, ctx)
+    if refused:
+        raise ApiError(400, refused[1], refused[0])
+    return g
 
 
-def _completion_prompt(prompt, tokenizer) -> list[int]:
+def _completion_prompt(prompt, tokenizer, add_special: bool) -> list[int]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]   # a batch of one
     if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
@@ -161,21 +217,48 @@ def _completion_prompt(prompt, tokenizer) -> list[int]:
         if tokenizer is None:
             raise ApiError(400, "prompt: the model has no tokenizer (random weights, no "
                            "serve.tokenizer): send the prompt as a list of token ids", "prompt")
-        return list(tokenizer.encode(prompt))
+        return list(tokenizer.encode(prompt, add_special_tokens=add_special))
     raise ApiError(400, f"prompt: must be a non-empty string or list of token ids (one prompt: "
                    f"n>1 batches are not supported), not {type(prompt).__name__}", "prompt")
 
 
-def _chat_prompt(messages, tokenizer) -> list[int]:
+def _content(m: dict, i: int) -> str:
+    """A message's text: its content as a string, or its text parts joined by newlines (as
+    vLLM joins them for a template that takes a string); any other part is refused."""
+    c = m.get("content")
+    if isinstance(c, str):
+        return c
+    if not isinstance(c, list) or not c:
+        raise ApiError(400, f"messages[{i}].content: must be a string or a non-empty list of "
+                       f"text parts, not {type(c).__name__}", "messages")
+    texts = []
+    for j, part in enumerate(c):
+        where = f"messages[{i}].content[{j}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text":
+            raise ApiError(400, f"{where}: a part of type {kind!r}; this server reads text "
+                           "parts only ({'type': 'text', 'text': ...})", "messages")
+        if set(part) != {"type", "text"} or not isinstance(part["text"], str):
+            raise ApiError(400, f"{where}: a text part is {{'type': 'text', 'text': <string>}}, "
+                           f"not {sorted(part)}", "messages")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _chat_prompt(messages, tokenizer, add_special: bool) -> list[int]:
     if not isinstance(messages, list) or not messages or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str)
-            and isinstance(m.get("content"), str) for m in messages):
-        raise ApiError(400, "messages: must be a non-empty list of {role, content} objects "
-                       "with string content", "messages")
+            isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+        raise ApiError(400, "messages: must be a non-empty list of {role, content} objects",
+                       "messages")
+    messages = [{**m, "content": _content(m, i)} for i, m in enumerate(messages)]
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise ApiError(400, "messages: the model has no tokenizer with a chat template "
                        "(serve.tokenizer); use /v1/completions with token ids", "messages")
     try:
+        if add_special:   # vLLM's add_special_tokens: the template's text encoded with them
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                 tokenize=False)
+            return list(tokenizer.encode(text, add_special_tokens=True))
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     except Exception as e:   # a template that rejects these roles raises its own error
         raise ApiError(400, f"messages: the chat template refused them ({e})",

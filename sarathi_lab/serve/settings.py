@@ -16,3 +16,7 @@ class ServeConfig:
                                                 "model.name")
     tokenizer: str | None = setting(None, help="a local Hugging Face tokenizer dir; null: "
                                                "model.path's, if it holds one")
+    api_key: str | None = setting(None, help="the key every route but /health asks for "
+                                             "(Authorization: Bearer <key>); null: the "
+                                             "SARATHI_LAB_API_KEY environment variable's, else "
+                                             "none")

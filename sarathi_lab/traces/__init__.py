@@ -6,6 +6,8 @@ Every trace ends up as one DataFrame shape, whatever its source:
     num_prompt_tokens  int64 (> 0)
     num_output_tokens  int64 (>= 0)
     prompt_token_ids   lists of ints; only when the source carries them
+    prompt_text        str; a JSONL trace's `prompt` text (tokenized into prompt_token_ids),
+                       kept for clients that send text (sarathi-lab-replay --prompt text)
     priority           int64, lower is more urgent        service columns, each present only
     tenant, slo_class  str                                 when the source has it (README,
     deadline           float seconds after arrival by      "Trace formats")

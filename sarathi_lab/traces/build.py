@@ -149,9 +149,13 @@ def describe_trace(df: pd.DataFrame) -> dict:
         return {"name": a.get("name"), "source": a.get("source"), "num_requests": len(df),
                 "arrivals": "sessions", "sessions": a.get("sessions"),
                 "session_rate": a.get("session_rate"), "cut_turns": a.get("cut_turns")}
-    return {"name": a.get("name"), "source": a.get("source"), "num_requests": len(df),
-            **({"arrivals": "mix"} if a.get("format") == "mix" else   # its components' own
-               {"arrivals": a.get("arrivals"), "qps": a.get("qps"), "cut_to": a.get("cut_to")})}
+    out = {"name": a.get("name"), "source": a.get("source"), "num_requests": len(df),
+           **({"arrivals": "mix"} if a.get("format") == "mix" else   # its components' own
+              {"arrivals": a.get("arrivals"), "qps": a.get("qps"), "cut_to": a.get("cut_to")})}
+    if a.get("format") == "burstgpt":   # the rows read and dropped: failed calls and others
+        out["dropped_rows"] = {"failed_calls": a["failed"], "no_prompt": a["no_prompt"],
+                               "filtered": a["filtered"]}
+    return out
 
 
 def _to_plain_dict(cfg) -> dict:

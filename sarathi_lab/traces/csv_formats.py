@@ -40,8 +40,9 @@ _CHUNK_ROWS = 1 << 16
 def read_csv(src: Path, num_requests, max_total, max_prompt, select=None) -> pd.DataFrame:
     """Read, validate and normalise a CSV trace; only as many rows as the request needs.
     `select` (BurstGPT only): {"Model": values, "Log Type": values}, the rows to keep (values
-    matched ignoring case and surrounding blanks); None: all. A BurstGPT row of 0 request tokens
-    (a failed call in its log) is dropped and counted (``attrs["empty"]``)."""
+    matched ignoring case and surrounding blanks); None: all. A BurstGPT row of 0 response tokens
+    (a failed call in its log) is dropped and counted (``attrs["failed"]``), and so is one of 0
+    request tokens that has a response (``attrs["no_prompt"]``: no prompt to prefill)."""
     select = {k: v for k, v in (select or {}).items() if v is not None}
     try:
         header = _csv_header(src)
@@ -90,14 +91,16 @@ def read_csv(src: Path, num_requests, max_total, max_prompt, select=None) -> pd.
         _check_sorted(raw["arrival_time"].to_numpy(), src)
     raw.attrs["format"] = fmt
     if burst is not None:
-        raw.attrs.update(empty=burst.empty, filtered=burst.filtered)
+        raw.attrs.update(failed=burst.failed, no_prompt=burst.no_prompt,
+                         filtered=burst.filtered)
     return raw
 
 
 class _BurstRows:
     """BurstGPT's rows, chunk by chunk: times checked ascending over every row (filtered or
-    not, so an error names the file's row), failed calls (0 request tokens) dropped and counted,
-    and the `select` filters applied, remembering the label values seen for the errors."""
+    not, so an error names the file's row), failed calls (0 response tokens, BurstGPT's mark of
+    a failure) and rows of 0 request tokens (nothing to prefill) dropped and counted, and the
+    `select` filters applied, remembering the label values seen for the errors."""
 
     def __init__(self, src, names: dict, select: dict):
         absent = [c for c in _LABELS["burstgpt"] if c.lower() not in names]
@@ -109,7 +112,7 @@ class _BurstRows:
         self.select = {c: {str(v).strip().lower() for v in vs} for c, vs in select.items()}
         self.asked = select
         self.seen: dict[str, set] = {c: set() for c in select}
-        self.last, self.empty, self.filtered = None, 0, 0
+        self.last, self.failed, self.no_prompt, self.filtered = None, 0, 0, 0
 
     def keep(self, chunk, part, offset) -> pd.DataFrame:
         t = part["arrival_time"].to_numpy()
@@ -118,8 +121,10 @@ class _BurstRows:
         _check_sorted(t, self.src, offset)
         if len(t):
             self.last = t[-1]
-        keep = part["num_prompt_tokens"].to_numpy() > 0
-        self.empty += int((~keep).sum())
+        answered = part["num_output_tokens"].to_numpy() > 0
+        keep = answered & (part["num_prompt_tokens"].to_numpy() > 0)
+        self.failed += int((~answered).sum())
+        self.no_prompt += int((answered & ~keep).sum())
         for col, wanted in self.select.items():
             labels = chunk[self.cols[col]].astype(str).str.strip()
             self.seen[col].update(labels.unique())
@@ -141,8 +146,9 @@ class _BurstRows:
                     f"{', '.join(sorted(self.seen[col])) or '(none)'}")
         if none_kept:
             why = " after the filters" if self.asked else ""
-            raise ValueError(f"trace {self.src}: no request left{why} ({self.empty} of its rows "
-                             "have 0 request tokens, failed calls, and are dropped)")
+            raise ValueError(f"trace {self.src}: no request left{why} ({self.failed} of its rows "
+                             f"have 0 response tokens, failed calls, and {self.no_prompt} have 0 "
+                             "request tokens; both are dropped)")
 
 
 def _csv_header(src: Path) -> list[str]:
@@ -214,7 +220,7 @@ def _normalise(chunk, fmt, cols, service, src, offset) -> pd.DataFrame:
         "num_prompt_tokens": _lengths(chunk[prompt_col], prompt_col, src, offset),
         "num_output_tokens": _lengths(chunk[output_col], output_col, src, offset),
     })
-    if fmt != "burstgpt":   # BurstGPT logs failed calls with 0 tokens: dropped (_BurstRows)
+    if fmt != "burstgpt":   # BurstGPT's rows of 0 tokens are dropped and counted (_BurstRows)
         _check_prompts(out["num_prompt_tokens"].to_numpy(), prompt_col, src, offset)
     if fmt == "azure":
         out.insert(0, "arrival_time", _timestamps(chunk[time_col], time_col, src, offset))

@@ -53,6 +53,8 @@ def read_jsonl(src: Path, tokenizer, chat_template="auto") -> pd.DataFrame:
         "num_output_tokens": np.array(outputs, dtype=np.int64),
         "prompt_token_ids": pd.Series(ids, dtype=object),
     })
+    if texts:   # the text itself, for a client that sends text (sarathi-lab-replay --prompt text)
+        raw["prompt_text"] = pd.Series([texts.get(i) for i in range(len(ids))], dtype=object)
     # A key given on any line makes a column; lines without it get the default.
     for key, default in SERVICE_DEFAULTS.items():
         if any(key in extra for extra in service):

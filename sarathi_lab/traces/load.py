@@ -66,10 +66,11 @@ def load_trace(path, *, num_requests=None, qps=None, arrival="poisson", cv=1.0, 
     else:   # a random sample needs every row; the head only as many as it keeps
         raw = read_csv(src, None if shuffle else num_requests, max_total_tokens,
                        max_prompt_tokens, select)
-        if raw.attrs.get("empty") or raw.attrs.get("filtered"):
-            logger.info("trace %s: dropped %d rows of 0 request tokens (failed calls) and %d "
-                        "not matching %s among the rows read", src, raw.attrs["empty"],
-                        raw.attrs["filtered"], select or "no filter")
+        if raw.attrs["format"] == "burstgpt":
+            logger.info("trace %s: dropped, among the rows read, %d failed calls (0 response "
+                        "tokens), %d rows of 0 request tokens and %d not matching %s", src,
+                        raw.attrs["failed"], raw.attrs["no_prompt"], raw.attrs["filtered"],
+                        select or "no filter")
     timed = raw.attrs["format"] != "lengths"
     if not timed and qps is None:
         raise ValueError(
@@ -105,6 +106,8 @@ def load_trace(path, *, num_requests=None, qps=None, arrival="poisson", cv=1.0, 
     source = f"shipped:{path}" if isinstance(path, str) and path in SHIPPED else str(src)
     df.attrs.update(source=source, format=raw.attrs["format"], dropped=dropped,
                     arrivals=arrivals, qps=qps, cut_to=cut)
+    if raw.attrs["format"] == "burstgpt":   # the rows it dropped (csv_formats._BurstRows)
+        df.attrs.update({k: raw.attrs[k] for k in ("failed", "no_prompt", "filtered")})
     return df
 
 

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from sarathi_lab.closed_loop import ClientSettings, ThinkTime
+from sarathi_lab.resources import ID_BYTES, REQUEST_BYTES, TOKEN_BYTES, check_memory
 from sarathi_lab.settings import ConfigError, plain, setting
 from sarathi_lab.traces.arrivals import arrival_times
 from sarathi_lab.traces.lengths import distribution, length_sampler
@@ -74,13 +75,38 @@ class SessionConfig(ClientSettings):
         return ThinkTime.from_spec(self.think_time)
 
 
+def _id_parts(cfg: SessionConfig, turns, msg_len, ans_len) -> list:
+    """What the kept turns hold (for `check_memory`): their records, their planned answers and
+    the token ids of their prompts and answers. A turn's prompt + answer is the system prompt
+    plus its session's lengths so far, which only grows, so the turns `max_total_tokens` keeps
+    are exactly those within it (as `build_sessions` cuts them)."""
+    grown = msg_len.astype(np.float64) + ans_len
+    total = np.cumsum(grown)
+    first = np.cumsum(turns) - turns   # each session's first turn
+    so_far = total - np.repeat(total[first] - grown[first], turns) + cfg.system_prompt_len
+    kept = (so_far <= cfg.max_total_tokens if cfg.max_total_tokens is not None
+            else np.ones(len(so_far), dtype=bool))
+    limit = f"trace.max_total_tokens={cfg.max_total_tokens or 'null'}"
+    return [(f"{limit} (the turns kept)", int(kept.sum()), REQUEST_BYTES, "turn"),
+            (f"{limit} (the answers' tokens)", int(ans_len[kept].sum()), TOKEN_BYTES,
+             "output token"),
+            (f"{limit} (the token ids of prompts and answers)", int(so_far[kept].sum()),
+             ID_BYTES, "token id")]
+
+
 def build_sessions(cfg: SessionConfig) -> pd.DataFrame:
     """The turns of `cfg`'s sessions as a trace frame (module docstring)."""
     n = cfg.sessions
+    # each stage checked before what it draws is allocated (resources.py): a session has a
+    # turn at least; every turn drawn has its lengths; every turn kept has its token ids
+    check_memory([(f"trace.sessions={n}", n, REQUEST_BYTES, "session (a turn at least)")])
     turns = distribution(plain(cfg.turns), stream_rng(cfg.seed, TURNS_STREAM), "turns")(n)
+    check_memory([(f"trace.turns={plain(cfg.turns)} (over trace.sessions={n})",
+                   int(turns.sum()), REQUEST_BYTES, "turn")])
     starts = arrival_times(n, cfg.session_rate, "poisson", 1.0,
                            stream_rng(cfg.seed, ARRIVAL_STREAM))
     msg_len, ans_len = length_sampler(cfg.message_len, cfg.answer_len, cfg.seed)(int(turns.sum()))
+    check_memory(_id_parts(cfg, turns, msg_len, ans_len))
     ids = stream_rng(cfg.seed, IDS_STREAM)
     system = ids.integers(0, cfg.vocab_size, cfg.system_prompt_len).tolist()
     rows, j, cut, empty = [], 0, 0, 0

@@ -37,7 +37,9 @@ reads kv_tokens = k + c tokens of KV. The two kinds of pairs run at their own me
 the profile as well as a max, see the calibration), so every chunk's re-read of the KV of the
 chunks before it is charged at any chunk size. A decode is the chunk c = 1: k + 1 context pairs
 and k + 1 tokens of KV. With a sliding window W (Mistral-7B v0.1) query j sees min(j, W) keys and
-the chunk reads min(k + c, W + c - 1) tokens of KV.
+the chunk reads min(k + c, W + c - 1) tokens of KV. With local and global layers (Gemma 2: every other
+layer windowed) each term is the windowed one for the windowed layers' share of L and the plain one
+for the rest.
 
 Quantization (executor.weight_dtype, weight_only, kv_cache_dtype): the linear layers' weights
 are read, and held, at b_w bytes (lin_weights, weight memory); with 8-bit weights and 8-bit
@@ -62,6 +64,13 @@ gets and the weights of the experts the batch touches, and with expert paralleli
 (executor.expert_parallel = ep) the all-to-all dispatch and combine; the ep groups run attention
 data-parallel, so every per-token term above is that of 1/ep of the batch, and the KV pool is the
 groups' sum.
+
+Latent attention (DeepSeek-V2/V3, MLA; `_mla_attention`): KV per token and layer is one latent of
+r = kv_lora_rank plus a RoPE key of p = qk_rope_head_dim, shared by every head and held whole on
+every GPU of the TP group; a decode scores it in the absorbed form, 2 (r + p) + 2 r FLOPs per pair
+and head, reading (r + p) b_kv bytes per token and layer; a prefill chunk runs the plain form,
+2 (n + p) + 2 v FLOPs per pair and head (n = qk_nope_head_dim, v = v_head_dim), after
+up-projecting each cached token it reads, 2 r H (n + v) FLOPs at the GEMM peak.
 
 Not modelled (small, or properties of the serving stack rather than the GPU): the embedding lookup
 and its all-reduce, the final norm, the gather of TP-sharded logits, sampling kernels, tile and
@@ -124,10 +133,16 @@ class RooflineCostModel(RooflineMemory, CostModel):
         self.kv_heads = max(1, m.num_kv_heads // tp)
         inter = m.intermediate_size / tp
         self.window = m.sliding_window or _NO_WINDOW
+        # local/global layers (Gemma 2): the share of the L layers that read at most the window
+        # (the others every key); 0.0: all layers alike (every one windowed if window is set)
+        self.local_share = m.windowed_layers / L if m.full_attention_layers else 0.0
 
         # -- weights and KV per GPU
-        self.linear_params = h * (self.heads + 2 * self.kv_heads) * d + self.heads * d * h \
-            + 3 * h * inter                                    # per layer
+        # one layer's attention weights on one GPU (Q, K, V, O sharded by heads)
+        attn_params = h * (self.heads + 2 * self.kv_heads) * d + self.heads * d * h
+        if m.is_mla:
+            attn_params = self._mla_params()
+        self.linear_params = attn_params + 3 * h * inter        # per layer
         # the MLP read per token (ew_bytes), and the down projection's input per token (what
         # W8A8 quantizes): a dense model's, or a MoE layer's share below
         mlp_width, down_in = 3 * inter, inter
@@ -140,8 +155,8 @@ class RooflineCostModel(RooflineMemory, CostModel):
             shared = m.shared_expert_intermediate_size / tp
             moe_dense = h * m.num_experts + 3 * h * shared + h * m.shared_expert_gate
             dense = m.first_dense_layers
-            self.linear_params = h * (self.heads + 2 * self.kv_heads) * d \
-                + self.heads * d * h + (dense * 3 * h * inter + m.moe_layers * moe_dense) / L
+            self.linear_params = attn_params \
+                + (dense * 3 * h * inter + m.moe_layers * moe_dense) / L
             self.moe = MoeCost(m, hw, tp, ep, q.moe_imbalance or 1.0, b, b_w,
                                gemm_peak(hw, self.weight_dtype, bool(q.weight_only)))
             # SiLU x mul of the k experts each token visits, the shared ones, the dense MLPs;
@@ -159,7 +174,7 @@ class RooflineCostModel(RooflineMemory, CostModel):
         # out: under 0.1% of the weight bytes
         self.weight_bytes = b_w * (L * self.linear_params + self.expert_params) \
             + b * (L * 2 * h + h + vocab_params * (1 if m.tie_word_embeddings else 2))
-        self.kv_bytes_per_token = L * 2 * self.kv_heads * d * b_kv   # all layers
+        self.kv_bytes_per_token = L * m.kv_elements_per_layer(tp) * b_kv   # all layers
 
         # -- seconds per unit, whole model; precomputed so the hot path is a few multiplies
         flops, bw = hw.peak_flops, hw.mem_bandwidth * hw.mem_eff
@@ -171,8 +186,10 @@ class RooflineCostModel(RooflineMemory, CostModel):
         # norms (read+write h, x2), residual adds (read 2h write h, x2) are replicated per rank;
         # RoPE (read+write q, k), SiLU*mul (read 2I write I), KV write (in kv_cache_dtype) are
         # sharded.
-        ew_bytes = b * (10 * h + 2 * (self.heads + self.kv_heads) * d + mlp_width) \
-            + b_kv * 2 * self.kv_heads * d
+        # (latent attention: RoPE on each head's and the shared key's qk_rope_head_dim dims)
+        roped = (self.heads + 1) * m.qk_rope_head_dim if m.is_mla \
+            else (self.heads + self.kv_heads) * d
+        ew_bytes = b * (10 * h + 2 * roped + mlp_width) + b_kv * m.kv_elements_per_layer(tp)
         if w8a8:
             # each GEMM's input quantized to 8 bits on the fly by its own kernel (read in
             # model.dtype, write 8 bits), as vLLM's dynamic fp8 (a per-tensor scale per forward)
@@ -188,6 +205,11 @@ class RooflineCostModel(RooflineMemory, CostModel):
         self.attn_per_kv_token = self.kv_bytes_per_token / (hw.mem_bandwidth * hw.attn_kv_eff)
         # a decode's k + 1 pairs are all priced as context pairs (its one pair with itself too)
         self.decode_per_kv_token = self.attn_per_pair + self.attn_per_kv_token
+        #: FLOP-seconds per cached token a prefill chunk re-reads, beyond its pairs and bytes
+        #: (latent attention's up-projection; 0: none)
+        self.ctx_upproj = 0.0
+        if m.is_mla:
+            self._mla_attention(hw, flops, gemm_flops)
         self.lm_per_row = 2 * vocab_params / (flops * hw.compute_eff)
         self.lm_weights = b * vocab_params / bw
         self.ar_fixed, self.ar_per_token, self.far_fixed, self.far_per_token = \
@@ -199,11 +221,40 @@ class RooflineCostModel(RooflineMemory, CostModel):
             # attention data-parallel over the ep groups: each group runs 1/ep of the batch's
             # tokens, pairs, KV reads and sampled rows (weights are read by every group)
             for name in ("lin_per_token", "ew_per_token", "attn_per_pair", "attn_per_self_pair",
-                         "attn_per_kv_token", "decode_per_kv_token", "lm_per_row",
+                         "attn_per_kv_token", "decode_per_kv_token", "ctx_upproj", "lm_per_row",
                          "ar_per_token", "far_per_token"):
                 setattr(self, name, getattr(self, name) / ep)
         self._by_tokens: dict[int, float] = {}             # memo of _fixed's terms of T
         self._by_rows: dict[int, float] = {}                # ... and of S
+
+    # ---- latent attention (DeepSeek-V2/V3; module docstring) ----------------------------------
+    def _mla_params(self) -> float:
+        """One layer's latent-attention weights on one GPU: the query's and the latent's down
+        projections (and their norms) replicated on every GPU, as vLLM does; the query's up
+        projection, the latent's up projection to keys and values and O sharded by heads."""
+        m, h, H = self.model, self.model.hidden_size, self.heads
+        qr, kr = m.q_lora_rank, m.kv_lora_rank
+        q = h * qr + qr + qr * H * m.head_dim if qr else h * H * m.head_dim
+        return q + h * (kr + m.qk_rope_head_dim) + kr \
+            + kr * H * (m.qk_nope_head_dim + m.v_head_dim) + H * m.v_head_dim * h
+
+    def _mla_attention(self, hw, flops: float, gemm_flops: float) -> None:
+        """Latent attention's per-pair and per-token costs. A decode runs the absorbed form
+        (vLLM's MLA decode): the key up-projection is folded into the query, so each head scores
+        the cached (kv_lora_rank + qk_rope_head_dim) latent directly and sums kv_lora_rank values
+        (2 (r + p) + 2 r FLOPs a pair and head), reading only the latent. A prefill chunk runs
+        the plain form over up-projected keys and values (2 (n + p) + 2 v FLOPs a pair and head),
+        so every cached token it reads is first up-projected (2 r H (n + v) FLOPs, a GEMM); its
+        own tokens' up-projection is the linear term's kv_b weights (each token goes through them
+        once: prefill to up-project, decode to absorb)."""
+        m, L, H = self.model, self.model.num_layers, self.heads
+        r, p, n, v = m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim
+        prefill = L * (2 * (n + p) + 2 * v) * H
+        self.attn_per_pair = prefill / (flops * hw.attn_eff)
+        self.attn_per_self_pair = prefill / (flops * (hw.attn_self_eff or hw.attn_eff))
+        self.decode_per_kv_token = L * (2 * (r + p) + 2 * r) * H / (flops * hw.attn_eff) \
+            + self.attn_per_kv_token
+        self.ctx_upproj = L * 2 * r * H * (n + v) / (gemm_flops * hw.compute_eff)
 
     # ---- components (seconds, whole model, per GPU) -----------------------------------------
     def _soft(self, compute: float, memory: float) -> float:
@@ -221,7 +272,25 @@ class RooflineCostModel(RooflineMemory, CostModel):
         """Attention of c new tokens after k cached ones (a decode is c = 1, priced as one)."""
         w = self.window
         if c == 1:
-            return min(k + 1, w) * self.decode_per_kv_token
+            return self._decode_keys(k) * self.decode_per_kv_token
+        if self.ctx_upproj:
+            return self._plain_chunk_time(c, k, w) + k * self.ctx_upproj
+        f = self.local_share
+        if f:
+            # the windowed layers' share at the window, the global layers' at every key
+            return f * self._plain_chunk_time(c, k, w) \
+                + (1.0 - f) * self._plain_chunk_time(c, k, _NO_WINDOW)
+        return self._plain_chunk_time(c, k, w)
+
+    def _decode_keys(self, k: int):
+        """Keys a decode after k cached tokens reads, averaged over the layers."""
+        w = self.window
+        if k < w:
+            return k + 1
+        f = self.local_share
+        return f * w + (1.0 - f) * (k + 1) if f else w
+
+    def _plain_chunk_time(self, c: int, k: int, w: int) -> float:
         if k + c <= w:
             return c * k * self.attn_per_pair + c * (c + 1) // 2 * self.attn_per_self_pair \
                 + (k + c) * self.attn_per_kv_token
@@ -235,6 +304,10 @@ class RooflineCostModel(RooflineMemory, CostModel):
             pre += self.chunk_attention_time(c, k)
         w = self.window
         dec = 0
+        if self.local_share:
+            for k in decode_contexts:
+                dec += self._decode_keys(k)
+            return pre + dec * self.decode_per_kv_token
         for k in decode_contexts:                # each decode reads k + 1 tokens, at most w
             dec += k + 1 if k < w else w
         return pre + dec * self.decode_per_kv_token
@@ -298,7 +371,7 @@ class RooflineCostModel(RooflineMemory, CostModel):
 
     def step_time(self, reqs, num_new_tokens) -> float:
         """The hot path: iteration_time of a scheduled batch, read straight off the requests."""
-        if self.window != _NO_WINDOW:
+        if self.window != _NO_WINDOW or self.ctx_upproj:
             return self._windowed_step_time(reqs, num_new_tokens)
         S = dec = 0
         pre = 0.0
@@ -316,7 +389,9 @@ class RooflineCostModel(RooflineMemory, CostModel):
             + (pre + dec * self.decode_per_kv_token)
 
     def _windowed_step_time(self, reqs, num_new_tokens) -> float:
-        """step_time of a sliding-window model: attention reads at most the window."""
+        """step_time priced request by request (chunk_attention_time): a sliding-window model
+        (attention reads at most the window) or latent attention (a chunk's context is
+        up-projected)."""
         T = S = dec = 0
         pre = 0.0
         w = self.window
@@ -326,7 +401,7 @@ class RooflineCostModel(RooflineMemory, CostModel):
             if k + c == r.num_prompt_tokens + r.num_output_tokens:
                 S += 1
             if c == 1:
-                dec += k + 1 if k < w else w
+                dec += (k + 1 if k < w else w) if not self.local_share else self._decode_keys(k)
             else:
                 pre += self.chunk_attention_time(c, k)
         return self._fixed(T, S, len(num_new_tokens)) + (pre + dec * self.decode_per_kv_token)
@@ -338,6 +413,16 @@ class RooflineCostModel(RooflineMemory, CostModel):
         B = int(ctx.size)
         fixed = self._fixed(B, B, B)
         w = self.window
+        if self.local_share and int(ctx.max(initial=0)) + k > w:
+            # local and global layers: step_time's sums, request by request
+            rate, keys, cs = self.decode_per_kv_token, self._decode_keys, ctx.tolist()
+            out = []
+            for j in range(k):
+                dec = 0
+                for c in cs:
+                    dec += keys(c + j)
+                out.append(fixed + (0.0 + dec * rate))
+            return np.array(out)
         if w == _NO_WINDOW or int(ctx.max(initial=0)) + k <= w:
             total = sum(ctx.tolist())
             if k <= _SHORT_RUN:
@@ -363,7 +448,8 @@ class RooflineCostModel(RooflineMemory, CostModel):
         last one samples if `samples_last`): the same floating-point operations as step_time
         on each batch. None for what step_time prices otherwise (a sliding window, a subclass
         that reprices a step)."""
-        if self.window != _NO_WINDOW or type(self).step_time is not RooflineCostModel.step_time \
+        if self.window != _NO_WINDOW or self.ctx_upproj \
+                or type(self).step_time is not RooflineCostModel.step_time \
                 or type(self)._fixed is not RooflineCostModel._fixed:
             return None
         B = len(contexts)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from sarathi_lab.request import Request
+from sarathi_lab.schedulers.controllers import predictor
 from sarathi_lab.schedulers.controllers.base import (BudgetController, DecodeView, PromptView,
                                                      View, check_decision)
 from sarathi_lab.schedulers.controllers.static import Static
@@ -100,10 +101,26 @@ class RelegatingQueue(RequestQueue):
         self.num_relegated += 1
 
 
+def executed_batch(out) -> tuple:
+    """(prefill chunks as (tokens, context) pairs, decode contexts, k) of a batch about to be
+    applied (contexts before it ran): what `IterationPredictor.observe` is told."""
+    chunks, decodes = [], []
+    spec = out.spec_lens or ()
+    k = max(spec, default=0)
+    for i, (r, n) in enumerate(zip(out.reqs, out.num_new_tokens)):
+        if n == 1 + (spec[i] if spec else 0) and r.is_decoding:
+            decodes.append(r.num_computed_tokens)
+        else:
+            chunks.append((n, r.num_computed_tokens))
+    return chunks, decodes, k
+
+
 class Consulting:
-    """Consult `cfg.controller` each iteration (`iteration_budget`). The run layer hands in the
-    predictor and the SLO (`bind_predictor`); a non-static controller turns fast-forward off
-    (its budget may change every iteration)."""
+    """Consult `cfg.controller` each iteration (`iteration_budget`). A controller that prices
+    batches gets the predictor its settings name (`predictor.py`: the learned one, fed every
+    executed step by `update`, or the executor's cost model, which the run layer hands in with
+    the SLO: `bind_predictor`); a non-static controller turns fast-forward off (its budget may
+    change every iteration)."""
 
     controller: BudgetController | None = None
     predictor = None
@@ -122,6 +139,8 @@ class Consulting:
         self.fast_forward = None   # stepped: the budget may change every iteration
         self.fast_forward_off = (f"scheduler.controller={cfg.controller}: the budget may change "
                                  "every iteration")
+        if cls.needs_predictor:   # the learned one now; the oracle once the executor's is bound
+            self.predictor = predictor.build(self.controller.cfg)
         if cls.relegates:
             if type(self.waiting) is not RequestQueue:
                 raise ValueError(
@@ -131,19 +150,32 @@ class Consulting:
                     "scheduler.queue=fcfs)")
             self.waiting = RelegatingQueue()
 
-    def bind_predictor(self, predictor, slo=None) -> None:
-        """The run layer's predictor of iteration time (None: the executor offers none) and
-        SLO settings (TBT targets and TTFT deadlines shown to the controller)."""
+    def bind_predictor(self, price, slo=None) -> None:
+        """The run layer's price of an iteration (the executor's cost model, `Executor.predictor`;
+        None: it offers none), read only with ``scheduler.predictor=oracle``, and SLO settings
+        (TBT targets and TTFT deadlines shown to the controller)."""
         ctl = self.controller
-        if ctl is not None and ctl.needs_predictor and predictor is None:
-            raise ConfigError(
-                f"scheduler.controller={self.cfg.controller}: needs a predictor of iteration "
-                "time, and this run's executor offers none (only a simulator's cost model "
-                "does: executor=sim); use scheduler.controller=static")
-        self.predictor = predictor
+        if ctl is not None and ctl.needs_predictor and self.predictor is None:   # the oracle
+            if price is None:
+                raise ConfigError(
+                    f"scheduler.predictor=oracle (scheduler.controller={self.cfg.controller}): "
+                    "the oracle is the simulator's cost model, and this run's executor has none "
+                    "(a real executor measures time); use scheduler.predictor=learned")
+            self.predictor = predictor.Oracle(price)
         self.targets = slo_targets(slo)
         if ctl is not None:
             ctl.check_targets(has_tbt_target(slo))
+
+    def update(self, out, step, start: float, end: float):
+        """`Policy.update`, and the executed batch and its duration told to the predictor (what a
+        real engine observes: the step's time, its swap copies excluded)."""
+        if self.predictor is not None:
+            self.predictor.observe(*executed_batch(out), step.duration - step.swap_s)
+        return super().update(out, step, start, end)
+
+    def predictor_record(self) -> dict | None:
+        """The summary's `predictor`: which one priced the controller's batches (None: none)."""
+        return None if self.predictor is None else self.predictor.record()
 
     def view(self, now: float) -> View:
         targets = self.targets
@@ -174,7 +206,12 @@ class Consulting:
         if ctl is None:
             return self.cfg.token_budget
         view = self.view(now)
-        d = check_decision(ctl, ctl.decide(view, self.predictor), view)
+        try:
+            decision = ctl.decide(view, self.predictor)
+        except Exception as e:   # a plug-in's bug: named with its class, its cause kept
+            raise RuntimeError(f"controller {type(ctl).__module__}:{type(ctl).__qualname__}: "
+                               f"decide() raised {type(e).__name__}: {e}") from e
+        d = check_decision(ctl, decision, view)
         if d.prefill_order and not self.follows_prefill_order:
             raise ValueError(f"scheduler.controller={self.cfg.controller}: returned a "
                              f"prefill_order, but policy {self.name!r} orders prompts by its "

@@ -32,10 +32,16 @@ class Slack(NeedsTBTTarget, BudgetController):
     def __init__(self, cfg):
         super().__init__(cfg)
         # (left, context) -> the prompt's time alone: asked for every waiting prompt each
-        # iteration, and a waiting prompt's pair does not change
+        # iteration, and a waiting prompt's pair does not change; kept while the predictor's
+        # prices do (the learned one's change with every step it observes)
         self._alone: dict = {}
+        self._priced_by = None
 
     def alone(self, p, predict) -> float:
+        version = getattr(predict, "version", None)
+        if version != self._priced_by:
+            self._alone.clear()
+            self._priced_by = version
         key = (p.left, p.context)
         t = self._alone.get(key)
         if t is None:
@@ -44,9 +50,11 @@ class Slack(NeedsTBTTarget, BudgetController):
 
     def decide(self, view, predict):
         now = view.now
+        # a price of +inf is a predictor that cannot tell yet (a learned one's cold start):
+        # no ground to relegate on
         hopeless = tuple(p.request_id for p in (*view.prefills, *view.waiting)
                          if not p.relegated and p.deadline is not None
-                         and now + self.alone(p, predict) > p.deadline)
+                         and p.deadline < now + self.alone(p, predict) < _INF)
         last = {p.request_id for p in (*view.prefills, *view.waiting)
                 if p.relegated or p.request_id in hopeless}
         ordered = sorted(view.prefills, key=lambda p: (

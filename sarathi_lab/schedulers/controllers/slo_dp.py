@@ -63,6 +63,7 @@ class SLODPConfig(TargetConfig):
                            "the simulator's true rate is executor.acceptance_rate)"}
 
     def validate(self) -> None:
+        super().validate()
         if not self.chunk_sizes or min(self.chunk_sizes) < 0:
             raise ValueError(f"chunk_sizes={self.chunk_sizes}: must be a non-empty list of "
                              "integers >= 0")

@@ -1,14 +1,16 @@
-"""Settings and helpers the built-in controllers share: a TBT target of their own or the run's."""
+"""Settings and helpers the built-in controllers share: a TBT target of their own or the run's,
+and the predictor they price batches with (`predictor.PredictedConfig`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sarathi_lab.schedulers.controllers.base import ControllerConfig, DecodeView
+from sarathi_lab.schedulers.controllers.base import DecodeView
+from sarathi_lab.schedulers.controllers.predictor import PredictedConfig
 from sarathi_lab.settings import ConfigError, setting
 
 
 @dataclass
-class TargetConfig(ControllerConfig):
+class TargetConfig(PredictedConfig):
     target_tbt_s: float | None = setting(
         None, gt=0, help="s, the TBT every decode must keep; null: its SLO class's (slo "
                          "request_p99_tbt, else tpot, else p99_tbt)")

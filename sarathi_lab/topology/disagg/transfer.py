@@ -88,8 +88,11 @@ class Transfer:
         """From a model preset (or `ModelShape`): the KV is in the model's dtype."""
         from sarathi_lab.models.shape import ModelShape
         m = model if isinstance(model, ModelShape) else ModelShape.from_config(model)
-        per_token = m.num_layers * 2 * m.num_kv_heads * m.head_dim * m.dtype_bytes
-        return cls(link, per_token, m.num_layers, m.num_kv_heads, tp_prefill, tp_decode, mode)
+        # latent attention (MLA) keeps one latent per token, the same on every GPU of the group:
+        # as one shared head, every decode GPU receives all of it
+        heads = 1 if m.is_mla else m.num_kv_heads
+        return cls(link, m.kv_bytes_per_token(), m.num_layers, heads, tp_prefill, tp_decode,
+                   mode)
 
     def as_dict(self) -> dict:
         return {"link": self.link.as_dict(), "mode": self.mode,

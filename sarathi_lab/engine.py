@@ -1,8 +1,9 @@
 """The loop: admit arrivals, schedule, execute, update, advance the virtual clock.
 
-Request progress changes in one place, the policy (`update`, and `advance_decodes` for the
-simulator's skip through steady decode runs); the executor decides when a request ends; the
-engine only moves the clock, hands arrivals over and records iterations.
+Request progress changes in one place, the policy (`update`, and its fast-forward declaration's
+`advance_decodes` for the simulator's runs of steady iterations); the executor decides when a
+request ends; the engine only moves the clock, hands arrivals over and records iterations.
+Every caller moves it with one call, `advance(until)`, which says what happened (`Advanced`).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from sarathi_lab.guard import BatchGuard
 from sarathi_lab.request import Request, Status
 from sarathi_lab.schedulers.base import Policy
 from sarathi_lab.schedulers.output import SchedulerOutput
-from sarathi_lab.skip_runs import NO_SWAPS, SkipRuns, all_decoding
+from sarathi_lab.fast_forward import NO_SWAPS, FastForwardRuns, all_decoding
 
 log = logging.getLogger(__name__)
 _ARRIVAL = attrgetter("arrival_time")
@@ -42,15 +43,42 @@ SPEC_COLUMNS = ("spec_proposed", "spec_accepted", "spec_steps", "spec_tokens")
 _NO_SPEC = (0, 0, 0, 0)
 
 
+class Advanced:
+    """What one `Engine.advance` call did. Its last iteration ran from `start` to `end` (the
+    engine's clock after the call): `batch`, that iteration's SchedulerOutput if it was
+    stepped (empty if the policy scheduled nothing; None if the call ended in a fast-forwarded
+    run); `finished`, the requests that ended in it (each at its `finish_time`, which is
+    `end`); `rejected`, those the policy refused in it (at `start`); `prefill_tokens`,
+    `decode_tokens`, what it computed; `first_tokens`, the requests whose first token came out
+    at its end. Fast-forwarded runs before it ended nothing and emitted no first token."""
+    __slots__ = ("start", "end", "batch", "finished", "rejected", "prefill_tokens",
+                 "decode_tokens", "_token_time", "_first")
 
-class Engine(SkipRuns):
+    def __init__(self, start: float, end: float, batch, finished, rejected, prefill_tokens=0,
+                 decode_tokens=0, token_time: float = _INF, first=None):
+        self.start, self.end, self.batch = start, end, batch
+        self.finished, self.rejected = finished, rejected
+        self.prefill_tokens, self.decode_tokens = prefill_tokens, decode_tokens
+        self._token_time, self._first = token_time, first
+
+    @property
+    def first_tokens(self) -> list:
+        if self._first is None:   # a stepped batch: its entries whose first token is its own
+            t = self._token_time
+            self._first = [r for r in self.batch.reqs if r.token_times
+                           and r.token_times[0] == t] if self.prefill_tokens else []
+        return self._first
+
+
+class Engine(FastForwardRuns):
     """Drives one policy and one executor on a virtual clock.
 
-    A topology (sarathi_lab/topology/) drives it through `next_event_time`, `wake`,
-    `add_request`/`adopt`, and `run_until` (an engine no one watches) or `step`, `resume` and
-    `skip_after` (one whose every request end a topology observes). `run(requests)` replays a
-    whole workload on this engine alone. `progress`, if given, is called as
-    progress(num_done, num_tokens) after iterations that end requests."""
+    Every caller -- a topology (sarathi_lab/topology/), the server's worker, a benchmark, a
+    test -- moves it with `advance(until)`, hands it requests with `add_request` / `adopt`
+    after `wake(t)`, asks `next_event_time()` when it steps next and `finish()` at the end.
+    `run(requests)` replays a whole workload on this engine alone over those calls.
+    `progress`, if given, is called as progress(num_done, num_tokens) after iterations that
+    end requests."""
 
     def __init__(self, policy: Policy, executor: Executor, *, fast_forward: bool = True,
                  progress=None, overlong: str = "reject",
@@ -62,13 +90,17 @@ class Engine(SkipRuns):
         self.speculative = check_speculation(policy.cfg.num_speculative_tokens, executor)
         if policy.oracle:
             policy._output_len = executor.output_len
+        if policy.admission is not None:   # admission control reads this engine's clock
+            policy.admission.bind_clock(self.clock)
         # skipping steady decode runs needs predicted durations and no real tokens (and every
         # step: a steady run's tokens per step would depend on the drafts accepted), and the
         # policy's declaration of its steady runs, the only thing read to skip them;
         # `fast_forward_off` says which is missing (`why_not`: why it was not asked for), for
         # the summary's record (`runner.results`)
         self._ff = policy.fast_forward
-        undeclared = f"{type(policy).__qualname__} declares no fast_forward"
+        # a policy that turned its class's declaration off says why (a budget controller)
+        undeclared = policy.fast_forward_off \
+            or f"{type(policy).__qualname__} declares no fast_forward"
         self.fast_forward_off = (
             why_not if not fast_forward else
             executor.no_fast_forward if not executor.supports_fast_forward else
@@ -109,9 +141,13 @@ class Engine(SkipRuns):
         self.num_done = 0
         self.num_tokens = 0   # computed in stepped iterations (kept only for `progress`)
         self.output_lens: dict = {}   # request id -> the workload's output length (metrics)
-        self.blocked = False   # scheduled nothing with only queued work: waits for an input
-        self._decoding = False   # run_until's state between calls (see there)
-        self._resume: tuple | None = None   # a watched engine's last step, while its run may go on
+        self._blocked = False   # scheduled nothing with only queued work: waits for an input
+        # every running request decodes and the last batch preempted nothing: the state in
+        # which the policy is asked whether the next batches are steady decodes (kept between
+        # `advance` calls: an arrival that only joined the queue leaves it as it was)
+        self._decoding = False
+        self._last_start = 0.0   # when a fast-forwarded run's last iteration started
+        self._last_chunk = 0     # the prompt tokens of a chunk run's last iteration
         # host time: the seconds of each stepped iteration outside the executor's step (the
         # policy's schedule and update, the guard, this loop's bookkeeping), on the executor's
         # `host_clock` where it has one (the torch executor; the simulator's cost model prices
@@ -245,7 +281,7 @@ class Engine(SkipRuns):
             req.rejection_reason = None
             req.finish_reason = finish_reason
             req.finish_time = req.token_times[-1] if req.token_times else self.now
-        self._resume = None
+        self._decoding = False
         self.num_done += 1
         return True
 
@@ -275,12 +311,14 @@ class Engine(SkipRuns):
             self.num_done += 1
             return False
         self.policy.adopt(req)
+        self._decoding = False   # its next batch is stepped before any run
         return True
 
-    def step(self) -> tuple:
+    def _step(self) -> tuple:
         """One iteration at `now`: schedule, execute, update, advance the clock. Returns
-        (batch, finished requests, prefill tokens, decode tokens); the batch is empty if the
-        policy scheduled nothing (it may still have rejected requests)."""
+        (batch, finished requests, prefill tokens, decode tokens, the time its tokens came
+        out); the batch is empty if the policy scheduled nothing (it may still have rejected
+        requests)."""
         policy, kv, ex = self.policy, self.kv, self.executor
         clock = self._host_clock
         t0 = clock() if clock else 0.0
@@ -294,7 +332,7 @@ class Engine(SkipRuns):
             if out.swapped_out or out.swapped_in:
                 self.guard.swaps_without_batch(out, self._where)
             self.num_done += len(out.rejected)
-            return out, [], 0, 0
+            return out, [], 0, 0, _INF
         emitted, ended = self.guard.check(out, self._where, self._stops)
         self._emitted = emitted
         pre = clock() - t0 if clock else 0.0
@@ -331,18 +369,18 @@ class Engine(SkipRuns):
         if self._spec_rows is not None:
             self._spec_rows.append(_spec_record(out, step) if step.accepted is not None
                                    else _NO_SPEC)
+        token_time, self.now = end, end
         if clock:
             host = pre + clock() - t1
             self._host_s.append(host)
             if self._host_in_clock:   # the update and the bookkeeping after the tokens
-                end += host - pre
-        self.now = end
+                self.now = end + host - pre
         self.guard.progressed(emitted, len(done) + len(out.rejected), self._where)
         self.num_done += len(done) + len(out.rejected)
         if self.progress is not None:
             self.num_tokens += n_pre + n_dec
             self.progress(self.num_done, self.num_tokens)
-        return out, done, n_pre, n_dec
+        return out, done, n_pre, n_dec, token_time
 
     def _speculated(self, out, step) -> None:
         """A step that ran speculative decodes: check its `accepted` and fill `emitted` and
@@ -368,24 +406,66 @@ class Engine(SkipRuns):
                                  f"finished={step.finished[:10]!r})")
         self._emitted = sum(1 for m in step.emitted if m)
 
-    # -- the stepping API a topology drives (sarathi_lab/topology/) -------------------------------
+    # -- the stepping call ----------------------------------------------------------------------
+    def clock(self) -> float:
+        """The engine's clock (`now`), for what reads it between steps (admission control)."""
+        return self.now
+
+    @property
+    def blocked(self) -> bool:
+        """The policy scheduled nothing with only queued requests: the engine waits for an input
+        (`wake`)."""
+        return self._blocked
+
     def next_event_time(self) -> float:
         """When this engine steps next: its clock while it has work and is not blocked (waiting
         for an input after a batch that scheduled nothing); inf otherwise."""
-        return _INF if self.blocked or not self.policy.has_work() else self.now
+        return _INF if self._blocked or not self.policy.has_work() else self.now
 
     def wake(self, t: float) -> None:
         """An input reaches the engine at t (an arrival, KV landing, any event for a blocked
         engine): an idle or blocked engine's clock moves on to t (a busy one is at or past
         it: the driver handles an event only once no busy engine is behind it)."""
-        self.blocked = False
+        self._blocked = False
         if self.now < t:
             self.now = t
 
-    def interrupt(self) -> None:
-        """Something changed on the engine between its steps (a request routed or seated
-        here, KV reserved): a decode run cut at the last bound is not simply resumed."""
-        self._resume = None
+    def advance(self, until: float | None = None, where: str = "") -> Advanced:
+        """Move the engine on: with fast-forward, through runs of steady iterations (every
+        running request decoding; one prompt's chunks beside them) that end before `until`,
+        then one stepped iteration, unless the runs brought the clock to `until`; returns what
+        the last iteration did (`Advanced`). A call whose `until` is at or before the clock (a
+        watched engine level with another) steps once. A run that ends requests or emits a first token is
+        the call's last iteration, as a stepped one is; runs stop at `until` (no iteration of
+        a run starts at or after it: the next input that could reach this engine; a topology
+        that watches answers passes the earliest time another engine could send one).
+        `until=None`: exactly one stepped iteration, no fast-forward. Called while the engine
+        has work and is not blocked (`next_event_time` < inf); an empty batch leaves it
+        blocked until its next input, or raises if the policy would never make progress
+        (`where`: the replica, prefixed to the message)."""
+        if until is not None and self.fast_forward and (self._decoding or self._chunks):
+            before = self.now
+            ran = self._fast_forward(until)
+            if ran is not None:
+                finished, first, n_pre, n_dec = ran
+                return Advanced(self._last_start, self.now, None, finished, [], n_pre,
+                                n_dec, self.now, first)
+            if self.now != before and (self.now >= until or not self.policy.has_work()):
+                return Advanced(self._last_start, self.now, None, [], [])
+        start = self.now
+        out, done, n_pre, n_dec, token_time = self._step()
+        policy = self.policy
+        n = len(out.reqs)
+        if not n:
+            self._decoding = False
+            self._settle_empty(out, where)
+        else:
+            # every request of the batch decodes next if each decoded, or each emitted a token
+            # (a prompt's last chunk too), and the batch held every running request
+            self._decoding = not out.preempted and (
+                (n_dec == n and n_pre == 0 or self._emitted == n)
+                and n == len(policy.running) + len(done) or all_decoding(policy.running))
+        return Advanced(start, self.now, out, done, out.rejected, n_pre, n_dec, token_time)
 
     def stuck(self, where: str = "") -> RuntimeError:
         """The error for a policy that scheduled nothing and never will (`where`: the replica,
@@ -398,7 +478,7 @@ class Engine(SkipRuns):
             f"and {kv.num_free_blocks}/{kv.num_blocks} KV blocks free; it would never "
             "make progress")
 
-    def settle_empty(self, out, where: str = "") -> None:
+    def _settle_empty(self, out, where: str) -> None:
         """After a step that scheduled nothing: nothing to do if it rejected requests or no
         work is left; blocked until its next input if only queued requests remain (a plug-in
         may wait for more arrivals); with requests running, the policy would never make
@@ -407,84 +487,33 @@ class Engine(SkipRuns):
         if out.rejected or not policy.has_work():
             return
         if not policy.running:
-            self.blocked = True
+            self._blocked = True
             return
         raise self.stuck(where)
 
-    def run_until(self, until: float) -> None:
-        """Step while the clock is before `until` (the next event that could reach this
-        engine), work is left and the engine is not blocked; with fast-forward, skip through
-        steady decode runs (ending requests in a run's last iteration) and chunked prompts,
-        each stopping at `until`. For an engine no one watches between events (one engine,
-        open loop): a skipped run tells no one which requests ended or emitted a first token
-        in it. A topology that watches its engines uses `step`, `resume` and `skip_after`."""
-        policy = self.policy
-        # every running request decodes and the last batch preempted nothing: the state in which
-        # the policy is asked whether the next batches are steady decodes (after a batch, a
-        # skipped run, or an arrival that only joined the queue)
-        decoding = self._decoding
-        while self.now < until and not self.blocked and policy.has_work():
-            if decoding:
-                if self.fast_forward and self._steady() and self._skip_decodes(until, self._fold):
-                    continue
-            elif self._chunks and self._skip_chunks(until):
-                decoding = all_decoding(policy.running)   # after the prompt's last chunk
-                continue
-            out, done, n_pre, n_dec = self.step()
-            if not out.reqs:
-                decoding = False
-                self.settle_empty(out)
-                continue
-            n = len(out.reqs)
-            # every request of the batch decodes next if each decoded, or each emitted a token
-            # (a prompt's last chunk too), and the batch held every running request
-            decoding = not out.preempted and (
-                (n_dec == n and n_pre == 0 or self._emitted == n)
-                and n == len(policy.running) + len(done) or all_decoding(policy.running))
-        self._decoding = decoding
-
     def run(self, requests: list[Request]) -> list[Request]:
-        """Replay `requests` open-loop on this engine alone: what the topology driver does
-        with one engine (`topology.drive(Single(engine), OpenLoop(requests))`, which the run
-        uses), kept for callers that hold only an engine."""
+        """Replay `requests` open-loop on this engine alone, over `wake`, `add_request` and
+        `advance` up to each arrival: what the topology driver does with one engine
+        (`topology.drive(Single(engine), OpenLoop(requests))`, which the run uses), kept for
+        tests and tools that hold only an engine. Returns them in arrival order."""
         reqs = sorted(requests, key=_ARRIVAL)
         for r in reqs:
             t = r.arrival_time
-            self.run_until(t)
+            while self.next_event_time() < t:
+                self.advance(t)
             self.wake(t)
             self.add_request(r)
-        self.run_until(_INF)
+        while self.next_event_time() < _INF:
+            self.advance(_INF)
         self.finish()
         return reqs
 
     def finish(self, where: str = "") -> None:
         """The run is over: a blocked engine with work left never made progress; the guard
         checks that every request ended."""
-        if self.blocked and self.policy.has_work():
+        if self._blocked and self.policy.has_work():
             raise self.stuck(where)
         self.guard.finished()
-
-    def resume(self, bound: float) -> bool:
-        """A watched engine's decode run, cut at the last bound, goes on to `bound` if nothing
-        changed on it since (`interrupt`); True if it ran any (`skip_ahead` asks the policy
-        again)."""
-        last = self._resume
-        if last is None:
-            return False
-        before = self.now
-        self.skip_ahead(*last, bound)
-        if self.now != before:
-            return True
-        self._resume = None
-        return False
-
-    def skip_after(self, stepped: tuple, bound: float) -> None:
-        """After `step()` returned `stepped` with a batch: with fast-forward, skip the steady
-        decode run that follows up to `bound` (`skip_ahead`), and remember the step to resume
-        it later."""
-        if self.fast_forward:
-            self.skip_ahead(*stepped, bound)
-            self._resume = stepped
 
     def _where(self) -> str:
         return f"at iteration {self.num_iterations} (t={self.now:.3f}s)"

@@ -5,7 +5,8 @@ and the iteration, instead of producing a plausible wrong number.
 Rules: the policy's token limit and `max_num_seqs`; each entry at least one token and at most
 what its request has left to compute, or a decode and its k draft tokens (speculative decoding,
 k at most scheduler.num_speculative_tokens, within max_model_len); no request twice in a batch;
-only running requests; KV slots held for every token scheduled. A run that emits no token and ends no request for a bounded
+only running requests; KV slots held for every token scheduled; a policy that declares
+`whole_prompts` computes every entry to its end (no prompt chunked, none recomputed in parts). A run that emits no token and ends no request for a bounded
 number of iterations is stuck (a policy that preempts and re-admits forever), and at the end of a
 run every KV block must be free or cached.
 
@@ -38,6 +39,7 @@ class BatchGuard:
         self.policy, self.kv = policy, kv
         self.limit = policy.token_limit()
         self.max_seqs = policy.cfg.max_num_seqs
+        self.whole = bool(policy.whole_prompts)
         # a prompt is prefilled in at most max_model_len iterations (one token each), after
         # which it emits; a window twice that long without any output is a livelock
         self.patience = 2 * kv.max_model_len + 1000
@@ -116,6 +118,13 @@ class BatchGuard:
                 slots = 0
             if end > slots or r.status is not RUNNING:
                 self._entry(r, k, where)
+        if self.whole and samples < n:   # an entry short of its request's end: a chunk
+            r, k = next((r, k) for r, k in zip(reqs, ns)
+                        if r.num_computed_tokens + k < r.num_prompt_tokens + r.num_output_tokens)
+            self._fail("whole prompts", f"request {r.request_id!r} is given {k} of the "
+                       f"{r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens} "
+                       "tokens it has left, but the policy declares whole_prompts = True",
+                       where)
         if out.swapped_out or out.swapped_in or self.swap_log or self.policy.swapped:
             self._check_swaps(out, where)
         return samples, ended

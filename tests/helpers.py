@@ -130,7 +130,7 @@ def add(policy, ex, r):
 
 
 def step(policy, ex):
-    out = engine(policy, ex).step()[0]
+    out = engine(policy, ex).advance().batch
     return [(r.request_id, n) for r, n in zip(out.reqs, out.num_new_tokens)]
 
 

@@ -2,7 +2,7 @@
 runs them with fast-forward on and off, in code and through the CLI)."""
 from dataclasses import dataclass
 
-from sarathi_lab.schedulers import Policy, SchedulerConfig, SchedulerOutput
+from sarathi_lab.schedulers import Budget, Policy, SchedulerConfig, SchedulerOutput
 from sarathi_lab.schedulers.sarathi import Sarathi
 from sarathi_lab.settings import setting
 
@@ -21,14 +21,13 @@ class DecodeFirst(Policy):
     def schedule(self, now):
         out = SchedulerOutput()
         self.schedule_decodes(out, [r for r in self.running if r.is_decoding])
-        budget = self.cfg.prefill_chunk
+        budget = Budget(self.cfg.prefill_chunk)   # each entry costs what it computes
         for req in self.running:   # prompts under way: their KV blocks are held since admission
             if budget and not req.is_decoding:
-                n = min(req.num_tokens_to_compute, budget)
+                n = budget.chunk(req)
                 self.kv.allocate_slots(req, n)
-                out.add(req, n)
-                budget -= n
-        self.admit_waiting(out, budget)   # the queue's head first; none overtakes it
+                budget.add(out, req, n)
+        self.admit_waiting(out, budget.left)   # the queue's head first; none overtakes it
         return out
 
 

@@ -42,6 +42,7 @@ class StealsQueued(RoundRobin):
 
 class RejectsTwice(Sarathi):
     """Takes request 3, rejects it and reports it rejected twice in its next batch."""
+    overrides = ("add_request",)
     name = "rejects_twice"
     pending = ()
 
@@ -61,6 +62,7 @@ class RejectsTwice(Sarathi):
 
 class Strands(Sarathi):
     """Takes request 2 and never queues it."""
+    overrides = ("add_request",)
     name = "strands"
 
     def add_request(self, req):

@@ -506,3 +506,36 @@ def test_registry_scans_the_installed_entry_points_once_and_lets_them_override(m
     assert len(scans) == 1
     assert policies == {**BUILTIN["sarathi_lab.schedulers"], "sarathi": "tests_pkg.mine:Mine"}
     assert routers == {**BUILTIN["sarathi_lab.routers"], "tiny": "tests_pkg.mine:Tiny"}
+
+
+def test_a_policy_cannot_shadow_a_toolkit_name_unknowingly():
+    """A plug-in that defines a name of the toolkit its `schedule()` composes (mechanics/: here
+    a helper of its own called `admit_waiting`, and a private `_finished`) would silently
+    replace what the mechanics call: refused when the class is created, naming the name and
+    the way to do it knowingly; the documented hooks and an `overrides` entry pass."""
+    from sarathi_lab.schedulers.sarathi import Sarathi
+
+    with pytest.raises(TypeError, match=r"defines 'admit_waiting', a name of the policy toolkit "
+                       r"\(sarathi_lab.schedulers.mechanics.admit.Admission\).*overrides = "
+                       r"\('admit_waiting',\)"):
+        class OwnHelper(Sarathi):
+            def admit_waiting(self, out, budget, whole=False):
+                return budget
+
+    with pytest.raises(TypeError, match="defines '_finished'"):
+        class Mixin:
+            _finished = None
+
+        class WithMixin(Mixin, Sarathi):
+            pass
+
+    class Knowingly(Sarathi):
+        overrides = ("admit_waiting",)
+
+        def admit_waiting(self, out, budget, whole=False):
+            return super().admit_waiting(out, budget, whole)
+
+        def update(self, out, step, start, end):   # a hook: no entry needed
+            return super().update(out, step, start, end)
+
+    assert Knowingly.admit_waiting is not Sarathi.admit_waiting

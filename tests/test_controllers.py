@@ -222,7 +222,7 @@ def test_a_decision_that_breaks_the_contract_names_the_controller(plugin, rule):
     eng = Engine(p, LinearCost(), fast_forward=False)
     eng.add_request(Request(0, 0.0, 20, 2))
     with pytest.raises(ValueError, match=f"controller {plugin}: .*{rule}"):
-        eng.step()
+        eng.advance()
 
 
 def test_the_oracle_without_a_cost_model_is_an_error_naming_the_setting():
@@ -366,7 +366,7 @@ def test_the_view_shows_contexts_targets_and_deadlines_from_the_slo():
     eng.add_request(Request(0, 0.0, 20, 5))                               # decodes after step 1
     eng.add_request(Request(1, 0.0, 40, 5, slo_class="chat"))             # 12 of 40 in step 1
     eng.add_request(Request(2, 0.0, 10, 5, deadline=0.7))                 # waits
-    eng.step()   # 20 + 12 tokens: t = 0.01 + 0.032 = 0.042
+    eng.advance()   # 20 + 12 tokens: t = 0.01 + 0.032 = 0.042
     v = p.view(eng.now)
     assert v.now == pytest.approx(0.042) and v.max_budget == 32 and v.max_spec_len == 0
     (d,) = v.decodes

@@ -327,7 +327,7 @@ def test_retained_kv_outlives_the_request_until_released():
     kv.retain(r)
     e = Engine(policy, LinearCost())
     e.add_request(r, output_len=1)
-    e.step()
+    e.advance()
     assert r.status.name == "FINISHED" and kv.num_used_blocks == 3 and kv.num_retained() == 1
     assert kv.num_stored_tokens == 9 and kv.holders() == [0]
     with pytest.raises(Exception, match="every KV block is freed"):
@@ -343,7 +343,7 @@ def test_a_preempted_request_frees_its_kv_even_when_retained():
     kv.retain(r)
     e = Engine(policy, LinearCost())
     e.add_request(r, output_len=1)
-    e.step()                       # 4 of its 9 prompt tokens
+    e.advance()                       # 4 of its 9 prompt tokens
     assert kv.num_used_blocks == 3 and kv.num_stored_tokens == 4
     from sarathi_lab.schedulers.output import SchedulerOutput
     policy.preempt(r, SchedulerOutput())
@@ -365,7 +365,7 @@ def test_received_kv_is_counted_and_adopted(policy, blocks):
     assert e.adopt(r, 3)
     assert r in e.policy.running and r.status.name == "RUNNING"
     while e.policy.has_work():
-        e.step()
+        e.advance()
     assert r.token_times == pytest.approx([0.5, 1.011, 1.022]) and r.status.name == "FINISHED"
     e.guard.finished()
 

@@ -7,7 +7,7 @@ from conftest import LinearCost, make_policy, req
 from sarathi_lab.engine import Engine
 from sarathi_lab.metrics import iterations_table, requests_table, summarize
 from sarathi_lab.runner import build
-from sarathi_lab.schedulers import steady
+from sarathi_lab.schedulers.mechanics.fast_forward import sarathi_decode
 from sarathi_lab.schedulers.mechanics.fast_forward import FastForward, advance_chunks
 from sarathi_lab.schedulers.output import SchedulerOutput
 from sarathi_lab.schedulers.sarathi import Sarathi
@@ -268,7 +268,7 @@ def test_chunk_runs_are_off_for_a_policy_that_reschedules_below_their_declaratio
         fast_forward = Sarathi.fast_forward
 
     class DecodesOnly(Sarathi):      # declares decode runs only
-        fast_forward = FastForward(steady_decode=steady.sarathi_decode)
+        fast_forward = FastForward(steady_decode=sarathi_decode)
     base = make_policy("sarathi")
     for cls, chunks in ((Sarathi, True), (Resched, False), (Reupdate, False), (Both, True),
                         (DecodesOnly, False), (type(make_policy("vllm")), False)):

@@ -30,6 +30,9 @@ class Restepped(Sarathi):
     (["scheduler=custom", "scheduler.name=test_fast_forward_record:Restepped"],
      "Restepped declares no fast_forward"),
     (["cluster.num_replicas=2"], None),
+    # Sarathi declares its runs; the budget controller turned them off, and is named
+    (["scheduler=sarathi", "scheduler.controller=tbt_target", "+scheduler.target_tbt_s=0.05"],
+     "scheduler.controller=tbt_target: the budget may change every iteration"),
 ])
 def test_the_summary_says_whether_the_run_fast_forwarded_and_why_not(overrides, why):
     s = run(composed(*SMALL, *overrides), None, write=False)

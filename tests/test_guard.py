@@ -188,6 +188,7 @@ def test_a_well_behaved_run_passes_every_check():
 
 class ForgetsTheQueue(Sarathi):
     """Says it has no work while requests still wait."""
+    overrides = ("has_work",)
     def has_work(self):
         return bool(self.running)
 
@@ -234,3 +235,27 @@ def test_a_livelock_is_counted_from_the_last_iteration_that_emitted():
         f"{5 + n} "
         f"(t={eng.now:.3f}s): {n} iterations in a row emitted no token and ended no request "
         "(0 waiting, 1 running); it would never finish")
+
+
+class ChunksButDeclaresWhole(Sarathi):
+    """Sarathi's chunked prompts under a declaration that prompts are never chunked."""
+    whole_prompts = True
+
+
+def test_a_policy_that_declares_whole_prompts_and_chunks_one_is_stopped():
+    # a 200-token prompt, budget 128: sarathi's first batch gives it a chunk of 128
+    with pytest.raises(RuleViolation, match=r"ChunksButDeclaresWhole.schedule\(\) broke the rule "
+                       r"'whole prompts' at iteration 0 .*request 0 is given 128 of the 200 "
+                       r"tokens it has left"):
+        run(ChunksButDeclaresWhole, [req(0, 200, 2)], token_budget=128)
+
+
+def test_whole_prompt_policies_keep_their_declaration():
+    """vllm, orca and request_level declare whole prompts and compute every prompt at once: the
+    guard lets every batch through (the reference runs cover them on a real trace)."""
+    for name in ("vllm", "orca", "request_level"):
+        p = make_policy(name, num_kv_blocks=16, block_size=16)
+        assert p.whole_prompts
+        reqs = [req(i, 60 + 10 * i, 80, t=0.001 * i) for i in range(6)]
+        Engine(p, LinearCost(), fast_forward=False).run(reqs)
+        assert all(r.status is Status.FINISHED for r in reqs)

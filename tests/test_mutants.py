@@ -118,7 +118,8 @@ def test_progress_counts_requests_done_and_tokens_computed(name):
 
 
 def test_a_step_that_schedules_nothing_computes_no_token():
-    out, done, n_pre, n_dec = Engine(make_policy("sarathi"), LinearCost()).step()
+    adv = Engine(make_policy("sarathi"), LinearCost()).advance()
+    out, done, n_pre, n_dec = adv.batch, adv.finished, adv.prefill_tokens, adv.decode_tokens
     assert not out and done == [] and (n_pre, n_dec) == (0, 0)
 
 
@@ -228,9 +229,9 @@ def test_admission_goes_on_past_a_head_rejected_for_good():
     add(p, ex, req(2, 5, 6))
     for _ in range(3):
         assert step(p, ex) == [(0, 1), (1, 1)]
-    out = engine(p, ex).step()[0]
+    out = engine(p, ex).advance().batch
     assert [r.request_id for r in out.preempted] == [1]
-    out = engine(p, ex).step()[0]
+    out = engine(p, ex).advance().batch
     assert [r.request_id for r in out.rejected] == [1] and "kv_watermark" in \
         out.rejected[0].rejection_reason
     assert [(r.request_id, n) for r, n in zip(out.reqs, out.num_new_tokens)] == [(2, 5)]
@@ -285,6 +286,7 @@ def test_a_request_preempted_twice_counts_two_preemptions():
 
 class NewestFirst(VLLM):
     """Grants decodes newest first, protecting those already in the batch through `out`."""
+    overrides = ("schedule_decodes",)
 
     def schedule_decodes(self, out, decodes):
         for r in reversed(decodes):
@@ -304,6 +306,7 @@ def test_preemption_spares_the_requests_already_in_the_batch():
 
 class OneByOne(Sarathi):
     """Adds its decodes to the batch one at a time, as a plug-in may."""
+    overrides = ("schedule_decodes",)
 
     def schedule_decodes(self, out, decodes):
         for r in decodes:
@@ -325,6 +328,7 @@ def test_decodes_added_one_by_one_are_counted_as_decodes():
 
 # -- errors ---------------------------------------------------------------------------------------
 class FailingAdd(Sarathi):
+    overrides = ("add_request",)
     def add_request(self, r):
         raise KeyError("lost")
 
@@ -385,6 +389,7 @@ def test_reading_the_true_output_length_names_the_policy():
 
 class NoDecodeSlots(Sarathi):
     """Schedules decodes without asking the KV manager for their slots."""
+    overrides = ("schedule_decodes",)
 
     def schedule_decodes(self, out, decodes):
         out.add_decodes(decodes)

@@ -21,7 +21,7 @@ def test_a_controller_that_raises_is_named_with_its_class():
     eng = Engine(p, LinearCost(), fast_forward=False)
     eng.add_request(Request(0, 0.0, 20, 2))
     with pytest.raises(Exception) as e:
-        eng.step()
+        eng.advance()
     assert "controller test_plugin_errors:Raises: decide() raised ZeroDivisionError: " \
            "integer division or modulo by zero" in str(e.value), e.value
     assert isinstance(e.value.__cause__.__cause__, ZeroDivisionError)

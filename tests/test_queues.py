@@ -126,7 +126,7 @@ def stepper(policy):
     eng = Engine(policy, LinearCost(), fast_forward=False)
 
     def step():
-        out = eng.step()[0]
+        out = eng.advance().batch
         return [(x.request_id, n) for x, n in zip(out.reqs, out.num_new_tokens)]
     return eng, step
 
@@ -213,7 +213,7 @@ def test_preemption_victim_and_requeue(queue, service, batch, preempted, waiting
     names = {x.request_id: n for n, x in reqs.items()}
 
     def step():
-        out = eng.step()[0]
+        out = eng.advance().batch
         return ("".join(names[x.request_id] for x in out.reqs),
                 "".join(names[x.request_id] for x in out.preempted),
                 "".join(names[x.request_id] for x in p.waiting))

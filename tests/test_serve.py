@@ -52,7 +52,7 @@ def test_an_aborted_request_leaves_the_policy_and_frees_its_kv(where):
     status = {"waiting": Status.WAITING, "running": Status.RUNNING,
               "swapped": Status.SWAPPED}[where]
     for _ in range(200):
-        e.step()
+        e.advance()
         victim = next((r for r in reqs if r.status is status), None)
         if victim is not None and (where != "running" or victim.num_output_tokens):
             break
@@ -63,7 +63,7 @@ def test_an_aborted_request_leaves_the_policy_and_frees_its_kv(where):
     assert e.kv.num_used_blocks + e.kv.num_used_host_blocks < held or where == "waiting"
     assert not e.abort(victim, "again")   # already ended: nothing to do
     while policy.has_work():
-        e.step()
+        e.advance()
     e.finish()   # the guard: every request ended, every block (device and host) free
     other = next(r for r in reqs if r is not victim)
     assert other.status is Status.FINISHED and other.num_output_tokens == 40

@@ -97,11 +97,11 @@ def test_rejected_drafts_release_their_kv_slots():
     p = make_policy("sarathi", token_budget=64, num_speculative_tokens=3)
     e = Engine(p, Scripted({0: [0, 0]}), fast_forward=False)
     e.add_request(r)
-    e.step()
-    e.step()
+    e.advance()
+    e.advance()
     assert (r.num_computed_tokens, r.num_output_tokens) == (5, 2)
     assert p.kv.num_stored_tokens == 5 and len(p.kv.block_table(r)) == 2
-    e.step()   # 6 computed: still 2 blocks; slots 6..9 were allocated, 3 given back
+    e.advance()   # 6 computed: still 2 blocks; slots 6..9 were allocated, 3 given back
     assert p.kv.num_stored_tokens == 6 and len(p.kv.block_table(r)) == 2
 
 
@@ -125,8 +125,8 @@ def test_drafts_fit_the_budget_max_tokens_and_max_model_len():
     e = Engine(cap, Scripted(), fast_forward=False)
     r = req(0, 8, 2)
     e.add_request(r)
-    e.step()
-    out = e.step()[0]
+    e.advance()
+    out = e.advance().batch
     assert out.spec_lens == [1] and out.num_new_tokens == [2]
 
 
@@ -295,11 +295,11 @@ def test_the_predictor_prices_a_speculating_batch_as_the_simulator_does():
         e = Engine(p, ex, fast_forward=False)
         for r in (Request(0, 0.0, 9, 50), Request(1, 0.0, 5, 50)):
             e.add_request(r)
-        e.step()   # both prompts: each decodes next
+        e.advance()   # both prompts: each decodes next
         a, b = p.running
         ctx = [a.num_computed_tokens, b.num_computed_tokens]
         predicted = ex.predictor()([], ctx, spec_len=2)
-        out = e.step()[0]
+        out = e.advance().batch
         assert out.spec_lens == [2, 2]
         assert e.iteration_columns()["duration"].tolist()[-1] == pytest.approx(predicted,
                                                                                 rel=1e-12)

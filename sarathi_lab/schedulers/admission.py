@@ -17,7 +17,8 @@ Two shared settings (`SchedulerConfig`), each off by default:
 
 It lives with the policy, not in a wrapper around it, so it composes with every policy and
 queue, built-in or plug-in, without forwarding each hook; the policy calls it at arrival
-(`add_request`) and feeds it each executed iteration (`update`, `advance_decodes`).
+(`add_request`) and feeds it each stepped iteration (`update`; a fast-forwarded run computes no prompt tokens
+while admission control is on: `mechanics/fast_forward.py`); it reads the engine's clock.
 """
 from __future__ import annotations
 
@@ -32,13 +33,17 @@ class AdmissionControl:
     def __init__(self, max_queue_len: int | None, deadline: bool):
         self.max_queue_len = max_queue_len
         self.deadline = deadline
-        self.clock = 0.0                     # end of the last iteration: the engine's now
+        self._clock = None                   # the engine's clock (`bind_clock`)
         self._window: deque = deque()        # (prefill tokens, seconds) per iteration
         self._tokens = 0
         self._seconds = 0.0
 
+    def bind_clock(self, clock) -> None:
+        """`clock()`: the time now, the engine's clock (the engine binds it; no copy of it is
+        kept here, which fast-forwarded runs would have to patch)."""
+        self._clock = clock
+
     def observe(self, prefill_tokens: int, start: float, end: float) -> None:
-        self.clock = end
         if not (self.deadline and prefill_tokens):
             return
         w = self._window
@@ -57,7 +62,8 @@ class AdmissionControl:
 
     def predicted_ttft(self, req, policy) -> float:
         """Seconds from arrival to the first token of `req`, arriving now (not yet queued)."""
-        now = max(req.arrival_time, self.clock)
+        # it waits at least for the iteration under way (unbound, outside an engine: none)
+        now = req.arrival_time if self._clock is None else max(req.arrival_time, self._clock())
         rate = self.prefill_rate
         if rate is None:
             return now - req.arrival_time

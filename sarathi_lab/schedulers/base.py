@@ -78,6 +78,39 @@ class SchedulerConfig:
                              "space)")
 
 
+#: The toolkit a `schedule()` composes: the mixins `Policy` inherits (mechanics/), whose methods
+#: call each other and are called by the engine. A subclass that defines one of their names
+#: (method or attribute, private ones included) replaces what the mechanics rely on: it must
+#: say so (`overrides`), else the class is refused when it is created.
+TOOLKIT = (Admission, Preemption, Progress)
+#: The toolkit's hooks, meant to be overridden (each documented where it is defined): no
+#: `overrides` entry needed.
+HOOKS = frozenset({"update", "iteration_token_limit", "speculation_length"})
+
+
+def check_overrides(cls: type) -> None:
+    """TypeError if the policy class `cls` (or a mixin of it) defines a toolkit name that is
+    not a hook and that no class of it lists in `overrides`."""
+    declared = set()
+    for klass in cls.__mro__:
+        declared.update(vars(klass).get("overrides", ()))
+    base = {Policy, *TOOLKIT, object, abc.ABC}
+    for klass in cls.__mro__:
+        if klass in base:
+            continue
+        for name in vars(klass):
+            if name in HOOKS or name in declared or name.startswith("__"):
+                continue
+            owner = next((t for t in TOOLKIT if name in vars(t)), None)
+            if owner is not None:
+                raise TypeError(
+                    f"policy class {cls.__module__}.{cls.__qualname__}: {klass.__qualname__} "
+                    f"defines {name!r}, a name of the policy toolkit ({owner.__module__}."
+                    f"{owner.__name__}) that the mechanics and the engine rely on; rename "
+                    f"yours, or replace it knowingly with `overrides = ({name!r},)` in the "
+                    "class body")
+
+
 class Policy(Admission, Preemption, Progress, abc.ABC):
     """A scheduling policy.
 
@@ -88,13 +121,16 @@ class Policy(Admission, Preemption, Progress, abc.ABC):
       name                   registry name
       config_class           its settings (a SchedulerConfig subclass)
       reserves_kv            True: the KV manager reserves each request's max length up front
-      whole_prompts          True: prompts are never chunked
+      whole_prompts          True: every entry computes all its request has left (no prompt
+                             is chunked); the engine's guard checks every batch
       oracle                 True: may read true output lengths (`oracle_output_len`)
       speculates             True: its decodes take `schedule_decodes`'s speculation
                              (scheduler.num_speculative_tokens)
       fast_forward           a FastForward: the simulator may skip through its steady runs
                              (mechanics/fast_forward.py, with the rule for subclasses); None
                              (the default): stepped one iteration at a time
+      fast_forward_off       (set on an instance that turns its class's declaration off,
+                             with `fast_forward = None`) why: the summary's reason
 
     May override:
       token_limit()          the most tokens a batch may hold (the engine checks every batch)
@@ -104,16 +140,21 @@ class Policy(Admission, Preemption, Progress, abc.ABC):
       update(...)            with `super()`: e.g. counters of service (then declare a
                              fast_forward whose advance_decodes does the same, or be stepped)
 
-    At hand for `schedule()` (mechanics): `running`, `waiting` (a RequestQueue), `swapped`,
-    `kv`; `admit_waiting`, `admit`, `admission_blocker`, `head_blocked`, `never_fits`;
-    `schedule_decodes`, `allocate_or_preempt`, `preempt`, `swap_in_waiting`;
-    `decode_reserved`; `mechanics.progress.split_running`.
+    The toolkit at hand for `schedule()` (mechanics/, the mixins in TOOLKIT): `running`,
+    `waiting` (a RequestQueue), `swapped`, `kv`; `admit_waiting`, `admit`,
+    `admission_blocker`, `head_blocked`, `never_fits`; `schedule_decodes`,
+    `allocate_or_preempt`, `preempt`, `swap_in_waiting`; `decode_reserved`;
+    `mechanics.progress.split_running`; a token budget as an object, `Budget`
+    (mechanics/budget.py: each entry charged what it computes). Its names are not to be
+    redefined unknowingly: a class that does is refused unless it lists the name in
+    `overrides` (HOOKS, meant to be overridden, need no entry).
 
-    The engine calls: `add_request`, `schedule`, `update`, `has_work`, `reject`, `adopt` (a
-    disaggregated decode replica), `abort` (a served request whose client went away),
-    `swap_in_possible` and the `fast_forward` declaration; the run layer `parse_config`,
-    `setting_classes`, `needs_predictor`, `unread_settings`, `swap_blocks` and, once,
-    `bind_predictor`.
+    The engine-facing interface (what the engine and the topologies call): `add_request`,
+    `schedule`, `update`, `has_work`, `reject`, `adopt` (a disaggregated decode replica),
+    `abort` (a served request whose client went away), `swap_in_possible`, `token_limit`,
+    `whole_prompts` and the `fast_forward` declaration (`fast_forward_off`); the run layer's
+    `parse_config`, `setting_classes`, `needs_predictor`, `unread_settings`, `swap_blocks` and,
+    once, `bind_predictor`.
     """
 
     name: ClassVar[str] = "base"
@@ -121,7 +162,10 @@ class Policy(Admission, Preemption, Progress, abc.ABC):
     reserves_kv: ClassVar[bool] = False
     whole_prompts: ClassVar[bool] = False
     oracle: ClassVar[bool] = False
+    #: toolkit names (mechanics/) this class replaces knowingly (`check_overrides`)
+    overrides: ClassVar[tuple[str, ...]] = ()
     fast_forward: ClassVar[FastForward | None] = None
+    fast_forward_off: str | None = None
     #: True when its decodes go through `schedule_decodes`, which gives each 1 + k tokens with
     #: scheduler.num_speculative_tokens = k; False: that setting is an error
     speculates: ClassVar[bool] = False
@@ -130,6 +174,7 @@ class Policy(Admission, Preemption, Progress, abc.ABC):
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
         bind(cls)   # the opt-in holds only for what it was declared for (fast_forward.py)
+        check_overrides(cls)   # no toolkit name replaced unknowingly
 
     def __init__(self, cfg: SchedulerConfig, kv: KVCacheManager, queue: RequestQueue | None = None):
         self.cfg = cfg

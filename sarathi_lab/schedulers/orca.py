@@ -1,6 +1,6 @@
 """Orca (OSDI'22): iteration-level scheduling; every iteration runs the decodes of running
 requests plus the whole prefills of newly admitted ones. KV is reserved for max length."""
-from sarathi_lab.schedulers import steady
+from sarathi_lab.schedulers.mechanics.fast_forward import ORCA
 from sarathi_lab.schedulers.output import SchedulerOutput
 from sarathi_lab.schedulers.whole_prompt import WholePromptPolicy
 
@@ -8,7 +8,7 @@ from sarathi_lab.schedulers.whole_prompt import WholePromptPolicy
 class Orca(WholePromptPolicy):
     name = "orca"
     reserves_kv = True
-    fast_forward = steady.ORCA   # its steady decode runs (schedulers/steady.py)
+    fast_forward = ORCA   # its steady decode runs (mechanics/fast_forward.py)
 
     def schedule(self, now):
         out = SchedulerOutput()

@@ -8,7 +8,8 @@ iteration holds it for 16 iterations). Here ongoing prefills and waiting request
 the queue's key: whoever ranks first gets the next chunk. Decodes still come first (no stall).
 """
 from sarathi_lab.request import Status
-from sarathi_lab.schedulers import steady
+from sarathi_lab.schedulers.mechanics.budget import Budget
+from sarathi_lab.schedulers.mechanics.fast_forward import ORDERED_SARATHI
 from sarathi_lab.schedulers.mechanics.progress import split_running
 from sarathi_lab.schedulers.output import SchedulerOutput
 from sarathi_lab.schedulers.queues import OrderedQueue
@@ -21,7 +22,7 @@ class OrderedSarathi(Sarathi):
     ranks after a head that cannot start still gets its chunk (its blocks are held already)."""
 
     name = "ordered_sarathi"
-    fast_forward = steady.ORDERED_SARATHI   # its steady decode runs (schedulers/steady.py)
+    fast_forward = ORDERED_SARATHI   # its steady decode runs (mechanics/fast_forward.py)
     follows_prefill_order = False   # prompts go by the queue's key (a controller's order refused)
 
     def __init__(self, cfg, kv, queue=None):
@@ -37,28 +38,27 @@ class OrderedSarathi(Sarathi):
     def schedule(self, now):
         return self.fill(SchedulerOutput(), self.iteration_budget(now))
 
-    def fill(self, out: SchedulerOutput, budget: int) -> SchedulerOutput:
+    def fill(self, out: SchedulerOutput, tokens: int) -> SchedulerOutput:
         """Add this iteration's decodes, then prefill chunks in rank order, to `out`, within
-        `budget` tokens."""
+        `tokens`."""
+        budget = Budget(tokens)
         decodes, prefills = split_running(self.running)
-        self.schedule_decodes(out, decodes[:budget])
-        budget -= out.total_tokens if out.spec_lens else len(out)
+        self.schedule_decodes(out, decodes[:tokens])
+        budget.charge_decodes(out)   # a speculative decode costs 1 + k
         prefills = sorted((r for r in prefills if r.status is Status.RUNNING), key=self.rank)
         i, admitting, waiting = 0, True, self.waiting
-        while budget > 0:
+        while budget:
             head = waiting.peek() if admitting and waiting else None
             if i < len(prefills) and (head is None or self.rank(prefills[i]) <= self.rank(head)):
                 req = prefills[i]
                 i += 1
-                n = min(req.num_tokens_to_compute, budget)
+                n = budget.chunk(req)
                 assert self.kv.allocate_slots(req, n) == [], "prompt blocks are held from admission"
-                out.add(req, n)
-                budget -= n
+                budget.add(out, req, n)
             elif head is None:
                 break
-            elif n := self.admit(head, budget):
-                out.add(head, n)
-                budget -= n
+            elif n := self.admit(head, budget.left):
+                budget.add(out, head, n)
             elif (reason := self.never_fits(head)) is not None:
                 # a preempted request that grew may never fit again: it would block the queue
                 self.reject(waiting.pop(), reason)
@@ -66,5 +66,5 @@ class OrderedSarathi(Sarathi):
             else:
                 admitting = False   # no overtaking; started prefills go on
         # swapped requests (admission waits for them) take what ongoing prefills left
-        self.swap_in_waiting(out, budget)
+        self.swap_in_waiting(out, budget.left)
         return out

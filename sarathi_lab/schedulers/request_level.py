@@ -1,6 +1,6 @@
 """Request-level batching (FasterTransformer): a batch is admitted only when nothing runs and
 runs to completion. KV is reserved for max length."""
-from sarathi_lab.schedulers import steady
+from sarathi_lab.schedulers.mechanics.fast_forward import REQUEST_LEVEL
 from sarathi_lab.schedulers.output import SchedulerOutput
 from sarathi_lab.schedulers.whole_prompt import WholePromptPolicy
 
@@ -8,7 +8,7 @@ from sarathi_lab.schedulers.whole_prompt import WholePromptPolicy
 class RequestLevel(WholePromptPolicy):
     name = "request_level"
     reserves_kv = True
-    fast_forward = steady.REQUEST_LEVEL   # its steady decode runs (schedulers/steady.py)
+    fast_forward = REQUEST_LEVEL   # its steady decode runs (mechanics/fast_forward.py)
 
     def schedule(self, now):
         out = SchedulerOutput()

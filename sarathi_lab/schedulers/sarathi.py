@@ -7,9 +7,10 @@ choose one up to it, from the batch's predicted time and the requests' SLOs.
 from dataclasses import dataclass, field, fields
 
 from sarathi_lab.request import Status
-from sarathi_lab.schedulers import steady
 from sarathi_lab.schedulers.base import Policy, SchedulerConfig
 from sarathi_lab.schedulers.controllers.consult import Consulting, split_settings
+from sarathi_lab.schedulers.mechanics.budget import Budget
+from sarathi_lab.schedulers.mechanics.fast_forward import SARATHI
 from sarathi_lab.schedulers.mechanics.progress import split_running
 from sarathi_lab.schedulers.output import SchedulerOutput
 from sarathi_lab.settings import setting
@@ -29,7 +30,7 @@ class SarathiConfig(SchedulerConfig):
 class Sarathi(Consulting, Policy):
     name = "sarathi"
     config_class = SarathiConfig
-    fast_forward = steady.SARATHI   # its steady decode and chunk runs (schedulers/steady.py)
+    fast_forward = SARATHI   # its steady decode and chunk runs (mechanics/fast_forward.py)
     speculates = True
 
     def __init__(self, cfg, kv, queue=None):
@@ -73,25 +74,24 @@ class Sarathi(Consulting, Policy):
         return why
 
     def schedule(self, now):
-        out, budget = SchedulerOutput(), self.iteration_budget(now)
+        out, budget = SchedulerOutput(), Budget(self.iteration_budget(now))
         decodes, prefills = split_running(self.running)
         prefills = self.chunk_order(prefills)
         # decodes first: a running decode is never stalled by a prefill
-        self.schedule_decodes(out, decodes if len(decodes) <= budget else decodes[:budget])
-        # speculative decodes take 1 + k tokens of the budget each
-        budget -= out.total_tokens if out.spec_lens else len(out.reqs)
+        left = budget.left
+        self.schedule_decodes(out, decodes if len(decodes) <= left else decodes[:left])
+        budget.charge_decodes(out)   # a speculative decode costs 1 + k
         # then ongoing prefills, chunked to what is left; their blocks were taken at admission,
         # so they never preempt the decodes already in this batch
         for req in prefills:
-            if budget == 0:
+            if not budget:
                 break
             if req.status is Status.RUNNING:
-                n = min(req.num_tokens_to_compute, budget)
+                n = budget.chunk(req)
                 new_blocks = self.kv.allocate_blocks(req, n)
                 assert new_blocks == [], "prompt blocks are held from admission"
-                out.add(req, n)
-                budget -= n
-        self.admit_waiting(out, budget)   # then new prefills, chunked to what is left
+                budget.add(out, req, n)
+        self.admit_waiting(out, budget.left)   # then new prefills, chunked to what is left
         return out
 
     def token_limit(self):

@@ -14,7 +14,7 @@ preemption never cycles (it only ever goes from a larger key to a smaller one).
 """
 from dataclasses import dataclass
 
-from sarathi_lab.schedulers import steady
+from sarathi_lab.schedulers.mechanics.fast_forward import SARATHI_PRIORITY
 from sarathi_lab.schedulers.ordered_sarathi import OrderedSarathi
 from sarathi_lab.schedulers.output import SchedulerOutput
 from sarathi_lab.schedulers.queues import PriorityQueue
@@ -48,7 +48,7 @@ class AgingPriorityQueue(PriorityQueue):
 class SarathiPriority(OrderedSarathi):
     name = "sarathi_priority"
     config_class = SarathiPriorityConfig
-    fast_forward = steady.SARATHI_PRIORITY   # its steady decode runs (schedulers/steady.py)
+    fast_forward = SARATHI_PRIORITY   # its steady decode runs (mechanics/fast_forward.py)
 
     def __init__(self, cfg, kv, queue=None):
         # the order is this policy's own (the queue setting is fixed to `priority`)

@@ -2,14 +2,14 @@
 wait for them, which is what stalls generation. With preemption by swap, no prompt is admitted
 while a request is swapped out; swapped requests come back as decodes beside the running ones,
 in a batch that preempted nothing (vLLM v0's `_schedule_default`)."""
-from sarathi_lab.schedulers import steady
+from sarathi_lab.schedulers.mechanics.fast_forward import VLLM
 from sarathi_lab.schedulers.output import SchedulerOutput
 from sarathi_lab.schedulers.whole_prompt import WholePromptPolicy
 
 
 class VLLM(WholePromptPolicy):
     name = "vllm"
-    fast_forward = steady.VLLM   # its steady decode runs (schedulers/steady.py)
+    fast_forward = VLLM   # its steady decode runs (mechanics/fast_forward.py)
     speculates = True
 
     def schedule(self, now):

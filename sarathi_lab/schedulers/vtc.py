@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from sarathi_lab.schedulers import steady
+from sarathi_lab.schedulers.mechanics.fast_forward import VTC
 from sarathi_lab.schedulers.queues import RequestQueue
 from sarathi_lab.schedulers.sarathi import Sarathi, SarathiConfig
 from sarathi_lab.settings import setting
@@ -146,12 +146,14 @@ class TenantQueue(RequestQueue):
 class VTC(Sarathi):
     name = "vtc"
     config_class = VTCConfig
-    # its steady decode runs, charging their tokens as update() does (schedulers/steady.py)
-    fast_forward = steady.VTC
+    # its steady decode runs, charging their tokens as update() does (mechanics/fast_forward.py)
+    fast_forward = VTC
 
     def __init__(self, cfg, kv, queue=None):
         # the tenant queue is this policy's own (the queue setting is fixed to per-tenant FCFS)
         super().__init__(cfg, kv, TenantQueue(cfg.input_weight, cfg.output_weight))
+
+    overrides = ("admit",)   # charges a tenant when its request starts
 
     def admit(self, req, max_tokens, whole=False):
         n = super().admit(req, max_tokens, whole)

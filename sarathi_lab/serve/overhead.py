@@ -40,12 +40,12 @@ def _in_process(prompts, out_len: int, burst: bool):
         for r in reqs:
             e.add_request(r)
         while policy.has_work():
-            e.step()
+            e.advance()
     else:
         for r in reqs:
             e.add_request(r)
             while policy.has_work():
-                e.step()
+                e.advance()
     return time.perf_counter() - t0, [r.output_token_ids for r in reqs]
 
 

@@ -36,10 +36,8 @@ def advance(engine, now: float):
     """One iteration of `engine` at wall time `now`: (batch, requests that finished). The one
     place the serve worker drives the engine's loop."""
     engine.wake(now)
-    out, done, _, _ = engine.step()
-    if not out.reqs:
-        engine.settle_empty(out)   # a policy that would never progress raises
-    return out, done
+    adv = engine.advance()   # one iteration (a policy that would never progress raises)
+    return adv.batch, adv.finished
 
 
 class EngineStopped(Exception):
@@ -123,7 +121,6 @@ class Worker:
             log.warning("%s", err)   # where it was raised (the plug-in's method)
             for rid, exc in bad.items():   # those fail; the others are scheduled again
                 self._fail_request(rid, exc)
-            e.interrupt()
             held = {r.request_id for r in e.policy.running}
             if not set(kv.holders()) <= held:
                 raise RuntimeError(f"after request(s) {list(bad)} failed ({err}), KV blocks "
@@ -234,7 +231,6 @@ class Worker:
                 self.executor.set_sampling(rid, gen.temperature, gen.top_p, gen.seed,
                                            gen.ignore_eos)
             e.wake(t)
-            e.interrupt()
             if gen.stop and self.stop_watch:
                 lv.stop = self.stop_watch(gen.stop)
             if not e.add_request(req):

@@ -1,13 +1,13 @@
 """A fleet: N engines behind a router, on the driver's clock (`Fleet`); one engine (`Single`).
 
-Each replica is a whole `Engine` (its own policy, KV cache and executor) driven through its
-stepping API. The busy engine furthest behind steps next (lowest index among equals), and the
-driver handles an arrival before any engine steps past it: a request is routed when the fleet's
-clock reaches it, and every engine's fast-forward stops at the next event (the router may send
-it there) and, when the load watches requests end (closed-loop clients), at the other engines'
-clocks (an answer there may become a request here). One engine no one watches runs on its own
-between events (`Engine.run_until`: its fast-forward also ends requests inside a run and skips
-through chunked prompts); a fleet of one reproduces it exactly.
+Each replica is a whole `Engine` (its own policy, KV cache and executor) moved by its one
+stepping call, `Engine.advance(until)`. The busy engine furthest behind advances next (lowest
+index among equals), and the driver handles an arrival before any engine steps past it: a
+request is routed when the fleet's clock reaches it, and every engine's fast-forward stops at
+the next event (the router may send it there) and, when the load watches requests end
+(closed-loop clients), at the other engines' clocks (an answer there may become a request
+here): that is the `until` the fleet passes. One engine no one watches advances to the next
+event in one go (`Single`); a fleet of one reproduces it exactly.
 
 What the router sees (`routers.ReplicaView`): per replica, the requests it was sent that had not
 finished or been rejected at the arrival's time, and the prompt tokens of those that had not
@@ -27,8 +27,6 @@ from sarathi_lab.request import Request
 from sarathi_lab.routers import ReplicaView, Router
 from sarathi_lab.topology.accounting import plugin
 from sarathi_lab.topology.driver import Topology
-
-_INF = math.inf
 from sarathi_lab.topology.results import (iterations_frame, one_kv_size, pooled_prefix,
                                           replica_column, replica_gpus, requests_frame)
 
@@ -107,13 +105,13 @@ class Fleet(Topology):
         self._answered = answered
 
     # -- the router's counts ------------------------------------------------------------------
-    def _first_tokens(self, j: int, out) -> None:
-        """After a step of replica j that computed prompt tokens: the requests whose first
-        token came out in it no longer owe their prompt."""
+    def _first_tokens(self, j: int, adv) -> None:
+        """After an iteration of replica j that computed prompt tokens (`Advanced`): the
+        requests whose first token came out in it no longer owe their prompt."""
         owed = self._owed[j]
         if owed:
-            for r in out.reqs:
-                if r.num_output_tokens and id(r) in owed:
+            for r in adv.first_tokens:
+                if id(r) in owed:
                     owed.discard(id(r))
                     self.counts.remove(r.token_times[0], j, r.num_prompt_tokens, 0)
 
@@ -141,7 +139,6 @@ class Fleet(Topology):
         engine = self.engines[j]
         self._busy.add(j)
         engine.wake(t)   # an idle replica waits for its next arrival
-        engine.interrupt()   # its next batch may take the new request
         if self.router is not None:
             self.replica_of[id(req)] = j
         if not engine.add_request(req):
@@ -178,31 +175,20 @@ class Fleet(Topology):
 
     def advance(self, until: float) -> None:
         j = self._next
-        e = self.engines[j]
+        adv = self.engines[j].advance(self._bound(j, until), self._where(j))
+        if self.router is not None:
+            if adv.prefill_tokens:
+                self._first_tokens(j, adv)
+            if adv.rejected:
+                self._ended(j, adv.start, adv.rejected)
+            if adv.finished:
+                self._ended(j, adv.end, adv.finished)
         answered = self._answered
-        # its decode run was cut at a bound and nothing reached it since: the run goes on
-        if e.resume(self._bound(j, until)):
-            return
-        start = e.now
-        stepped = e.step()
-        out, done, n_pre, _ = stepped
-        if n_pre and self.router is not None:
-            self._first_tokens(j, out)
-        if out.rejected:
-            self._ended(j, start, out.rejected)
-        if done:
-            self._ended(j, e.now, done)
         if answered is not None:
-            for r in out.rejected:
-                answered(r, start)
-            for r in done:
+            for r in adv.rejected:
+                answered(r, adv.start)
+            for r in adv.finished:
                 answered(r, r.finish_time)
-        if not out.reqs:
-            e.settle_empty(out, self._where(j))
-            return
-        # the answers above may have put a send before `until`
-        e.skip_after(stepped, self._bound(j, until) if answered is None
-                     else self._bound(j, self._driver.next_time()))
 
     def _bound(self, j: int, until: float) -> float:
         """Where engine j's fast-forward stops: the next event, and when the load watches
@@ -280,8 +266,8 @@ class Fleet(Topology):
 
 class Single(Fleet):
     """One engine: every request goes to it; its tables and summary are the engine's own (no
-    replica column). No one watching it (open loop), it runs on its own between events
-    (`Engine.run_until`); watched (closed loop), it is a fleet of one."""
+    replica column). No one watching it (open loop), it advances to the next event in one go;
+    watched (closed loop), it is a fleet of one."""
 
     def __init__(self, engine: Engine, progress=None):
         super().__init__([engine], None, progress)
@@ -301,27 +287,28 @@ class Single(Fleet):
         return "one engine"
 
     # the driver's calls, written for one engine: between two events the driver calls these a
-    # few times, and a replay of 10,000 arrivals must cost no more than `Engine.run` did
+    # few times, and a replay of 10,000 arrivals must cost no more than the engine alone
     def earliest(self) -> float:
-        e = self.engines[0]
-        return _INF if e.blocked or not e.policy.has_work() else e.now
+        return self.engines[0].next_event_time()
 
     def submit(self, req: Request, t: float) -> None:
         if self._answered is not None:
             super().submit(req, t)
             return
         e = self.engines[0]
-        e.blocked = False   # Engine.wake, inlined
-        if e.now < t:
-            e.now = t
-        e._resume = None    # Engine.interrupt, inlined
+        e.wake(t)
         e.add_request(req)
 
     def advance(self, until: float) -> None:
         if self._answered is not None:
             super().advance(until)
-        else:   # no one watches it: it runs on its own until the next event
-            self.engines[0].run_until(until)
+            return
+        # no one watches it: it runs on its own until the next event (what the driver would
+        # do, without a turn of its loop per iteration)
+        e = self.engines[0]
+        e.advance(until)
+        while e.next_event_time() < until:
+            e.advance(until)
 
     def event(self, t: float) -> None:
         e = self.engines[0]

@@ -137,6 +137,8 @@ class Consulting:
             return
         self.controller = cls(cfg.controller_settings or cls.config_class())
         self.fast_forward = None   # stepped: the budget may change every iteration
+        self.fast_forward_off = (f"scheduler.controller={cfg.controller}: the budget may change "
+                                 "every iteration")
         if cls.needs_predictor:   # the learned one now; the oracle once the executor's is bound
             self.predictor = predictor.build(self.controller.cfg)
         if cls.relegates:

@@ -44,8 +44,11 @@ are refused at class creation, so none is silently ignored.
 
 Every skipped run is checked by the engine against what the KV manager holds after it, and
 `tests/test_reference_runs.py` and the policy tests run every built-in with fast-forward on and
-off and compare the results exactly. The built-in policies' declarations are in
-`schedulers/steady.py`.
+off and compare the results exactly. The built-in policies' declarations are at the end of
+this module, out of the policy modules, which read as their papers describe them (each names
+its own: `fast_forward = fast_forward.SARATHI`); each predicate states why the policy's
+`schedule()` would give exactly that run. The engine's side of fast-forward, the runs
+themselves, is `sarathi_lab/fast_forward.py`.
 """
 from __future__ import annotations
 
@@ -60,8 +63,6 @@ def advance_decodes(policy, times: list[float], ended: list[Request] = ()) -> li
     running request of `policy`; `ended` finish in the last of them and are returned."""
     k = len(times)
     running = policy.running
-    if policy.admission is not None:
-        policy.admission.clock = times[-1]
     kv = policy.kv
     for r in running:   # the tokens the run emits, before its full blocks are hashed
         if r._planned_ids is not None:
@@ -158,3 +159,105 @@ def bind(cls: type) -> None:
         cls._fast_forward_for = methods
     elif cls.fast_forward is not None and methods != cls._fast_forward_for:
         cls.fast_forward = None   # its schedule() or update() is not what was vouched for
+
+
+# ================================================================================================
+# The built-in policies' declarations: when each policy's next batches are a steady run.
+
+# -- whole prompts: request_level, orca, vllm ---------------------------------------------------
+def _request_level(policy) -> bool:
+    # a batch runs to completion: nothing is admitted while any request runs
+    return True
+
+
+def _orca(policy) -> bool:
+    # every decode, plus whole prompts in what is left of the token cap
+    return not policy.waiting or policy.head_blocked(policy.token_cap - len(policy.running),
+                                                     whole=True)
+
+
+def _vllm(policy) -> bool:
+    # a prompt batch comes first whenever the head can start; else the decodes
+    return not policy.waiting or policy.head_blocked(policy.token_cap, whole=True)
+
+
+REQUEST_LEVEL = FastForward(steady_decode=_request_level)
+ORCA = FastForward(steady_decode=_orca)
+VLLM = FastForward(steady_decode=_vllm)
+
+
+# -- chunked prefill: sarathi, and the policies built on it ---------------------------------------
+def sarathi_decode(policy) -> bool:
+    # decodes never outnumber the budget (each request's prompt went through it first);
+    # checked anyway, as the engine does not see the last batch decode them all
+    left = policy.cfg.token_budget - len(policy.running)
+    return left >= 0 and (not policy.waiting or policy.head_blocked(left))
+
+
+def sarathi_chunks(policy):
+    # one prompt under way beside decodes only: each batch is every decode plus the chunk
+    # that fills the budget, which leaves none to admit with until the prompt's last chunk
+    # (the engine stops before that one while a request waits). A waiting head that could
+    # never fit is not left behind by any schedule(): admit_waiting rejects it there
+    running, budget = policy.running, policy.cfg.token_budget
+    if policy.admission is not None or policy.swapped or policy.kv.enable_prefix_caching \
+            or len(running) > budget:
+        return None
+    pre = None
+    for req in running:   # req.is_decoding, inlined: asked after most prefill batches
+        out_n = req.num_output_tokens
+        if not out_n or req.num_computed_tokens != req.num_prompt_tokens + out_n - 1:
+            if pre is not None:
+                return None
+            pre = req
+    if pre is None or pre.status is not Status.RUNNING:
+        return None
+    return pre, budget - (len(running) - 1)
+
+
+SARATHI = FastForward(steady_decode=sarathi_decode, steady_chunks=sarathi_chunks)
+# prefill chunks in the queue's order (edf): with every running request decoding no prefill is
+# under way, so only the head's admission could change the batch, exactly as for sarathi. Its
+# chunk runs are not declared (the ranked order may hand the budget to the waiting head)
+ORDERED_SARATHI = FastForward(steady_decode=sarathi_decode)
+
+
+def _sarathi_priority(policy) -> bool:
+    # as sarathi, and the head must not be able to preempt: the blocks it could free and the
+    # free blocks only shrink together while running requests decode, so a head that cannot
+    # preempt now cannot during the run either (keys do not change with time)
+    if not sarathi_decode(policy):
+        return False
+    return not (policy.cfg.priority_preemption and policy.waiting
+                and policy.victims(policy.waiting.peek()))
+
+
+SARATHI_PRIORITY = FastForward(steady_decode=_sarathi_priority)
+
+
+def _vtc_decode(policy) -> bool:
+    # counters grow during a decode run, so the turn may pass to any backlogged tenant:
+    # steady only if no tenant's oldest request could start now (nor, as each rule only
+    # tightens while running requests grow, during the run)
+    left = policy.cfg.token_budget - len(policy.running)
+    if left < 0:
+        return False
+    if not policy.waiting:
+        return True
+    if policy.kv.enable_prefix_caching:
+        return False
+    return all(policy.admission_blocker(q[0], left) is not None
+               for q in policy.waiting.queues.values() if q)
+
+
+def _vtc_advance(policy, times, ended=()):
+    # VTC.update charges each emitted token to its tenant: k decodes of every running request
+    # (those that end in the last step included) charge k each
+    served, k = policy.waiting.output_tokens, len(times)
+    for r in policy.running:
+        served[r.tenant] = served.get(r.tenant, 0) + k
+    return advance_decodes(policy, times, ended)
+
+
+# no chunk runs: the default advance_chunks does not charge the decodes beside the chunks
+VTC = FastForward(steady_decode=_vtc_decode, advance_decodes=_vtc_advance)

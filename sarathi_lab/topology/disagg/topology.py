@@ -12,11 +12,12 @@ at a time on each replica's link), the prefill side frees its copy when the tran
 the request joins the decode replica's running batch at its next iteration
 (`Engine.adopt`), where it decodes to its end.
 
-Every engine is driven through its public API (`add_request`, `adopt`, `step`, `resume`,
-`skip_after`) on the driver's clock (topology/driver.py): as in a fleet, the busy engine furthest
+Every engine is driven through its public API (`wake`, `add_request`, `adopt`, and its one
+stepping call, `advance`) on the driver's clock (topology/driver.py): as in a fleet, the busy engine furthest
 behind steps next and an event (an arrival, a first token, a transfer's end: the last two pushed
 on the driver's heap) is handled before any engine steps past it. A decode replica's
-fast-forward stops where a new request could reach it: the next arrival or event, the clock of
+fast-forward stops where a new request could reach it (the `until` it is advanced to; a
+prefill replica steps one iteration at a time): the next arrival or event, the clock of
 every prefill replica at work (its next iteration may end in a first token), and, while a prefill
 replica is blocked on KV waiting to leave or the load watches requests end (closed-loop
 clients), the clocks of the other decode replicas (whose next iteration may take that KV, or end
@@ -185,8 +186,6 @@ class Disaggregated(Topology):
             self._in_flight[d] += 1
             self._driver.push(tr.end, self._land, (req, p, d), rank=INTERNAL)
             took = True
-        if took:
-            e.interrupt()
         return took
 
     def _land(self, landed: tuple, t: float) -> None:
@@ -213,8 +212,7 @@ class Disaggregated(Topology):
                 self.views[1].remove(e.now, d, req.num_prompt_tokens)
                 self._answer((req,), e.now)
         if seated:
-            e.blocked = False
-            e.interrupt()
+            e.wake(e.now)
 
     # -- steps --------------------------------------------------------------------------------
     def _bound(self, d: int) -> float:
@@ -245,53 +243,40 @@ class Disaggregated(Topology):
             for r in reqs:   # rejected at t; finished at its finish time
                 self._answered(r, t if r.finish_time is None else r.finish_time)
 
-    def _empty(self, pool: int, j: int, e: Engine, out) -> None:
-        """An empty batch: rejections, nothing left, or blocked until an event."""
-        if out.rejected:
-            self._ended(pool, j, e.now, out.rejected)
-        e.settle_empty(out, f"{POOLS[pool]} replica {j}: ")
-
     def _step_prefill(self, j: int) -> None:
         e = self.prefill[j]
-        start = e.now
-        out, done, _, _ = e.step()
-        if not out:
-            self._empty(0, j, e, out)
-            return
-        if out.rejected:
-            self._ended(0, j, start, out.rejected)
-        for r in done:   # a prefill replica ends every request at its first token
-            self.views[0].remove(e.now, j, r.num_prompt_tokens)
+        # one iteration: its first tokens are handed on as events, which decode replicas'
+        # steps (`_accept`, transfers landing) may answer before its next one
+        adv = e.advance(None, f"{POOLS[0]} replica {j}: ")
+        if adv.rejected:
+            self._ended(0, j, adv.start, adv.rejected)
+        for r in adv.finished:   # a prefill replica ends every request at its first token
+            self.views[0].remove(adv.end, j, r.num_prompt_tokens)
             tr = self.track[id(r)]
             if tr.continues:
-                tr.ready, tr.last_prefill_s = e.now, e.now - start
+                tr.ready, tr.last_prefill_s = adv.end, adv.end - adv.start
                 self._handed += 1
-                self._driver.push(e.now, self._handoff, (r, j), rank=INTERNAL)
+                self._driver.push(adv.end, self._handoff, (r, j), rank=INTERNAL)
             else:
                 self._answer((r,))
 
     def _step_decode(self, d: int) -> None:
         e = self.decode[d]
-        # its decode run was cut where a request could have come; none did
-        if e.resume(self._bound(d)):
-            return
-        start = e.now
-        stepped = e.step()
-        out, done = stepped[:2]
-        if not out:
-            self._empty(1, d, e, out)
+        adv = e.advance(self._bound(d), f"{POOLS[1]} replica {d}: ")
+        if adv.rejected:
+            self._ended(1, d, adv.start, adv.rejected)
+        if adv.finished:
+            self._ended(1, d, adv.end, adv.finished)
+        if adv.batch is None and not adv.finished:
+            return   # a run that ended nothing: no seat came free, no iteration was scheduled
+        if adv.batch is not None and not adv.batch.reqs:   # scheduled nothing
             if not e.blocked and self._queue[d]:
                 self._accept(d, e.now)
             return
-        if out.rejected:
-            self._ended(1, d, start, out.rejected)
-        if done:
-            self._ended(1, d, e.now, done)
         if self._queue[d]:   # at its iteration boundary, it takes what waits for it
             self._accept(d, e.now)
         if self._landed[d]:
             self._seat(d)
-        e.skip_after(stepped, self._bound(d))
 
     def earliest(self) -> float:
         """When the busy replica furthest behind steps (the prefill pool first, lowest index

@@ -1,11 +1,13 @@
-"""Fast-forward: the engine's skips through runs of identical iterations (the simulator's speed).
+"""Fast-forward, the engine's side: runs of steady iterations computed at once (the simulator's
+speed).
 
 A steady decode run (every running request decodes, k times) and a chunked prefill beside
 steady decodes are run at once, exactly as k single steps would run them: the policy's
-declared `FastForward` (schedulers/mechanics/fast_forward.py) says when a run is steady and
-advances its requests; the executor prices the k iterations in one call (`decode_run`,
-`chunk_run`). Kept apart from engine.py so that a reader of the loop reads the loop; the engine
-inherits these methods (`SkipRuns`), so they run on the engine's own state.
+declared `FastForward` (schedulers/mechanics/fast_forward.py, the policy's side) says when a
+run is steady and advances its requests; the executor prices the k iterations in one call
+(`decode_run`, `chunk_run`). `Engine.advance` calls `_fast_forward` before it steps; kept
+apart from engine.py so that a reader of the loop reads the loop; the engine inherits these
+methods (`FastForwardRuns`), so they run on the engine's own state.
 """
 from __future__ import annotations
 
@@ -30,29 +32,44 @@ def all_decoding(reqs: list[Request]) -> bool:
     return True
 
 
-class SkipRuns:
-    """The skips of `Engine` (which defines every attribute used here)."""
+class FastForwardRuns:
+    """The runs of `Engine` (which defines every attribute used here)."""
 
-    def skip_ahead(self, out, done, n_pre: int, n_dec: int, next_arrival: float) -> None:
-        """After `step()` returned (out, done, n_pre, n_dec), with fast-forward on: if every
-        running request is now decoding (after a decode batch, a finish or the last chunk of a
-        prompt), the last batch preempted nothing and the policy says the next batch is one
-        decode of each of them, run the decode iterations before `next_arrival` at once, up to
-        (not including) the first that ends a request. For a watched engine (`skip_after`: a
-        fleet, closed-loop clients, disaggregated pools): every request still ends in a
-        `step` the topology sees."""
-        rows = self.rows
-        if rows and next_arrival - self.now < 2 * rows[-1][1]:
-            # a run is at least 2 steps before the bound, and the next decode step takes about
-            # the last step's time or more: not worth pricing. Engines of a fleet that watches
-            # answers are bounded by each other's clocks, a step or so ahead, and their attempts
-            # cost more than stepping did. (Stepping instead is exact: this saves time only.)
-            return
-        policy = self.policy
-        if policy.running and not out.preempted \
-                and (n_pre == 0 and n_dec == len(out) == len(policy.running) + len(done)
-                     or all_decoding(policy.running)) and self._steady():
-            self._skip_decodes(next_arrival, False)
+    def _fast_forward(self, until: float):
+        """Run steady runs while the policy declares them, each stopping before `until`: decode
+        runs while every running request decodes (the last batch preempted nothing), a
+        prompt's chunks beside steady decodes otherwise. Returns (requests ended, requests whose
+        first token came out, prefill tokens, decode tokens) of a run's last iteration that
+        ended requests or emitted a first token (the caller's to see; `_last_start` is when
+        that iteration started), else None."""
+        policy, rows = self.policy, self.rows
+        while self.now < until:   # the caller's engine has work; after a run, asked below
+            if self._decoding:
+                if not self._fold and rows and until - self.now < 2 * rows[-1][1]:
+                    # without the stop rule a run stops before the iteration that ends a
+                    # request and needs 2 steps before the bound, and the next decode step takes
+                    # about the last step's time or more: not worth pricing (engines of a fleet
+                    # that watches answers are bounded by each other's clocks, a step or so
+                    # ahead). With it, a run of one iteration costs less than a step. Stepping
+                    # instead is exact: this saves time only
+                    return None
+                ended = self._skip_decodes(until, self._fold) if self._steady() else None
+                if ended is None:
+                    return None
+                if ended:   # the run's last iteration ended them
+                    return ended, [], 0, len(policy.running) + len(ended)
+                if not policy.has_work():
+                    return None
+                continue
+            if not self._chunks:
+                return None
+            first = self._skip_chunks(until)
+            if first is None:
+                return None
+            self._decoding = all_decoding(policy.running)   # after the prompt's last chunk
+            if first:
+                return [], first, self._last_chunk, len(policy.running) - 1
+        return None
 
     def _steady(self) -> bool:
         """Whether the policy says its next batches are one decode of every running request;
@@ -96,17 +113,18 @@ class SkipRuns:
                 return durs
             n = min(2 * n, k - len(durs))
 
-    def _skip_chunks(self, next_arrival: float) -> bool:
+    def _skip_chunks(self, next_arrival: float) -> list | None:
         """Run k batches at once of one decode of every running request but one and a chunk of
         that one's prompt, as the policy's `steady_chunks` offers them, stopping before an
         arrival is due, before a batch that would end a request or run out of KV, and at the
         prompt's last chunk (before it if a request waits: that batch could admit it). Produces
         exactly what k single steps would, through the policy's `advance_chunks`; each batch
-        is recorded as `step` records it. True if it ran any."""
+        is recorded as `_step` records it. None if it ran none, else [req] if the run's last
+        chunk emitted its first token, else []."""
         policy, kv = self.policy, self.kv
         offer = self._ff.steady_chunks(policy)
         if offer is None:
-            return False
+            return None
         req, chunk = offer
         stops = self._stops
         computed = req.num_computed_tokens
@@ -119,21 +137,21 @@ class SkipRuns:
             and not (req.num_output_tokens and todo - chunk * (n_chunks - 1) == 1)
         k = n_chunks if last_ok else n_chunks - 1
         if k < 1:
-            return False
+            return None
         decodes = [r for r in policy.running if r is not req]
         for r in decodes:   # batch j (from 1) ends a decode with j tokens left: none may end
             left = stops[r.request_id] - r.num_output_tokens
             if left <= k:
                 k = left - 1
         if k < 1:
-            return False
+            return None
         chunks = [chunk] * k
         if k == n_chunks:
             chunks[-1] = todo - chunk * (k - 1)
         ctx = list(map(_COMPUTED, decodes))
         durs = self.executor.chunk_run(ctx, computed, chunks, k == n_chunks)
         if durs is None:
-            return False
+            return None
         times = self._ends(durs, next_arrival)
         k = len(times)
         extra = kv.decode_growth_list(decodes, ctx, k)
@@ -141,7 +159,7 @@ class SkipRuns:
         if extra[-1] > free:
             k = bisect_right(extra, free)
             if k < 1:
-                return False
+                return None
             del times[k:], extra[k:]
         del chunks[k:]
         B = len(decodes)
@@ -165,15 +183,17 @@ class SkipRuns:
         for _ in range(k - 1):
             self.guard.progressed(B, 0, self._where)
         self.guard.progressed(emitted, 0, self._where)
+        self._last_start, self._last_chunk = times[-2] if k > 1 else self.now, chunks[-1]
         self.now = times[-1]
-        return True
+        return [req] if k == n_chunks else []
 
-    def _skip_decodes(self, next_arrival: float, fold: bool) -> bool:
+    def _skip_decodes(self, next_arrival: float, fold: bool) -> list | None:
         """Run k identical decode-only iterations at once: same requests, contexts +1 each step,
         stopping before an arrival is due or KV would run out, and at the first iteration that
         ends a request: with `fold`, that iteration is the run's last (its requests end in
         it), else the run stops before it (and needs k >= 2). Produces exactly what k single
-        steps would, through the policy's `advance_decodes`. True if it ran any."""
+        steps would, through the policy's `advance_decodes`. None if it ran none, else the
+        requests that ended in its last iteration (a list, empty without `fold`)."""
         policy, kv, ex = self.policy, self.kv, self.executor
         running = policy.running
         stops = self._stops
@@ -185,7 +205,7 @@ class SkipRuns:
         # iteration k_end ends the requests with the fewest tokens left
         k = k_end if fold else k_end - 1
         if k < (1 if fold else 2):
-            return False
+            return None
         B = len(running)
         ctx = np.fromiter(map(_COMPUTED, running), np.int64, B)
         # a run is a few dozen steps of a few dozen requests: past the executor's prices, it is
@@ -199,7 +219,7 @@ class SkipRuns:
         if extra and extra[-1] > free:
             k = bisect_right(extra, free)
         if k < (1 if fold else 2):
-            return False
+            return None
         ended = [r for r, n in zip(running, left) if n == k] if fold and k == k_end else ()
         del times[k:]
         del durs[k:], extra[k:]
@@ -228,7 +248,7 @@ class SkipRuns:
                                ends, extra[:n_steady], B, used_before, stored_before, waiting,
                                kv.num_used_host_blocks))
             self._n_skipped += n_steady
-        if ended:   # the last iteration, recorded as `step` would (KV after the finishes)
+        if ended:   # the last iteration, recorded as `_step` would (KV after the finishes)
             start = ends[-1] if k > 1 else self.now
             self.rows.append((start, float(durs[-1]), 0, B, B, kv.pool.num_used,
                               kv.num_stored_tokens, 0, waiting, *NO_SWAPS,
@@ -239,5 +259,6 @@ class SkipRuns:
             self.guard.progressed(B, len(ended), self._where)
             if self.progress is not None:
                 self.progress(self.num_done, self.num_tokens)
+        self._last_start = times[-2] if k > 1 else self.now
         self.now = times[-1]
-        return True
+        return list(ended)

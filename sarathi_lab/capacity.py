@@ -101,7 +101,7 @@ def check_context(c: dict, trace) -> None:
         "short (overlong=cap)")
 
 
-def _missed(slo: dict, key: str) -> str:
+def missed(slo: dict, key: str) -> str:
     """The parts of criterion `key` a probe missed, each with its value and limit ("median
     scheduling delay 3.1 s > 2 s missed by 1.1 s"); "" when it met them all."""
     return "; ".join(format_criterion(c) for c in slo.get("criteria") or []
@@ -114,7 +114,7 @@ def _probe_row(qps: float, s: dict, wall: float) -> dict:
         "qps": qps,
         "meets_tbt_slo": bool(slo.get("meets_tbt_slo", False)),
         "meets_attainment": bool(slo.get("meets_attainment", False)),
-        "tbt_missed": _missed(slo, "tbt"), "attainment_missed": _missed(slo, "attainment"),
+        "tbt_missed": missed(slo, "tbt"), "attainment_missed": missed(slo, "attainment"),
         "tbt_p99": s["tbt"]["p99"], "scheduling_delay_p50": s["scheduling_delay"]["p50"],
         "ttft_p50": s["ttft"]["p50"], "ttft_p99": s["ttft"]["p99"],
         "tpot_p50": s["tpot"]["p50"], "tpot_p99": s["tpot"]["p99"],

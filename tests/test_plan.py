@@ -160,7 +160,15 @@ def test_shipped_prices_name_their_sources_and_overrides_win():
     (["hardware=h100-sxm"], "hardware=h100-sxm: chosen by plan.space.hardware"),
     (["scheduler=vllm"], "chosen by plan.space.policy"),
     (["executor.tensor_parallel=2"], "set by the plan's space"),
-    (["plan.load_qps=-1"], "plan.load_qps=-1: must be a rate > 0"),
+    (["plan.load_qps=-1"], "plan.load_qps=-1: must be a finite rate > 0"),
+    (["plan.load_qps=0"], "plan.load_qps=0: must be a finite rate > 0"),
+    (["plan.load_qps=nan"], "plan.load_qps=nan: must be a finite rate > 0"),
+    (["plan.load_qps=inf"], "plan.load_qps=inf: must be a finite rate > 0"),
+    (["plan.ttft=0"], "plan.ttft=0: must be a finite time > 0"),
+    (["plan.check=-1"], "plan.check=-1: must be an integer >= 0"),
+    # a load no steady-state probe can cover (30 requests would all arrive within 30 ns)
+    (["plan.load_qps=1e9", "trace.num_requests=30"],
+     "plan.load_qps=1e+09: a steady-state probe covers capacity.min_duration_s=120 s"),
     (["plan.backend=dask"], "plan.backend='dask': must be one of joblib, ray, serial"),
     (["plan.space.policy=[nosuch]"], "scheduler=nosuch"),
     (["hardware.price_per_gpu_hour=1"], "from its price table"),
@@ -305,7 +313,8 @@ def test_k_replicas_hold_about_k_times_one_replica(tmp_path):
     for k in (1, 2, 4):
         r = e.search(f"k={k}", k, [("capacity.qps_low", 2.0 * k), ("capacity.qps_high", 8.0 * k),
                                    ("capacity.precision", 0.05)])
-        assert r["num_requests"] == 100 * k
+        # steady-state probes: as long as the rule asks, never fewer than k units' requests
+        assert min(pr["probe_requests"] for pr in r["probes"]) >= 100 * k
         assert all(c["bracketed"] for c in r["criteria"].values())
         caps[k] = binding(r)[0]
     assert caps[1] > 0

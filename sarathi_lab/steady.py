@@ -133,9 +133,10 @@ def judge(arrival, scheduled, finish, s: dict) -> dict:
 
 def first_requests(rate: float, floor: int, s: dict) -> int:
     """A probe's first request count at `rate`: enough for capacity.min_duration_s of
-    arrivals, at least `floor` (trace.num_requests), at most capacity.max_requests."""
+    arrivals, at least `floor` (trace.num_requests), at most capacity.max_requests (or the
+    floor, when the user asked more)."""
     want = math.ceil(rate * float(s["min_duration_s"])) + 1 if math.isfinite(rate) else math.inf
-    return int(min(int(s["max_requests"]), max(int(floor), want)))
+    return int(max(int(floor), min(int(s["max_requests"]), want)))
 
 
 def probe(run: Callable[[int], tuple[dict, tuple]], rate: float, floor: int, s: dict
@@ -146,7 +147,7 @@ def probe(run: Callable[[int], tuple[dict, tuple]], rate: float, floor: int, s: 
     and the span the rule asks), at most capacity.max_extensions times and up to
     capacity.max_requests requests."""
     n = first_requests(rate, floor, s)
-    cap = int(s["max_requests"])
+    cap = max(int(s["max_requests"]), int(floor))
     ext = 0
     while True:
         out, times = run(n)

@@ -172,7 +172,7 @@ def _evaluate(e: _Eval, job: dict) -> dict:
 def check(job: dict, row: dict, factor: int) -> dict:
     """The long independent run of a feasible row (the plan's answer): its deployment at the
     load, `factor` x the requests of the probe that passed there, as one ordinary run
-    (mode=run, the trace's own draw of lengths: shuffled for a trace file), judged on all its
+    (mode=run, the trace's own draw of lengths: shuffled for a length-only file), judged on all its
     requests by the plan's criteria and by the steady-state rule. Returns the row's `check_*`
     columns; check.json in the candidate's directory keeps them (a rerun reuses it)."""
     from sarathi_lab import steady
@@ -183,7 +183,11 @@ def check(job: dict, row: dict, factor: int) -> dict:
         return read_json(done)
     n = int(factor * row["probe_requests"])
     extra = [("mode", "run"), ("trace.qps", e.load), ("trace.num_requests", n)]
-    if job["c"]["trace"].get("path") is not None:
+    tc = job["c"]["trace"]
+    if tc.get("path") is not None and capacity.length_pool(
+            tc, capacity.probe_settings(job["c"]["capacity"])).attrs.get("arrivals") == "drawn":
+        # a length-only file: a random sample of its rows (a timestamped one keeps its first
+        # rows, their own gaps rescaled to the load: shuffling would part them from their times)
         extra.append(("trace.shuffle", True))
     c, overrides = e.config(int(row["units"]), extra)
     overrides = [o for o in overrides if not o.lstrip("+~").startswith("capacity.")]

@@ -232,7 +232,7 @@ def prepare(p: dict, base: list[str], out_dir: Path, log=print, user: list[str] 
     log(f"plan: {len(cands)} configurations, {len(pruned)} pruned before running "
         f"(memory, context or settings), {len(jobs)} to evaluate at {load:.4g} req/s "
         f"({', '.join(criteria)}; {p['method']}, {p['backend']}; {per_unit} requests per "
-        "unit, k units replaying k x as many)")
+        f"unit, k units replaying k x as many); SLO {capacity.ttft_label(slo)}")
     return jobs, pruned
 
 

@@ -417,7 +417,11 @@ def test_resume_after_an_interruption(tmp_path, monkeypatch):
     """Interrupted in its third candidate (after that one's capacity on one unit), a rerun
     redoes neither the two finished candidates nor the third's unit search, and ends with the
     rows of an uninterrupted plan."""
-    # at most 5 units: sarathi/256 needs more (infeasible), sarathi/512 5, vllm more
+    # at most 5 units: sarathi/256 needs more (infeasible), sarathi/512 5, vllm more. The
+    # interruption points were set on the fixed-length probes' outcomes: resuming does not
+    # depend on the rule, so this runs under capacity.rule=fixed
+    fixed = [o for o in BASE if not o.startswith("capacity.min_duration_s=")] + \
+        ["capacity.rule=fixed"]
     p = toy_plan(layout={"tensor_parallel": [1]}, policy=["sarathi", "vllm"],
                  token_budget=[256, 512], max_replicas=5)
     searches = []
@@ -436,7 +440,7 @@ def test_resume_after_an_interruption(tmp_path, monkeypatch):
     monkeypatch.setattr(capacity, "search", counting)
     monkeypatch.setattr(capacity.Prober, "__call__", interrupt)
     with pytest.raises(KeyboardInterrupt):
-        search.run_plan(p, BASE, tmp_path / "plan", log=lambda s: None)
+        search.run_plan(p, fixed, tmp_path / "plan", log=lambda s: None)
     first = list(searches)
     third = first[-1].split("/")[0]
     assert first[-1] == f"{third}/unit"
@@ -447,13 +451,13 @@ def test_resume_after_an_interruption(tmp_path, monkeypatch):
         return real_prober(self, qps, crit)
     monkeypatch.setattr(capacity.Prober, "__call__", recording)
     searches.clear()
-    rows = search.run_plan(p, BASE, tmp_path / "plan", log=lambda s: None)
+    rows = search.run_plan(p, fixed, tmp_path / "plan", log=lambda s: None)
     assert [r["resumed"] for r in rows] == [True, True, False]
     # only the third candidate ran again, from its replica counts on
     assert probes and all(s.startswith(f"{third}/units=") or
                           s.startswith(f"{third}/deploy") for s in probes)
     assert not any(s.endswith("/unit") for s in searches)
-    fresh = search.run_plan(p, BASE, tmp_path / "fresh", log=lambda s: None)
+    fresh = search.run_plan(p, fixed, tmp_path / "fresh", log=lambda s: None)
     pd.testing.assert_frame_equal(answer(rows), answer(fresh))
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sarathi_lab import rundir
+from sarathi_lab import rundir, steady
 from sarathi_lab.settings import ConfigError
 from sarathi_lab.summary_text import format_criterion
 
@@ -101,7 +101,7 @@ def check_context(c: dict, trace) -> None:
         "short (overlong=cap)")
 
 
-def _missed(slo: dict, key: str) -> str:
+def missed(slo: dict, key: str) -> str:
     """The parts of criterion `key` a probe missed, each with its value and limit ("median
     scheduling delay 3.1 s > 2 s missed by 1.1 s"); "" when it met them all."""
     return "; ".join(format_criterion(c) for c in slo.get("criteria") or []
@@ -114,7 +114,7 @@ def _probe_row(qps: float, s: dict, wall: float) -> dict:
         "qps": qps,
         "meets_tbt_slo": bool(slo.get("meets_tbt_slo", False)),
         "meets_attainment": bool(slo.get("meets_attainment", False)),
-        "tbt_missed": _missed(slo, "tbt"), "attainment_missed": _missed(slo, "attainment"),
+        "tbt_missed": missed(slo, "tbt"), "attainment_missed": missed(slo, "attainment"),
         "tbt_p99": s["tbt"]["p99"], "scheduling_delay_p50": s["scheduling_delay"]["p50"],
         "ttft_p50": s["ttft"]["p50"], "ttft_p99": s["ttft"]["p99"],
         "tpot_p50": s["tpot"]["p50"], "tpot_p99": s["tpot"]["p99"],
@@ -126,43 +126,120 @@ def _probe_row(qps: float, s: dict, wall: float) -> dict:
     }
 
 
+def probe_settings(cap: dict) -> dict:
+    """The capacity node's settings, typed (config.CapacityConfig: names, ranges, defaults)."""
+    from sarathi_lab.config import CapacityConfig
+    from sarathi_lab.settings import parse, to_dict
+    return to_dict(parse(CapacityConfig, cap, "capacity"))
+
+
+def length_pool(tc: dict, s: dict):
+    """The rows a steady-state probe draws its lengths from (`steady.draw_order`): a generated
+    trace draws capacity.max_requests of them (i.i.d., so any n of them is a sample of its
+    distribution); a trace file gives all its rows (after its length filters), not its first
+    trace.num_requests; a mix, the rows its node builds."""
+    from sarathi_lab.traces import build_trace
+    tc = {**tc, "qps": 1.0}   # arrivals are replaced; 1 req/s keeps a trace's own pattern
+    if "components" not in tc and "turns" not in tc:
+        tc["num_requests"] = int(s["max_requests"]) if tc.get("path") is None else None
+    return build_trace(tc)
+
+
 class Prober:
-    """Runs (and remembers) probes of one configuration at given rates."""
+    """Runs (and remembers) probes of one configuration at given rates. With capacity.rule=
+    steady (the default) each probe is as long as the steady-state rule asks (`steady.probe`)
+    and its statistics leave out the warm-up; one that is not *stable* fails every criterion.
+    With rule=fixed each replays trace.num_requests requests, judged on all of them."""
 
     def __init__(self, c: dict, out_dir: Path):
         from sarathi_lab.traces import build_trace
-        cap = c["capacity"]
-        self.c, self.out_dir, self.save = c, Path(out_dir), bool(cap.get("save_probes"))
-        tc = dict(c["trace"])
-        tc["qps"] = 1.0      # arrivals are replaced below; 1 req/s keeps a trace's own pattern
-        trace = build_trace(tc)
+        self.s = probe_settings(c["capacity"])
+        self.c, self.out_dir, self.save = c, Path(out_dir), bool(self.s["save_probes"])
+        self.steady = self.s["rule"] == "steady"
+        if self.steady:
+            trace = length_pool(c["trace"], self.s)
+            self.floor = int(c["trace"].get("num_requests") or 1)
+        else:
+            trace = build_trace({**c["trace"], "qps": 1.0})
         self.trace = trace
         check_context(c, trace)
-        self.unit = unit_arrivals(len(trace), cap.get("arrivals", "poisson"),
-                                  c.get("seed", 0), trace["arrival_time"].to_numpy())
+        self.kind = self.s["arrivals"]
+        self.unit = None if self.steady else unit_arrivals(
+            len(trace), self.kind, c.get("seed", 0), trace["arrival_time"].to_numpy())
         self.probes: list[dict] = []
         self.pool_policies: dict | None = None
         self._seen: dict[float, dict] = {}
+
+    def _arrivals(self, n: int) -> np.ndarray:
+        """The first n unit-rate arrivals of the steady rule's one sequence (a prefix of a
+        longer probe's): the trace's own gaps, cycled, for arrivals=trace."""
+        if self.kind != "trace":
+            return unit_arrivals(n, self.kind, self.c.get("seed", 0), None)
+        gaps = np.diff(np.sort(self.trace["arrival_time"].to_numpy(float)))
+        if len(gaps) == 0 or gaps.sum() <= 0:
+            return np.arange(n, dtype=float)
+        gaps = np.resize(gaps / gaps.mean(), max(n - 1, 0))
+        return np.concatenate([[0.0], np.cumsum(gaps)])
+
+    def _run(self, qps: float, df, n: int, keep: dict | None = None) -> dict:
+        from sarathi_lab.runner import run
+        from sarathi_lab.traces import to_requests
+        c = {**self.c, "trace": {**self.c["trace"], "qps": qps, "num_requests": n}}
+        return run({**c, "progress": False}, self.out_dir / "probes" / f"qps={qps:.4g}",
+                   requests=to_requests(df), write=self.save, keep=keep)
 
     def __call__(self, qps: float, criterion: str) -> dict:
         key = round(qps, 9)
         if key in self._seen:
             return self._seen[key]
-        from sarathi_lab.traces import to_requests
-        df = self.trace.copy()
-        df["arrival_time"] = self.unit / qps
-        c = {**self.c, "trace": {**self.c["trace"], "qps": qps, "num_requests": len(df)}}
-        from sarathi_lab.runner import run
         t0 = time.perf_counter()
-        s = run({**c, "progress": False}, self.out_dir / "probes" / f"qps={qps:.4g}",
-                requests=to_requests(df), write=self.save)
+        if self.steady:
+            s, extra = self._steady(qps)
+        else:
+            df = self.trace.copy()
+            df["arrival_time"] = self.unit / qps
+            s, extra = self._run(qps, df, len(df)), {"rule": "fixed", "stability": None}
         row = {"probe": len(self.probes) + 1, "criterion": criterion,
-               **_probe_row(qps, s, time.perf_counter() - t0)}
+               **_probe_row(qps, s, time.perf_counter() - t0), **extra}
+        if row["stability"] not in (None, steady.STABLE):
+            # a growing or unresolved backlog fails, whatever its percentiles say
+            why = f"{row['stability']}: {row['stability_why']}"
+            for k, (flag, _) in CRITERIA.items():
+                row[flag] = False
+                row[f"{k}_missed"] = "; ".join(x for x in (why, row[f"{k}_missed"]) if x)
         self.probes.append(row)
         if "pools" in s:   # disaggregated: each pool may run another policy
             self.pool_policies = {name: p["policy"] for name, p in s["pools"].items()}
         self._seen[key] = row
         return row
+
+    def _steady(self, qps: float) -> tuple[dict, dict]:
+        """A steady-state probe at `qps`: (the summary of its measured interval, the verdict's
+        columns)."""
+        seed = int(self.c.get("seed", 0))
+
+        def run_n(n: int):
+            df = self.trace.iloc[steady.draw_order(len(self.trace), n, seed)].reset_index(
+                drop=True)
+            df["arrival_time"] = self._arrivals(n) / qps
+            keep: dict = {}
+            self._run(qps, df, n, keep)
+            rq = keep["requests"]
+            return keep, (rq["arrival_time"].to_numpy(float),
+                          rq["first_scheduled_time"].to_numpy(float),
+                          rq["finish_time"].to_numpy(float))
+
+        keep, v = steady.probe(run_n, qps, self.floor, self.s)
+        rq, it = keep["requests"], keep["iterations"]
+        t0 = float(rq["arrival_time"].min()) + v["warmup_s"]
+        measured = keep["summarize"](rq[rq["arrival_time"] >= t0].reset_index(drop=True),
+                                     it[it["start"] >= t0].reset_index(drop=True))
+        return measured, {"rule": "steady", "stability": v["verdict"], "stability_why": v["why"],
+                          "probe_requests": v["requests"], "extensions": v["extensions"],
+                          "span_s": v["span_s"], "warmup_s": v["warmup_s"],
+                          "time_constant_s": v["time_constant_s"],
+                          "backlog_growth": v["backlog_growth"],
+                          "delay_growth": v["delay_growth"], "served_ratio": v["served_ratio"]}
 
 
 def bisect(passes, lo: float, hi: float, precision: float, max_probes: int,
@@ -225,7 +302,7 @@ def search(c: dict, out_dir) -> dict:
         per_gpu = {} if gpus is None else {
             "num_gpus": gpus, "capacity_qps_per_gpu": r["capacity_qps"] / gpus}
         results[crit] = {**r, **per_gpu, "source": CRITERIA[crit][1],
-                         "definition": describe(slo, crit),
+                         "definition": describe(slo, crit), **how_found(prober, r),
                          **_cost_at_capacity(c, prober.trace, r["capacity_qps"], gpus)}
     if not results:
         raise ValueError(f"slo={slo.get('name')!r}: defines none of capacity.criteria="
@@ -242,6 +319,7 @@ def search(c: dict, out_dir) -> dict:
         # requests the trace's length filters left out (trace.max_total_tokens, ...)
         "trace_dropped": int(prober.trace.attrs.get("dropped", 0)),
         "arrivals": cap.get("arrivals", "poisson"),
+        "rule": prober.s["rule"],
         "slo": slo,
         "criteria": results,
         "skipped_criteria": skipped,
@@ -252,6 +330,41 @@ def search(c: dict, out_dir) -> dict:
     rundir.atomic_write(out_dir / rundir.CAPACITY_PROBES, lambda p: probes.to_csv(p, index=False))
     rundir.write_json(out_dir / rundir.CAPACITY, out)
     return out
+
+
+def how_found(prober: Prober, r: dict) -> dict:
+    """What a criterion's answer rests on: the rule its probes ran under, how it was found, and
+    the probe at the capacity (its P99 TTFT, whatever the SLO judges; its length and verdict)."""
+    at = probe_at(prober.probes, r["capacity_qps"]) or {}
+    if prober.steady:
+        s = prober.s
+        method = (f"bisection over the rate; each probe at least {s['min_duration_s']:g} s and "
+                  f"{s['time_constants']:g} mean latencies of arrivals (trace lengths drawn over "
+                  f"the whole trace), the first {s['warmup']:.0%} left out, stable when neither "
+                  f"backlog nor scheduling delay grows over {s['max_growth']:g} s/s across "
+                  f"{s['windows']} windows; unstable or undetermined probes fail")
+    else:
+        method = (f"bisection over the rate; each probe the trace's first "
+                  f"{len(prober.trace)} requests, no stability test (capacity.rule=fixed)")
+    return {"rule": prober.s["rule"], "method": method,
+            "ttft_p99": at.get("ttft_p99"), "ttft_p50": at.get("ttft_p50"),
+            "probe_requests": at.get("probe_requests", len(prober.trace)),
+            "probe_span_s": at.get("span_s"), "stability": at.get("stability")}
+
+
+def probe_at(probes: list[dict], qps: float | None) -> dict | None:
+    """The probe run at `qps` (None: none)."""
+    if qps is None:
+        return None
+    return next((p for p in probes if round(p["qps"], 9) == round(qps, 9)), None)
+
+
+def ttft_label(slo: dict) -> str:
+    """The SLO's name as printed: "(no TTFT target)" after one that sets none (the paper-derived
+    `<model>-strict` and `-relaxed` SLOs judge TBT and the median scheduling delay only)."""
+    has = slo.get("ttft") is not None or any(
+        (t or {}).get("ttft") is not None for t in (slo.get("classes") or {}).values())
+    return f"{slo.get('name', '?')}" + ("" if has else " (no TTFT target)")
 
 
 def _cost_at_capacity(c: dict, trace, qps: float, gpus: int | None = None) -> dict:
@@ -290,15 +403,24 @@ def format_result(result: dict) -> str:
     policy = ", ".join(f"{k} pool {v}" for k, v in pools.items()) \
         if len(set(pools.values())) > 1 else result["policy"]
     lines = [f"capacity of {policy} | {result['model']} on {result['hardware']} | "
-             f"trace {result['trace']} ({result['num_requests']} requests"
+             f"trace {result['trace']} ("
+             + ("lengths drawn from its " if result.get("rule") == "steady" else "")
+             + f"{result['num_requests']} requests"
              + (f", {dropped} longer ones dropped" if dropped else "")
-             + f", {result['arrivals']} arrivals) | SLO {slo.get('name', '?')}"]
+             + f", {result['arrivals']} arrivals) | SLO {ttft_label(slo)}"]
     for k, r in result["criteria"].items():
         hi = "-" if r["fails_at_qps"] is None else f"{r['fails_at_qps']:.4g}"
-        lines.append(f"  {r['source']:<14} {_qps(r):>12}   (fails at {hi}; {r['probes']} probes)"
-                     f"  {r['definition']}" + (f"  [{r['note']}]" if r["note"] else "")
+        ttft = "P99 TTFT " + ("-" if r.get("ttft_p99") is None else f"{r['ttft_p99']:.3g} s")
+        lines.append(f"  {r['source']:<14} {_qps(r):>12}   (fails at {hi}; {r['probes']} probes;"
+                     f" {ttft})  {r['definition']}" + (f"  [{r['note']}]" if r["note"] else "")
                      + (f"  ${r['usd_per_1m_output_tokens']:.3g} per 1M output tokens"
                         if r.get("usd_per_1m_output_tokens") else ""))
+        if r.get("rule") == "steady":
+            lines.append(f"  {'':<14} steady-state probes: {r.get('probe_requests')} requests "
+                         f"({r.get('probe_span_s') or 0:.4g} s of arrivals) at the capacity")
+        elif r.get("rule") == "fixed":
+            lines.append(f"  {'':<14} capacity.rule=fixed: {r.get('probe_requests')} requests "
+                         "per probe, no stability test (may overstate the steady state)")
         failed = _failing_probe(result["probes"], k, r["fails_at_qps"])
         if failed:
             lines.append(f"  {'':<14} at {r['fails_at_qps']:.4g} req/s it missed: {failed}")
@@ -313,8 +435,7 @@ def _failing_probe(probes: list[dict], crit: str, qps: float | None) -> str:
     """What the probe at `qps` (the lowest failing rate) missed of criterion `crit`."""
     if qps is None:
         return ""
-    row = next((p for p in probes if round(p["qps"], 9) == round(qps, 9)), None)
-    return (row or {}).get(f"{crit}_missed", "")
+    return (probe_at(probes, qps) or {}).get(f"{crit}_missed", "")
 
 
 def capacity_rows(result: dict) -> list[dict]:
@@ -324,5 +445,6 @@ def capacity_rows(result: dict) -> list[dict]:
              "fails_at_qps": r["fails_at_qps"], "bracketed": r["bracketed"],
              "probes": r["probes"], "model": result["model"], "hardware": result["hardware"],
              "trace": result["trace"], "num_requests": result["num_requests"],
-             "usd_per_1m_output_tokens": r.get("usd_per_1m_output_tokens")}
+             "usd_per_1m_output_tokens": r.get("usd_per_1m_output_tokens"),
+             "ttft_p99": r.get("ttft_p99"), "rule": r.get("rule")}
             for k, r in result["criteria"].items()]

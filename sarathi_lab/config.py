@@ -67,6 +67,22 @@ class CapacityConfig:
     precision: float = setting(0.02, gt=0, lt=1, help="stop when high - low <= precision x low")
     max_probes: int = setting(40, ge=2, help="per criterion, bracket widening included")
     save_probes: bool = setting(False, help="a full run directory per probe")
+    # the steady-state rule (sarathi_lab/steady.py; docs/sweeps.md, "Steady-state probes")
+    rule: str = setting("steady", choices=("steady", "fixed"),
+                        help="steady: probes long enough to tell a stable backlog, judged after "
+                             "a warm-up | fixed: trace.num_requests per probe, no stability "
+                             "test (the rule before issue 35)")
+    min_duration_s: float = setting(120.0, gt=0, help="steady: least arrival span of a probe, "
+                                                     "simulated s")
+    time_constants: float = setting(10.0, gt=0, help="steady: least arrival span in mean "
+                                                     "request latencies")
+    warmup: float = setting(0.25, ge=0, lt=1, help="steady: share of the arrival span left out "
+                                                   "of the statistics")
+    windows: int = setting(8, ge=3, help="steady: windows of the trend test")
+    max_growth: float = setting(0.02, gt=0, lt=1, help="steady: backlog or delay growth (s/s) "
+                                                      "beyond which a probe is unstable")
+    max_requests: int = setting(20000, ge=2, help="steady: most requests of a probe")
+    max_extensions: int = setting(4, ge=0, help="steady: lengthenings of an undetermined probe")
 
     def validate(self) -> None:
         if self.qps_high <= self.qps_low:
@@ -75,6 +91,11 @@ class CapacityConfig:
         if not self.criteria or bad:
             raise ValueError(f"criteria={self.criteria}: must be a non-empty list of tbt, "
                              "attainment")
+
+
+# the settings only the steady-state rule reads (capacity.rule=steady)
+STEADY_KEYS = ("min_duration_s", "time_constants", "warmup", "windows", "max_growth",
+               "max_requests", "max_extensions")
 
 
 # The per-request targets: the top level of `slo` holds the default ones, `slo.classes.<class>`
@@ -330,6 +351,10 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
     capacity = None
     if run.mode == "capacity":
         capacity = parse(CapacityConfig, _node(c, "capacity"), "capacity")
+        steady_keys = [k for k in user if k.split(".", 1)[-1] in STEADY_KEYS
+                       and k.startswith("capacity.")]
+        if capacity.rule == "fixed" and steady_keys:
+            unread(steady_keys[0], "read only with capacity.rule=steady")
     else:
         cap_keys = [k for k in user if k.startswith("capacity.")]
         if cap_keys:

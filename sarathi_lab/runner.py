@@ -227,10 +227,12 @@ def disagg_settings(r: Resolved, prefill_policy, decode_policy) -> dict:
 
 
 def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
-        resolved: Resolved | None = None) -> dict:
+        resolved: Resolved | None = None, keep: dict | None = None) -> dict:
     """Simulate or execute the configured run; write requests.parquet, iterations.parquet and
     summary.json (last, atomically: its presence marks a complete run). Returns the summary.
-    write=False (capacity probes) returns the summary and writes nothing."""
+    write=False (capacity probes) returns the summary and writes nothing. `keep`, a dict,
+    receives the tables ("requests", "iterations") and "summarize": the summary of a part of
+    them (a steady-state probe's measured interval, `capacity.Prober`)."""
     from sarathi_lab.traces import build_trace, describe_trace, to_requests
     c = plain(cfg)
     r = resolved or resolve(c)
@@ -266,6 +268,10 @@ def run(cfg, run_dir: str | Path | None, requests=None, write: bool = True,
     wall = time.perf_counter() - t0
     req_df, it_df, summary = results(c, r, topology, load, requests, policy, executor, wall,
                                      trace_record=served)
+    if keep is not None:
+        keep.update(requests=req_df, iterations=it_df, summarize=lambda rq, it: (
+            topology.summarize(rq, it, slo=c.get("slo"),
+                               price_per_gpu_hour=(r.hardware or {}).get("price_per_gpu_hour"))))
     if write:
         write_run(run_dir, req_df, it_df, summary)
     return summary

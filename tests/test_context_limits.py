@@ -80,9 +80,11 @@ def test_capacity_search_from_the_cli_fails_fast_and_records_drops(tmp_path):
     res = json.loads((tmp_path / "b" / "capacity.json").read_text())
     head = load_trace("sharegpt", num_requests=None, qps=1.0)
     total = (head["num_prompt_tokens"] + head["num_output_tokens"]).to_numpy()
-    keep = np.flatnonzero(total <= 4096)[:40]
-    assert res["num_requests"] == 40
-    assert res["trace_dropped"] == int((total[:keep[-1] + 1] > 4096).sum()) > 0
+    # steady-state probes draw lengths from the whole trace: every request that fits, and the
+    # whole trace's longer ones dropped
+    assert res["rule"] == "steady"
+    assert res["num_requests"] == int((total <= 4096).sum())
+    assert res["trace_dropped"] == int((total > 4096).sum()) > 0
     assert f"{res['trace_dropped']} longer ones dropped" in r.stdout
 
 

@@ -22,8 +22,10 @@ from sarathi_lab.sweeps import compose_config
 # A toy workload where the load needs several replicas: 60 requests, DistServe's TTFT target
 # (0.5 s for 90% of requests) beside Sarathi-Serve's TBT criterion, at 30 req/s.
 UNIT_REQUESTS = 60
+# steady-state probes of at least 20 s of arrivals (the default 120 s makes this suite's ~200
+# simulations slow; the rule still lengthens a probe it cannot judge)
 BASE = ["model=llama-3-8b", "trace=synthetic", f"trace.num_requests={UNIT_REQUESTS}",
-        "slo.ttft=0.5"]
+        "slo.ttft=0.5", "capacity.min_duration_s=20"]
 UNSIZED = [o for o in BASE if not o.startswith("trace.num_requests=")]
 LOAD = 30.0
 # columns that depend on the run (where, how long, whether resumed), not on the plan's answer
@@ -161,7 +163,15 @@ def test_shipped_prices_name_their_sources_and_overrides_win():
     (["hardware=h100-sxm"], "hardware=h100-sxm: chosen by plan.space.hardware"),
     (["scheduler=vllm"], "chosen by plan.space.policy"),
     (["executor.tensor_parallel=2"], "set by the plan's space"),
-    (["plan.load_qps=-1"], "plan.load_qps=-1: must be a rate > 0"),
+    (["plan.load_qps=-1"], "plan.load_qps=-1: must be a finite rate > 0"),
+    (["plan.load_qps=0"], "plan.load_qps=0: must be a finite rate > 0"),
+    (["plan.load_qps=nan"], "plan.load_qps=nan: must be a finite rate > 0"),
+    (["plan.load_qps=inf"], "plan.load_qps=inf: must be a finite rate > 0"),
+    (["plan.ttft=0"], "plan.ttft=0: must be a finite time > 0"),
+    (["plan.check=-1"], "plan.check=-1: must be an integer >= 0"),
+    # a load no steady-state probe can cover (30 requests would all arrive within 30 ns)
+    (["plan.load_qps=1e9", "trace.num_requests=30"],
+     "plan.load_qps=1e+09: a steady-state probe covers capacity.min_duration_s="),
     (["plan.backend=dask"], "plan.backend='dask': must be one of joblib, ray, serial"),
     (["plan.space.policy=[nosuch]"], "scheduler=nosuch"),
     (["hardware.price_per_gpu_hour=1"], "from its price table"),
@@ -306,7 +316,8 @@ def test_k_replicas_hold_about_k_times_one_replica(tmp_path):
     for k in (1, 2, 4):
         r = e.search(f"k={k}", k, [("capacity.qps_low", 2.0 * k), ("capacity.qps_high", 8.0 * k),
                                    ("capacity.precision", 0.05)])
-        assert r["num_requests"] == 100 * k
+        # steady-state probes: as long as the rule asks, never fewer than k units' requests
+        assert min(pr["probe_requests"] for pr in r["probes"]) >= 100 * k
         assert all(c["bracketed"] for c in r["criteria"].values())
         caps[k] = binding(r)[0]
     assert caps[1] > 0
@@ -407,7 +418,11 @@ def test_resume_after_an_interruption(tmp_path, monkeypatch):
     """Interrupted in its third candidate (after that one's capacity on one unit), a rerun
     redoes neither the two finished candidates nor the third's unit search, and ends with the
     rows of an uninterrupted plan."""
-    # at most 5 units: sarathi/256 needs more (infeasible), sarathi/512 5, vllm more
+    # at most 5 units: sarathi/256 needs more (infeasible), sarathi/512 5, vllm more. The
+    # interruption points were set on the fixed-length probes' outcomes: resuming does not
+    # depend on the rule, so this runs under capacity.rule=fixed
+    fixed = [o for o in BASE if not o.startswith("capacity.min_duration_s=")] + \
+        ["capacity.rule=fixed"]
     p = toy_plan(layout={"tensor_parallel": [1]}, policy=["sarathi", "vllm"],
                  token_budget=[256, 512], max_replicas=5)
     searches = []
@@ -426,7 +441,7 @@ def test_resume_after_an_interruption(tmp_path, monkeypatch):
     monkeypatch.setattr(capacity, "search", counting)
     monkeypatch.setattr(capacity.Prober, "__call__", interrupt)
     with pytest.raises(KeyboardInterrupt):
-        search.run_plan(p, BASE, tmp_path / "plan", log=lambda s: None)
+        search.run_plan(p, fixed, tmp_path / "plan", log=lambda s: None)
     first = list(searches)
     third = first[-1].split("/")[0]
     assert first[-1] == f"{third}/unit"
@@ -437,13 +452,13 @@ def test_resume_after_an_interruption(tmp_path, monkeypatch):
         return real_prober(self, qps, crit)
     monkeypatch.setattr(capacity.Prober, "__call__", recording)
     searches.clear()
-    rows = search.run_plan(p, BASE, tmp_path / "plan", log=lambda s: None)
+    rows = search.run_plan(p, fixed, tmp_path / "plan", log=lambda s: None)
     assert [r["resumed"] for r in rows] == [True, True, False]
     # only the third candidate ran again, from its replica counts on
     assert probes and all(s.startswith(f"{third}/units=") or
                           s.startswith(f"{third}/deploy") for s in probes)
     assert not any(s.endswith("/unit") for s in searches)
-    fresh = search.run_plan(p, BASE, tmp_path / "fresh", log=lambda s: None)
+    fresh = search.run_plan(p, fixed, tmp_path / "fresh", log=lambda s: None)
     pd.testing.assert_frame_equal(answer(rows), answer(fresh))
 
 

@@ -77,6 +77,11 @@ def test_cheapest_and_policy_tables_follow_the_ranked_rows(toy):
         cheapest_of(f["policy"] == "vllm") / cheapest_of(sar), nan_ok=True)
     md = (tmp / "out" / "summary.md").read_text()
     assert "mixtral-8x7b" in md and "vllm_over_sarathi" in md
+    # the case's cheapest answer was re-run long (--check 10): 10 x its probe's requests, its
+    # command and whether it held in the table
+    assert best["check_requests"] == 10 * top["probe_requests"]
+    assert best["check_held"] in (True, False) and "mode=run" in best["check_command"]
+    assert top["check_command"] == best["check_command"]
     info = json.loads((tmp / "out" / "run_info.json").read_text())
     assert info["command"].startswith("python experiments/planning/run.py --requests 30")
 

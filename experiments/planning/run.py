@@ -19,7 +19,8 @@ expert parallel with TP 1 or 2), so its space is the union of two plans. In `--o
 - `cheapest.csv`: per case and hardware (and `any`), the cheapest deployment: GPUs, layout,
   colocated or disaggregated, policy, budget, $/1M output tokens, $/h, capacity (a lower bound
   where `capacity_bracketed` is false: no probe failed), binding criterion, P99 TTFT and TBT at
-  the load;
+  the load; for the case's cheapest (`any`), whether its long check held (`--check`: 10 x its
+  probe's requests, one ordinary run, its command in `check_command`);
 - `policy.csv`: per case, the cheapest row of each policy/budget and of each split, and the
   cheapest vllm row's cost over the cheapest sarathi row's;
 - `summary.md`: both tables as Markdown; `run_info.json` (commit, load, wall time).
@@ -60,6 +61,7 @@ SPLITS = ("colocated", "1:1")
 # both models the same requests (the capacity search logs how many it dropped)
 MAX_TOTAL_TOKENS = 8192
 CASE = ["model", "workload", "slo"]
+CHECKED = ["check_held", "check_requests", "check_ttft_p99", "check_missed", "check_command"]
 SHOWN = ["hardware", "gpus", "replicas", "layout", "split", "policy", "token_budget",
          "usd_per_1m_output_tokens", "usd_per_hour", "capacity_qps", "capacity_bracketed",
          "binds", "binds_missed", "ttft_p99", "tbt_p99"]
@@ -109,9 +111,13 @@ def cheapest_table(all_rows):
     out = []
     for key, g in f.groupby(CASE, sort=False):
         for hw, gg in [("any", g), *g.groupby("hardware", sort=False)]:
-            best = gg.sort_values(["usd_per_1m_output_tokens", "gpus"]).iloc[0]
+            # the order of `table.ranked` (and of the long check's pick)
+            best = gg.sort_values(["usd_per_1m_output_tokens", "gpus", "capacity_qps",
+                                   "candidate"], ascending=[True, True, False, True]).iloc[0]
             out.append({**dict(zip(CASE, key)), "on": hw, "load_qps": best["load_qps"],
-                        **{c: best[c] for c in SHOWN}, "feasible": len(gg)})
+                        **{c: best[c] for c in SHOWN}, "feasible": len(gg),
+                        # the long check (--check) of the case's cheapest row: did it hold?
+                        **{c: best.get(c) for c in CHECKED}})
     return pd.DataFrame(out)
 
 
@@ -151,13 +157,13 @@ RANKED_COLS = ["rank", "candidate", "status", "hardware", "layout", "split", "po
                "token_budget", "units", "replicas", "gpus", "usd_per_1m_output_tokens",
                "usd_per_hour", "capacity_qps", "capacity_bracketed", "binds", "binds_missed",
                "unit_capacity_qps", "ttft_p99", "tbt_p99", "load_qps", "simulations",
-               "reason", "command"]
+               "probe_requests", "reason", "command", *CHECKED]
 
 
 def run_study(args) -> tuple:
     import pandas as pd
     from sarathi_lab.plan import table
-    from sarathi_lab.plan.search import dispatch
+    from sarathi_lab.plan.search import check_cheapest, dispatch
     root, out = Path(args.root), Path(args.out)
     jobs, rows, plan = [], [], None
     for model in args.models:
@@ -170,6 +176,11 @@ def run_study(args) -> tuple:
         rows.append(row)
         if i % 20 == 0 or i == len(jobs):
             print(f"  [{i}/{len(jobs)}] evaluated", flush=True)
+    if args.check:   # each case's cheapest answer, re-run long (sarathi-lab-plan's plan.check)
+        for key in dict.fromkeys(tuple(r[c] for c in CASE) for r in rows):
+            case = [r for r in rows if tuple(r[c] for c in CASE) == key]
+            check_cheapest(case, [j for j in jobs if tuple(j["row"][c] for c in CASE) == key],
+                           args.check)
     all_rows = pd.DataFrame(rows)
     all_rows["layout"] = [layout_label(r) for _, r in all_rows.iterrows()]
     out.mkdir(parents=True, exist_ok=True)
@@ -207,6 +218,9 @@ def main(argv=None):
     ap.add_argument("--load", nargs="*", default=[], metavar="WORKLOAD=QPS",
                     help="replace a workload's load (e.g. chat=8)")
     ap.add_argument("--max-replicas", type=int, default=16)
+    ap.add_argument("--check", type=int, default=10,
+                    help="re-run each case's cheapest answer at the load with this many times "
+                         "its probe's requests (plan.check); 0: no check")
     ap.add_argument("--n-jobs", type=int, default=2, help="joblib processes")
     ap.add_argument("--root", default=str(REPO / "outputs" / "planning"),
                     help="the plans' directories (resumable state)")

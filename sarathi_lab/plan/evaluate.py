@@ -22,6 +22,18 @@ from sarathi_lab.plan.space import with_settings
 from sarathi_lab.settings import ConfigError
 
 RESULT = "result.json"
+CHECK = "check.json"
+
+
+def read_json(path: Path) -> dict:
+    """A file an earlier evaluation wrote; one cut short (an interrupted write by an older
+    version, a full disk) or edited is an error naming it, not a traceback."""
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not a complete JSON file ({e}); it is what an earlier "
+                          "evaluation left; delete it (or the candidate's directory) to evaluate "
+                          "that step again") from None
 
 
 class _Eval:
@@ -39,7 +51,7 @@ class _Eval:
         """capacity.search of `units` units (capacity.json reused when there)."""
         done = self.dir / sub / rundir.CAPACITY
         if done.exists():
-            return json.loads(done.read_text())
+            return read_json(done)
         c, _ = self.config(units, extra)
         r = capacity.search({**c, "progress": False}, self.dir / sub)
         self.sims += len(r["probes"])
@@ -49,7 +61,7 @@ class _Eval:
         """Whether `units` units serve the load within every criterion (one simulation)."""
         path = self.dir / f"units={units}.json"
         if path.exists():
-            return json.loads(path.read_text())["passes"]
+            return read_json(path)["passes"]
         c, _ = self.config(units)
         row = capacity.Prober({**c, "progress": False}, self.dir / f"units={units}")(
             self.load, "plan")
@@ -106,7 +118,7 @@ def evaluate(job: dict) -> dict:
     e = _Eval(job)
     done = e.dir / RESULT
     if done.exists():
-        return {**json.loads(done.read_text()), "resumed": True}
+        return {**read_json(done), "resumed": True}
     t0, cpu0 = time.perf_counter(), time.process_time()
     row = {**job["row"], "load_qps": e.load, "dir": str(e.dir), "resumed": False}
     try:
@@ -152,4 +164,46 @@ def _evaluate(e: _Eval, job: dict) -> dict:
             "usd_per_hour": job["price"] * gpus,
             "ttft_p99": at_load["ttft_p99"], "tbt_p99": at_load["tbt_p99"],
             "tpot_p99": at_load["tpot_p99"], "attainment": at_load["attainment"],
+            "probe_rule": at_load.get("rule"), "probe_stability": at_load.get("stability"),
+            "probe_requests": int(at_load.get("probe_requests") or job["per_unit"][-1][1] * k),
             "command": "sarathi-lab " + " ".join(shlex.quote(o) for o in overrides)}
+
+
+def check(job: dict, row: dict, factor: int) -> dict:
+    """The long independent run of a feasible row (the plan's answer): its deployment at the
+    load, `factor` x the requests of the probe that passed there, as one ordinary run
+    (mode=run, the trace's own draw of lengths: shuffled for a length-only file), judged on all its
+    requests by the plan's criteria and by the steady-state rule. Returns the row's `check_*`
+    columns; check.json in the candidate's directory keeps them (a rerun reuses it)."""
+    from sarathi_lab import steady
+    from sarathi_lab.runner import run
+    e = _Eval(job)
+    done = e.dir / f"{CHECK[:-5]}_x{factor}.json"
+    if done.exists():
+        return read_json(done)
+    n = int(factor * row["probe_requests"])
+    extra = [("mode", "run"), ("trace.qps", e.load), ("trace.num_requests", n)]
+    tc = job["c"]["trace"]
+    if tc.get("path") is not None and capacity.length_pool(
+            tc, capacity.probe_settings(job["c"]["capacity"])).attrs.get("arrivals") == "drawn":
+        # a length-only file: a random sample of its rows (a timestamped one keeps its first
+        # rows, their own gaps rescaled to the load: shuffling would part them from their times)
+        extra.append(("trace.shuffle", True))
+    c, overrides = e.config(int(row["units"]), extra)
+    overrides = [o for o in overrides if not o.lstrip("+~").startswith("capacity.")]
+    keep: dict = {}
+    s = run({**c, "progress": False}, e.dir / f"check_x{factor}", write=False, keep=keep)
+    rq = keep["requests"]
+    v = steady.judge(rq["arrival_time"].to_numpy(float), rq["first_scheduled_time"].to_numpy(float),
+                     rq["finish_time"].to_numpy(float), capacity.probe_settings(c["capacity"]))
+    slo = s.get("slo") or {}
+    met = all(bool(slo.get(capacity.CRITERIA[k][0])) for k in job["criteria"])
+    missed = "; ".join(m for m in (capacity.missed(slo, k) for k in job["criteria"]) if m)
+    out = {"check_requests": int(s["num_requests"]), "check_factor": factor,
+           "check_held": bool(met and v["verdict"] != steady.UNSTABLE),
+           "check_stability": v["verdict"], "check_missed": missed,
+           "check_ttft_p99": s["ttft"]["p99"], "check_tbt_p99": s["tbt"]["p99"],
+           "check_attainment": slo.get("attainment"),
+           "check_command": "sarathi-lab " + " ".join(shlex.quote(o) for o in overrides)}
+    rundir.write_json(done, out)
+    return out

@@ -3,6 +3,7 @@ the rest evaluated in parallel (joblib here, or Ray) and resumable, one row per 
 from __future__ import annotations
 
 import collections
+import math
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -10,7 +11,7 @@ import numpy as np
 
 from sarathi_lab import capacity
 from sarathi_lab.plan import space as sp
-from sarathi_lab.plan.evaluate import evaluate
+from sarathi_lab.plan.evaluate import check, evaluate
 from sarathi_lab.plan.prices import load_prices, price_of
 from sarathi_lab.settings import ConfigError
 
@@ -33,9 +34,50 @@ def check_plan(p: dict, user: list[str] = ()) -> None:
         raise ConfigError(f"plan.top={top!r}: must be an integer >= 1 (rows printed)")
     load = p.get("load_qps")
     if load is not None and (isinstance(load, bool) or not isinstance(load, (int, float))
-                             or load <= 0):
-        raise ConfigError(f"plan.load_qps={load!r}: must be a rate > 0 (req/s), or null for "
-                          "the trace's own")
+                             or not math.isfinite(load) or load <= 0):
+        raise ConfigError(f"plan.load_qps={load!r}: must be a finite rate > 0 (req/s), or null "
+                          "for the trace's own")
+    for key, least in (("ttft", None), ("check", 0)):
+        v = p.get(key)
+        if key == "ttft" and v is None:
+            continue
+        ok = isinstance(v, int) and v >= 0 if key == "check" else \
+            isinstance(v, (int, float)) and math.isfinite(v) and v > 0
+        if isinstance(v, bool) or not ok:
+            what = ("an integer >= 0 (0: no check)" if key == "check"
+                    else "a finite time > 0 (s), or null")
+            raise ConfigError(f"plan.{key}={v!r}: must be {what}")
+
+
+def check_representable(c: dict, load: float) -> None:
+    """Refuse a load no steady-state probe can cover: capacity.min_duration_s of arrivals at
+    `load` would take more than capacity.max_requests requests (plan.load_qps=1e9 asks 1.2e11),
+    so every probe would be too short to tell, and none could pass."""
+    s = capacity.probe_settings(c["capacity"])
+    if s["rule"] != "steady":
+        return
+    need = load * s["min_duration_s"]
+    if need > s["max_requests"]:
+        raise ConfigError(
+            f"plan.load_qps={load:g}: a steady-state probe covers capacity.min_duration_s="
+            f"{s['min_duration_s']:g} s of arrivals, {need:.3g} requests at this load, over "
+            f"capacity.max_requests={s['max_requests']}: no probe of this load could tell a "
+            "stable backlog from a growing one. Raise capacity.max_requests (the simulation "
+            "grows with it) or plan a smaller load")
+
+
+def with_ttft(p: dict, slo: dict, base: list[str]) -> list[str]:
+    """`base` with plan.ttft as the SLO's per-request TTFT target when the SLO sets none (a
+    TTFT-blind SLO, such as the paper-derived `<model>-strict`, would let the cheapest answer
+    keep requests waiting for seconds): slo.ttft and a name saying so, in every candidate's
+    config and command. sarathi_lab/docs/planning.md derives the default."""
+    ttft = p.get("ttft")
+    has = slo.get("ttft") is not None or any(
+        (t or {}).get("ttft") is not None for t in (slo.get("classes") or {}).values())
+    if ttft is None or has:
+        return list(base)
+    return list(base) + [f"slo.ttft={float(ttft)!r}",
+                         f"slo.name={slo.get('name', 'slo')}+ttft{float(ttft):g}s"]
 
 
 def plan_load(p: dict, c: dict, trace) -> float:
@@ -130,13 +172,25 @@ def prepare(p: dict, base: list[str], out_dir: Path, log=print, user: list[str] 
     for hw in dict.fromkeys(c.hardware for c in cands):
         price_of(prices, hw, prices_where)
     slo = c0.get("slo") or {}
+    base = with_ttft(p, slo, base)
+    if base != list(composer.base):
+        composer = sp.Composer(base)
+        c0 = dict(composer.composed([f"hardware={hw0}",
+                                     f"scheduler={sp._list(space, 'policy')[0]}"]))
+        follow_the_user(c0, base)
+        slo = c0.get("slo") or {}
     criteria = [k for k in c0["capacity"]["criteria"] if capacity.criterion_defined(slo, k)]
     if not criteria:
         raise ConfigError(f"slo={slo.get('name')!r}: defines none of capacity.criteria="
                           f"{list(c0['capacity']['criteria'])}, so no capacity can be judged")
     trace = build_trace(c0["trace"])
     load = plan_load(p, c0, trace)
-    mean_out = float(np.maximum(trace["num_output_tokens"].to_numpy(), 1).mean())
+    check_representable(c0, load)
+    # the cost per token at the load: the output lengths the probes draw (steady rule: the
+    # whole trace's, `capacity.length_pool`), not only the first trace.num_requests rows
+    ps = capacity.probe_settings(c0["capacity"])
+    lengths = capacity.length_pool(c0["trace"], ps) if ps["rule"] == "steady" else trace
+    mean_out = float(np.maximum(lengths["num_output_tokens"].to_numpy(), 1).mean())
     per_unit = requests_per_unit(c0["trace"], trace, space["max_replicas"])
     settings_keys = {k for c in cands for k, _ in c.settings(1, 1.0)} | {
         "cluster.prefill.num_replicas", "cluster.decode.num_replicas", "cluster.num_replicas"}
@@ -178,7 +232,7 @@ def prepare(p: dict, base: list[str], out_dir: Path, log=print, user: list[str] 
     log(f"plan: {len(cands)} configurations, {len(pruned)} pruned before running "
         f"(memory, context or settings), {len(jobs)} to evaluate at {load:.4g} req/s "
         f"({', '.join(criteria)}; {p['method']}, {p['backend']}; {per_unit} requests per "
-        "unit, k units replaying k x as many)")
+        f"unit, k units replaying k x as many); SLO {capacity.ttft_label(slo)}")
     return jobs, pruned
 
 
@@ -222,7 +276,30 @@ def run_plan(p: dict, base: list[str], out_dir: Path, log=print, user: list[str]
     for i, row in enumerate(dispatch(jobs, p), 1):
         rows.append(row)
         log(f"  [{i}/{len(jobs)}] {_line(row)}")
+    check_cheapest(rows, jobs, p.get("check", 0), log)
     return rows
+
+
+def check_cheapest(rows: list[dict], jobs: list[dict], factor: int, log=print) -> dict | None:
+    """The long independent run of the cheapest feasible row (`evaluate.check`: `factor` x its
+    probe's requests), its `check_*` columns set on that row; None when `factor` is 0 or no row
+    is feasible. Cheapest as `table.ranked` orders them: $ per 1M output tokens, then fewer
+    GPUs, more capacity, the label."""
+    feasible = [r for r in rows if r["status"] == "feasible"]
+    if not factor or not feasible:
+        return None
+    best = min(feasible, key=lambda r: (r["usd_per_1m_output_tokens"], r["gpus"],
+                                        -r["capacity_qps"], r["candidate"]))
+    job = next(j for j in jobs if str(Path(j["dir"])) == str(Path(best["dir"])))
+    best.update(check(job, best, int(factor)))
+    log(f"check of the cheapest ({best['candidate']}): {best['check_requests']} requests at "
+        f"{best['load_qps']:.4g} req/s ({factor} x its probe's): "
+        + ("held" if best["check_held"] else "DID NOT HOLD")
+        + f" (P99 TTFT {best['check_ttft_p99']:.3g} s, P99 TBT {best['check_tbt_p99']:.3g} s, "
+        f"{best['check_stability']}"
+        + (f"; missed: {best['check_missed']}" if best["check_missed"] else "") + ")\n"
+        f"  {best['check_command']}")
+    return best
 
 
 def _line(r: dict) -> str:
@@ -231,4 +308,5 @@ def _line(r: dict) -> str:
         return f"{r['candidate']}: {what}{r['status']}: {r['reason']}"
     return (f"{r['candidate']}: {what}{r['replicas']} replicas, {r['gpus']} GPUs, "
             f"${r['usd_per_1m_output_tokens']:.3g}/1M output tokens, capacity "
-            f"{r['capacity_qps']:.4g} req/s ({r['simulations']} simulations, {r['wall_s']:.1f} s)")
+            f"{r['capacity_qps']:.4g} req/s, P99 TTFT {r['ttft_p99']:.3g} s at the load "
+            f"({r['simulations']} simulations, {r['wall_s']:.1f} s)")

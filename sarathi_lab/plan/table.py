@@ -57,6 +57,17 @@ def format_table(df: pd.DataFrame, top: int) -> str:
         lines.append(show.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
         lines.append("")
         lines += [f"#{int(r['rank'])}: {r['command']}" for _, r in f.iterrows()]
+        if "check_held" in f and f["check_held"].notna().any():
+            r = f[f["check_held"].notna()].iloc[0]
+            lines += ["", f"check of #{int(r['rank'])}: {int(r['check_requests'])} requests at "
+                      f"the load ({int(r['check_factor'])} x its probe's): "
+                      + ("held" if r["check_held"] else "DID NOT HOLD")
+                      + f", P99 TTFT {r['check_ttft_p99']:.3g} s, P99 TBT "
+                      f"{r['check_tbt_p99']:.3g} s, {r['check_stability']}"
+                      + (f"; missed {r['check_missed']}" if r["check_missed"] else ""),
+                      f"  {r['check_command']}"]
+        elif len(f):
+            lines += ["", "the cheapest answer was not checked by a long run (plan.check=0)"]
     counts = df["status"].value_counts().to_dict()
     lines.append(f"{counts.get('feasible', 0)} feasible, {counts.get('infeasible', 0)} "
                  f"infeasible, {counts.get('pruned', 0)} pruned (memory, context or settings)")

@@ -18,8 +18,8 @@ from sarathi_lab.traces import load_trace, to_requests
 
 
 def config(policy: str, fast_forward: bool) -> dict:
-    from omegaconf import OmegaConf
     from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
     with initialize_config_module("sarathi_lab.configs", version_base="1.3"):
         cfg = compose("config", overrides=[
             f"scheduler={policy}", "scheduler.max_num_seqs=128",

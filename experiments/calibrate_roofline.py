@@ -276,7 +276,7 @@ CHUNKING_READING = """
 
 def chunking_presets(fit: dict) -> pd.DataFrame:
     """The roofline's chunking overhead (%) for every model preset on A100 (fitted values)."""
-    from chunk_cost_three_way import CHUNKS, PROMPTS, overhead    # beside this script
+    from chunk_cost_three_way import CHUNKS, PROMPTS, overhead  # beside this script
     rows = []
     for path in sorted((REPO / "configs/model").glob("*.yaml")):
         model = yaml.safe_load(path.read_text())

@@ -62,8 +62,10 @@ def scaled_main(doc: str, name: str, scales, study, add_args=None) -> Path:
 def compose(overrides: list[str]) -> dict:
     """The resolved config of `sarathi-lab OVERRIDES...` as a plain dict (no `hydra` node): for
     scripts that build runs in-process."""
-    from hydra import compose as hydra_compose, initialize_config_module
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
     from omegaconf import OmegaConf
+
     from sarathi_lab.sweeps import register_resolvers
     register_resolvers()
     with initialize_config_module("sarathi_lab.configs", version_base="1.3"):
@@ -80,6 +82,7 @@ def host_profile(model: list[str], out: Path, grid: str, repeats: int, executor=
     OUT/profile.parquet (or `profile`, reused). Writes OUT/profile_check.csv (its held-out mixed
     iterations, predicted against measured). Returns (path, metadata, hardware preset)."""
     import pandas as pd
+
     from sarathi_lab import profiler
     if profile is None:
         profile = profiler.profile([*model, "executor.device=cpu", "executor.dtype=float32",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import hashlib
 import json
 import os
 import signal
@@ -16,8 +17,6 @@ import sys
 import time
 import traceback
 import warnings
-
-import hashlib
 from pathlib import Path
 
 import hydra
@@ -25,8 +24,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from sarathi_lab import rundir
 from sarathi_lab.settings import ConfigError
-from sarathi_lab.sweeps import (Abort, Interrupted, _Job, register_resolvers, start_collecting,
-                                stop_on_signals)
+from sarathi_lab.sweeps import (
+    Abort,
+    Interrupted,
+    _Job,
+    register_resolvers,
+    start_collecting,
+    stop_on_signals,
+)
 
 RESULT_FILE = {"run": rundir.SUMMARY, "capacity": rundir.CAPACITY}
 _single_run_dir: Path | None = None   # a single run's directory, for what a stop leaves there
@@ -257,6 +262,7 @@ def _composition_errors():
         yield
     except Exception as e:
         from hydra.errors import CompactHydraException
+
         from sarathi_lab.cli_errors import explain
         message = explain(e, sys.argv[1:])
         if message is not None:

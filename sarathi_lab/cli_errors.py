@@ -7,8 +7,7 @@ from __future__ import annotations
 import difflib
 import shlex
 
-from hydra.errors import ConfigCompositionException, MissingConfigException, \
-    OverrideParseException
+from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 
 
 def _close(word: str, choices) -> list[str]:

@@ -80,7 +80,7 @@ def wandb_mode(lc: dict) -> str:
 
 
 def log_wandb(c: dict, run_dir: Path, result: dict):
-    import wandb   # only here: wandb takes a while to import and most runs never need it
+    import wandb  # only here: wandb takes a while to import and most runs never need it
 
     from sarathi_lab.report import flat_metrics
     lc = dict(c.get("logger") or {})

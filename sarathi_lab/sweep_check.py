@@ -98,6 +98,7 @@ def check_jobs(config: DictConfig) -> str | None:
     (another sweeper)."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
+
     from sarathi_lab.cli_errors import explain
     from sarathi_lab.config import resolve
     from sarathi_lab.resources import check_run

@@ -64,6 +64,7 @@ def compose_config(overrides: list[str], config_name: str = "config") -> dict:
     ConfigError naming the overrides."""
     from hydra import compose, initialize_config_module
     from hydra.errors import HydraException
+
     from sarathi_lab.settings import ConfigError, plain
     register_resolvers()
     try:

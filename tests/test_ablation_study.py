@@ -5,8 +5,8 @@ import os
 
 import pandas as pd
 import pytest
-from study_scripts import REPO, load_study
 from helpers import INSTANT_HW, TINY_MODEL
+from study_scripts import REPO, load_study
 
 from sarathi_lab.engine import Engine
 from sarathi_lab.metrics import iterations_table

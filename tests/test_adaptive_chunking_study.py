@@ -3,7 +3,6 @@ is chosen by its mean goodput over seeds, and each cell shows the seeds' mean [m
 import pandas as pd
 import pytest
 from conftest import slow_fixture
-
 from study_scripts import load_study
 
 

@@ -7,8 +7,8 @@ import re
 import pandas as pd
 import pytest
 import yaml
-
 from helpers import CONFIGS, cli, composed
+
 from sarathi_lab import resources
 from sarathi_lab.config import resolve
 from sarathi_lab.guard import RuleViolation

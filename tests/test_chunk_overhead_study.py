@@ -6,9 +6,8 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import slow_fixture
 import torch
-
+from conftest import slow_fixture
 from study_scripts import load_study
 
 pytestmark = pytest.mark.slow   # a study at toy scale

@@ -312,6 +312,7 @@ def test_an_unknown_option_lists_the_choices_without_the_bases():
 ])
 def test_a_path_hydra_cannot_parse_gets_its_quoted_form(argv, message):
     from hydra.core.override_parser.overrides_parser import OverridesParser
+
     from sarathi_lab.cli_errors import explain
     with pytest.raises(Exception) as e:
         OverridesParser.create().parse_overrides(argv)

@@ -12,17 +12,25 @@ from conftest import LinearCost, make_policy, req
 from helpers import cli, composed, defaults
 
 from sarathi_lab.cli import check_config
-from sarathi_lab.topology.fleet import Fleet
 from sarathi_lab.config import ClusterConfig
 from sarathi_lab.engine import Engine
 from sarathi_lab.metrics import iterations_table, requests_table
 from sarathi_lab.registry import known, router_class
-from sarathi_lab.routers import (LeastLoaded, LeastLoadedConfig, PowerOfTwo, PrefixAffinity,
-                                 PrefixAffinityConfig, ReplicaView, RoundRobin, Router,
-                                 RouterConfig)
+from sarathi_lab.routers import (
+    LeastLoaded,
+    LeastLoadedConfig,
+    PowerOfTwo,
+    PrefixAffinity,
+    PrefixAffinityConfig,
+    ReplicaView,
+    RoundRobin,
+    Router,
+    RouterConfig,
+)
 from sarathi_lab.runner import build, run
 from sarathi_lab.settings import ConfigError
-from sarathi_lab.traces import to_requests, synthetic_trace
+from sarathi_lab.topology.fleet import Fleet
+from sarathi_lab.traces import synthetic_trace, to_requests
 
 ROUTERS = ["round_robin", "least_loaded", "power_of_two", "prefix_affinity"]
 

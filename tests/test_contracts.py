@@ -17,8 +17,13 @@ from helpers import composed, defaults, random_requests
 from sarathi_lab.config import CapacityConfig, RunConfig, SLOConfig
 from sarathi_lab.engine import Engine
 from sarathi_lab.executors.base import Executor
-from sarathi_lab.registry import (BUILTIN, controller_class, cost_model_class, executor_class,
-                                  policy_class)
+from sarathi_lab.registry import (
+    BUILTIN,
+    controller_class,
+    cost_model_class,
+    executor_class,
+    policy_class,
+)
 from sarathi_lab.request import Request, Status
 from sarathi_lab.schedulers.base import SchedulerConfig
 from sarathi_lab.schedulers.mechanics.fast_forward import FastForward

@@ -5,14 +5,14 @@ import json
 import logging
 
 import pytest
+from helpers import cli
+from profile_helpers import VIDUR, VIDUR_RUN, preset, synthetic_rows, write_csv
 
 from sarathi_lab.costmodels import auto
 from sarathi_lab.costmodels.profiled import ProfiledCostModel
 from sarathi_lab.costmodels.roofline import RooflineConfig, RooflineCostModel
 from sarathi_lab.executors.sim import SimExecutor
 from sarathi_lab.settings import ConfigError
-from helpers import cli
-from profile_helpers import VIDUR, VIDUR_RUN, preset, synthetic_rows, write_csv
 
 FIXTURES = VIDUR.parents[2]          # tests/data/vidur: <device>/<org>/<model>/
 

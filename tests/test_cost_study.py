@@ -4,10 +4,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from study_scripts import load_study
 
 from sarathi_lab.metrics import cost_at_rate
 from sarathi_lab.traces import load_trace
-from study_scripts import load_study
 
 pytestmark = pytest.mark.slow   # a study at toy scale
 

@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 from conftest import LinearCost, make_policy, req
 
-from sarathi_lab.topology.disagg import Disaggregated, Link, Transfer
 from sarathi_lab.engine import Engine
 from sarathi_lab.metrics import requests_table
 from sarathi_lab.registry import router_class
+from sarathi_lab.topology.disagg import Disaggregated, Link, Transfer
 
 IDEAL = Link("net", math.inf, 1.0, 0.0)
 

@@ -10,10 +10,10 @@ from helpers import cli, composed, defaults
 
 from sarathi_lab.cli import check_config
 from sarathi_lab.config import ClusterConfig
-from sarathi_lab.topology.disagg import DisaggConfig
 from sarathi_lab.registry import router_class
 from sarathi_lab.runner import run
 from sarathi_lab.settings import ConfigError
+from sarathi_lab.topology.disagg import DisaggConfig
 
 ROUTERS = ["round_robin", "least_loaded", "power_of_two", "prefix_affinity"]
 SMALL = ("trace=synthetic", "trace.num_requests=40", "trace.qps=8", "progress=false")

@@ -6,11 +6,11 @@ import json
 import os
 import re
 import shlex
-import tomllib
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import tomllib
 from conftest import LinearCost, req
 from helpers import cli as sarathi_lab_cli
 from helpers import composed

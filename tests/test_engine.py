@@ -7,8 +7,11 @@ from conftest import LinearCost, make_policy, req
 from sarathi_lab.engine import Engine
 from sarathi_lab.metrics import iterations_table, requests_table, summarize
 from sarathi_lab.runner import build
-from sarathi_lab.schedulers.mechanics.fast_forward import sarathi_decode
-from sarathi_lab.schedulers.mechanics.fast_forward import FastForward, advance_chunks
+from sarathi_lab.schedulers.mechanics.fast_forward import (
+    FastForward,
+    advance_chunks,
+    sarathi_decode,
+)
 from sarathi_lab.schedulers.output import SchedulerOutput
 from sarathi_lab.schedulers.sarathi import Sarathi
 

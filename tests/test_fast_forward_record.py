@@ -1,8 +1,8 @@
 """The summary's `fast_forward` record: `run.fast_forward` is on by default, and a run that
 cannot skip through its steady runs says why instead of recording the setting as if it acted."""
 import pytest
-
 from helpers import composed
+
 from sarathi_lab.runner import run
 from sarathi_lab.schedulers.sarathi import Sarathi
 

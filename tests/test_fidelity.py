@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import slow_fixture
 import torch
+from conftest import slow_fixture
 
 from sarathi_lab.costmodels.profiles import ProfileError
 

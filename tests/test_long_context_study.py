@@ -2,7 +2,6 @@
 controllers keep chat decodes inside the 100 ms TBT target beside 32k-128k-token prompts, by
 shrinking the chunk at long context, where a static 2048 budget breaks it."""
 import pytest
-
 from study_scripts import load_study
 
 

@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from study_scripts import load_study
 
 pytestmark = pytest.mark.slow   # a study at toy scale

@@ -12,8 +12,13 @@ from conftest import only_read
 from helpers import SARATHI_8, instant_sim_cfg, three_sarathi_requests
 
 from sarathi_lab.engine import FLOAT_COLUMNS, ITER_COLUMNS, Engine
-from sarathi_lab.metrics import (iterations_table, request_p99_tbt, requests_table, summarize,
-                                 tbt_gaps)
+from sarathi_lab.metrics import (
+    iterations_table,
+    request_p99_tbt,
+    requests_table,
+    summarize,
+    tbt_gaps,
+)
 from sarathi_lab.request import Request, Status
 from sarathi_lab.runner import build, run
 

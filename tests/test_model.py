@@ -10,6 +10,7 @@ from sarathi_lab.kernels import get_backend
 from sarathi_lab.models.llama import AttnMetadata
 from sarathi_lab.models.loader import load_model, model_shape
 
+
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
     n = torch.get_num_threads()   # tiny shapes: threads only add barrier waits

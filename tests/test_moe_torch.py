@@ -12,6 +12,7 @@ from helpers import cli
 
 # one_thread is an autouse fixture: imported, it applies here
 from hf_oracle import hf_generate, make_hf_model, make_specs, one_thread, run_engine  # noqa: F401
+
 from sarathi_lab.models.loader import load_model, model_shape
 from sarathi_lab.models.moe import SparseMoE
 

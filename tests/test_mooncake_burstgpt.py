@@ -10,8 +10,7 @@ from helpers import CONFIGS, cli
 
 from sarathi_lab.engine import Engine
 from sarathi_lab.settings import ConfigError
-from sarathi_lab.traces import build_trace, describe_trace, load_trace, to_requests
-from sarathi_lab.traces import csv_formats
+from sarathi_lab.traces import build_trace, csv_formats, describe_trace, load_trace, to_requests
 
 
 def write_jsonl(path, rows):

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import slow_fixture
-from study_scripts import load_study
 from helpers import INSTANT_HW, TINY_MODEL
+from study_scripts import load_study
 
 from sarathi_lab.engine import ITER_COLUMNS
 from sarathi_lab.metrics import iterations_table, requests_table, summarize

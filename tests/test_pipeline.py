@@ -14,9 +14,9 @@ from sarathi_lab.cli import check_config
 from sarathi_lab.costmodels.base import CostModel, split_step
 from sarathi_lab.costmodels.roofline import RooflineCostModel, stage_layers
 from sarathi_lab.engine import Engine
-from sarathi_lab.topology.pipeline import Pipeline, PipelineReplica
 from sarathi_lab.runner import build, run
 from sarathi_lab.settings import ConfigError
+from sarathi_lab.topology.pipeline import Pipeline, PipelineReplica
 
 A100 = composed("hardware=a100-80gb")["hardware"]
 L70B = composed("model=llama-2-70b")["model"]

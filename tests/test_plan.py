@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import slow_fixture
-
 from helpers import cli
+
 from sarathi_lab import capacity
 from sarathi_lab.plan import cli as plan_cli
 from sarathi_lab.plan import search, space, table
@@ -464,7 +464,7 @@ def test_resume_after_an_interruption(tmp_path, monkeypatch):
 
 @pytest.mark.slow   # a local Ray instance
 def test_on_ray_gives_the_serial_rows(tmp_path, monkeypatch):
-    import ray   # the [ray] extra: without it this test errors, it does not skip
+    import ray  # the [ray] extra: without it this test errors, it does not skip
     # Ray takes 127.0.0.1 as the node's address with this (tests/test_ray_launcher.py)
     monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     # a local Ray 2.60 writes an auth token into ~/.ray unless told not to (the user's home is

@@ -110,7 +110,7 @@ def test_output_stops_at_max_model_len_and_max_tokens():
     Engine(p, LinearCost(), overlong="cap").run([a, b])
     assert a.num_output_tokens == 6 and a.finish_reason == "max_model_len"
     assert b.num_output_tokens == 3 and b.finish_reason == "max_tokens"
-    from sarathi_lab.metrics import requests_table, summarize, iterations_table
+    from sarathi_lab.metrics import iterations_table, requests_table, summarize
     rq = requests_table([a, b])
     assert list(rq["status"]) == ["length_capped", "finished"]
     s = summarize(rq, iterations_table([]))
@@ -120,6 +120,7 @@ def test_output_stops_at_max_model_len_and_max_tokens():
 @pytest.mark.slow   # a CLI subprocess
 def test_overlong_reject_through_the_cli_is_counted_and_capped_runs_say_so(tmp_path):
     import json
+
     from helpers import cli
     args = ("trace=synthetic", "trace.num_requests=10", "trace.prompt_len=100",
             "trace.output_len=50", "scheduler.max_model_len=120")

@@ -10,8 +10,12 @@ from conftest import LinearCost, make_policy
 
 from sarathi_lab.engine import Engine
 from sarathi_lab.request import Request
-from sarathi_lab.schedulers.controllers.predictor import (Learned, PredictedConfig, features,
-                                                          nonnegative_least_squares)
+from sarathi_lab.schedulers.controllers.predictor import (
+    Learned,
+    PredictedConfig,
+    features,
+    nonnegative_least_squares,
+)
 
 # a known cost: 12 ms + 60 ms per 1000 tokens + 5 ms per 1e6 prompt attention pairs + 9 ms per
 # 1e5 decode context tokens

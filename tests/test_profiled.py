@@ -8,13 +8,25 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import cli
+from profile_helpers import (
+    META,
+    OVERHEAD,
+    VIDUR,
+    VIDUR_RUN,
+    dec,
+    head,
+    lin,
+    pre,
+    preset,
+    profiled,
+    synthetic_rows,
+    write_csv,
+)
 
 from sarathi_lab.costmodels.profiled import ProfiledConfig, ProfiledCostModel
 from sarathi_lab.costmodels.profiles import Curve, ProfileError, Surface, monotone
 from sarathi_lab.costmodels.roofline import RooflineCostModel
-from helpers import cli
-from profile_helpers import (META, OVERHEAD, VIDUR, VIDUR_RUN, dec, head, lin, pre, preset,
-                             profiled, synthetic_rows, write_csv)
 
 TESTS = Path(__file__).resolve().parent
 CONFIGS = TESTS.parent / "configs"

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from profile_helpers import META, VIDUR, profiled, synthetic_rows, write_csv
 
 from sarathi_lab.costmodels.profiles import ProfileError
-from profile_helpers import META, VIDUR, profiled, synthetic_rows, write_csv
 
 
 @pytest.fixture(scope="module")

@@ -9,14 +9,14 @@ import sys
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import slow_fixture
 import torch
 import yaml
+from conftest import slow_fixture
+from helpers import CONFIGS, cli, patience
 
 from sarathi_lab import profiler as P
 from sarathi_lab.costmodels.profiled import ProfiledConfig, ProfiledCostModel
 from sarathi_lab.costmodels.profiles import ProfileError
-from helpers import CONFIGS, cli, patience
 
 # Held-out iterations (shapes the fit never uses) are predicted within this share of their
 # measured time, as the median over the shapes. They are measured as the profile's `mixed` rows,

@@ -7,9 +7,9 @@ moving forward, every KV block back at the end, and fast-forward changing nothin
 """
 import numpy as np
 from conftest import only_read
+from helpers import TokenCost
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from helpers import TokenCost
 
 from sarathi_lab.engine import Engine
 from sarathi_lab.metrics import iterations_table

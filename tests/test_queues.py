@@ -9,8 +9,12 @@ from conftest import LinearCost, make_policy
 
 from sarathi_lab.engine import Engine
 from sarathi_lab.request import Request, Status
-from sarathi_lab.schedulers.queues import (DeadlineQueue, PriorityQueue, RequestQueue,
-                                           ShortestPromptQueue)
+from sarathi_lab.schedulers.queues import (
+    DeadlineQueue,
+    PriorityQueue,
+    RequestQueue,
+    ShortestPromptQueue,
+)
 from sarathi_lab.schedulers.sarathi import Sarathi, SarathiConfig
 
 POLICIES = ["request_level", "orca", "vllm", "sarathi"]

@@ -8,12 +8,11 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from conftest import slow_fixture
 import torch
+from conftest import slow_fixture
+from study_scripts import load_study
 
 from sarathi_lab.metrics import tbt_gaps
-
-from study_scripts import load_study
 
 # a study at toy scale; its tests share one toy run of real CPU-clock timings, made once on one
 # xdist worker (--dist loadgroup) rather than on two workers at once, each disturbing the other

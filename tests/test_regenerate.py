@@ -6,8 +6,8 @@ import sys
 
 import pandas as pd
 import pytest
-from study_scripts import REPO
 from helpers import cli, patience
+from study_scripts import REPO
 
 sys.path.insert(0, str(REPO / "experiments"))
 import regenerate as R  # noqa: E402

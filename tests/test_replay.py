@@ -351,9 +351,10 @@ def test_a_refused_connection_is_an_error_per_request(tmp_path):
 
 @pytest.mark.slow   # the command in a subprocess, and sarathi-lab-report over its run
 def test_the_command_and_the_report(tmp_path):
+    from helpers import composed
+
     from sarathi_lab.report import make_report
     from sarathi_lab.runner import run
-    from helpers import composed
     over = jsonl(tmp_path / "t.jsonl", [(OK, 4, 3, 0.0), (OK, 4, 3, 0.1), (FULL_429, 4, 3, 0.2)])
     env = {**os.environ, "OPENAI_API_KEY": "sk-not-written"}
     with Stub(first_s=0.05, gap_s=0.02) as stub:
@@ -392,6 +393,7 @@ def test_the_page_names_every_column_and_key(tmp_path):
     """replay.md (with metrics.md) names every column of a replay's requests table, every key of
     its summary and of the `remote` and `endpoint` sections."""
     import re
+
     from sarathi_lab.replay.results import write
     docs = rundir.Path(__file__).resolve().parents[1] / "sarathi_lab" / "docs"
     named = {w for page in ("replay.md", "metrics.md")
@@ -506,8 +508,9 @@ def test_text_prompts_and_chat(tmp_path, monkeypatch):
 def test_text_synthesized_to_the_asked_lengths():
     """SmolLM2's tokenizer, where prepared: every synthesized text tokenizes to exactly its
     length; a tokenizer without whole-word tokens is refused."""
-    from sarathi_lab.replay.prompts import synthesize_texts
     from transformers import AutoTokenizer
+
+    from sarathi_lab.replay.prompts import synthesize_texts
     if not (SMOLLM2_DIR / "tokenizer.json").exists() and not REQUIRE_SMOLLM2:
         pytest.skip("SmolLM2 not prepared (sarathi-lab-prepare-model smollm2)")
     tok = AutoTokenizer.from_pretrained(str(SMOLLM2_DIR), local_files_only=True)
@@ -604,6 +607,7 @@ def test_against_transformers_serve(tmp_path):
     every token timed, and the server counts the prompts the trace asked for."""
     import socket
     import urllib.request
+
     import fastapi  # noqa: F401  the serving extra (dev), imported so a broken install errors
     import uvicorn  # noqa: F401
     with socket.socket() as s:

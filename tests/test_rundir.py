@@ -125,8 +125,8 @@ def test_write_parquet_reads_back_as_pandas_wrote_it_with_dictionaries_only_off_
 def test_to_arrow_builds_float_array_columns_in_one_piece_as_pyarrow_would(tmp_path, monkeypatch):
     import numpy as np
     import pyarrow as pa
-
     from conftest import req
+
     from sarathi_lab.metrics import requests_table
     reqs = [req(0, 4, 3), req(1, 5, 2), req(2, 6, 1)]
     reqs[0].token_times, reqs[1].token_times = [1.0, 2.0, 3.5], [0.25]

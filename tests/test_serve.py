@@ -22,16 +22,16 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import slow_fixture
+from helpers import ROOT, patience
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
+from served import PROMPT, Served, _greedy, _tiny, save_tokenizer
 
-from helpers import ROOT, patience
 from sarathi_lab.engine import Engine
 from sarathi_lab.request import Request, Status
 from sarathi_lab.serve.configure import configure
 from sarathi_lab.serve.protocol import ApiError, parse_generation
 from sarathi_lab.sweeps import register_resolvers
-from served import PROMPT, Served, _greedy, _tiny, save_tokenizer
 
 # the module's server is shared by its tests: one worker runs them all (pytest-xdist)
 pytestmark = pytest.mark.xdist_group("serve")

@@ -6,7 +6,6 @@ import json
 
 import pandas as pd
 import pytest
-
 from helpers import ROOT
 
 spec = importlib.util.spec_from_file_location("serve_check_run",

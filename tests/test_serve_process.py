@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from helpers import ROOT, TESTS, composed
+
 from sarathi_lab import runner
 from sarathi_lab.config import resolve
 from sarathi_lab.engine import Engine
@@ -175,6 +175,7 @@ def test_the_journal_recovers_the_requests_that_ended(tmp_path):
 
 def test_metrics_say_what_they_were_told():
     from prometheus_client.parser import text_string_to_metric_families
+
     from sarathi_lab.serve.metrics import Metrics
     state = {"waiting": 2, "running": 3, "swapped": 1, "kv_blocks_used": 5,
              "kv_blocks_total": 20, "preemptions": 4}
@@ -401,6 +402,7 @@ def test_a_named_error_with_prefix_caching_stops_the_engine():
 
 def test_a_journal_is_recovered_only_once_its_writer_is_gone(tmp_path):
     import socket
+
     from sarathi_lab.journal import partial_dirs
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)

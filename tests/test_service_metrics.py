@@ -7,8 +7,14 @@ from helpers import SARATHI_8, instant_sim_cfg, three_sarathi_requests
 
 from sarathi_lab.config import SLOConfig, SLOTargets
 from sarathi_lab.engine import Engine
-from sarathi_lab.metrics import (cost_at_rate, iterations_table, jain, requests_table, slo_met,
-                                 summarize)
+from sarathi_lab.metrics import (
+    cost_at_rate,
+    iterations_table,
+    jain,
+    requests_table,
+    slo_met,
+    summarize,
+)
 from sarathi_lab.request import Request, Status
 from sarathi_lab.runner import run
 from sarathi_lab.settings import ConfigError, parse

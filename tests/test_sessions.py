@@ -213,9 +213,9 @@ def test_cli_multi_turn(tmp_path):
 
 
 def test_the_preset_writes_every_setting():
+    from helpers import CONFIGS
     from omegaconf import OmegaConf
 
-    from helpers import CONFIGS
     from sarathi_lab.traces.sessions import SessionConfig
     raw = OmegaConf.load(CONFIGS / "trace" / "multi_turn.yaml")
     assert set(raw.keys()) == {f.name for f in dataclasses.fields(SessionConfig)}

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import yaml
 
-from sarathi_lab.executors.base import Executor, StepResult
 from sarathi_lab.costmodels.roofline import RooflineCostModel
+from sarathi_lab.executors.base import Executor, StepResult
 from sarathi_lab.executors.sim import SimExecutor
 from sarathi_lab.request import Request
 from sarathi_lab.schedulers.output import SchedulerOutput

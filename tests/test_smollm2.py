@@ -11,14 +11,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import slow_fixture
 import torch
 import transformers
+from conftest import slow_fixture
+from helpers import cli
 
 from sarathi_lab.extras import MissingExtra
 from sarathi_lab.models import prepare as P
-
-from helpers import cli
 
 
 def tiny_llama(tie=True):

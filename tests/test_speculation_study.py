@@ -3,7 +3,6 @@ the effects its README reports (speculation shortens TPOT, its verification toke
 chunks prompts get while others queue, and slo_dp does speculate)."""
 import pandas as pd
 import pytest
-
 from study_scripts import load_study
 
 

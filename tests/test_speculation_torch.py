@@ -8,12 +8,12 @@ import pytest
 import torch
 from helpers import patience
 
+# one_thread and oracle are fixtures: imported, they apply here (one_thread is autouse)
+from hf_oracle import one_thread, oracle, run_engine, with_eos  # noqa: F401
+
 from sarathi_lab import runner
 from sarathi_lab.request import Request, Status
 from sarathi_lab.settings import ConfigError
-
-# one_thread and oracle are fixtures: imported, they apply here (one_thread is autouse)
-from hf_oracle import one_thread, oracle, run_engine, with_eos  # noqa: F401
 
 
 def build(path, draft, backend="torch", block_size=4, **executor):
@@ -241,9 +241,9 @@ def test_a_speculating_server_refuses_sampling():
     """A request's temperature > 0 is refused (400, naming it) before it reaches the engine,
     where the greedy verification could not honour it; temperature 0 is taken."""
     import asyncio
-    from sarathi_lab.engine import Engine
     from types import SimpleNamespace
 
+    from sarathi_lab.engine import Engine
     from sarathi_lab.serve.app import Server
     from sarathi_lab.serve.engine_process import _info
     from sarathi_lab.serve.protocol import ApiError

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import ROOT, cli, composed
 
 from sarathi_lab.cli import check_config
-from helpers import ROOT, cli, composed
 
 STUDIES = ("admission", "priorities", "fairness")
 

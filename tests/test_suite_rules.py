@@ -6,9 +6,9 @@ import ast
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
+import tomllib
 from helpers import patience
 
 TESTS = Path(__file__).resolve().parent

@@ -8,8 +8,13 @@ from helpers import cli, composed
 
 from sarathi_lab.engine import Engine
 from sarathi_lab.kv import KVCacheManager
-from sarathi_lab.metrics import (iterations_table, offered_load, rejection_kind, requests_table,
-                                 summarize)
+from sarathi_lab.metrics import (
+    iterations_table,
+    offered_load,
+    rejection_kind,
+    requests_table,
+    summarize,
+)
 from sarathi_lab.request import Request, Status
 from sarathi_lab.runner import run
 from sarathi_lab.summary_text import NothingServed, check_served, format_summary

@@ -3,9 +3,8 @@ semantics), the guard's swap rules, the simulator's PCIe charge, and every swap 
 scenario computed by hand."""
 import json
 
-import pandas as pd
-
 import numpy as np
+import pandas as pd
 import pytest
 from conftest import LinearCost, make_policy, req
 from helpers import cli, composed

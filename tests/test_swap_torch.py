@@ -3,9 +3,9 @@ swapped run's greedy tokens equal Hugging Face's (and an unpreempted run's), and
 swap-in restores holds, bit for bit, what its swap-out copied."""
 import pytest
 import torch
+
 # the fixtures too: one thread, and the tiny HF model with its greedy outputs
 from hf_oracle import one_thread, oracle, run_engine  # noqa: F401
-
 
 # 80 tokens of KV for 18 requests of up to 75 tokens: 6-7 preemptions
 CASES = {

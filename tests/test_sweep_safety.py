@@ -16,8 +16,9 @@ import pytest
 from helpers import patience
 
 from sarathi_lab import sweeps
+from sarathi_lab.report import incomplete_jobs, make_report
+from sarathi_lab.report import main as report_main
 from sarathi_lab.rundir import atomic_write
-from sarathi_lab.report import incomplete_jobs, main as report_main, make_report
 
 TESTS = Path(__file__).resolve().parent
 TINY = ["trace=synthetic", "trace.num_requests=40"]

@@ -233,7 +233,8 @@ print(cfg.hydra.sweep.subdir)
     assert r.stdout.strip() == dirname("trace.path=/a/b.csv")
     import inspect
 
-    from sarathi_lab import cli as cli_module, sweeps
+    from sarathi_lab import cli as cli_module
+    from sarathi_lab import sweeps
     # the one exception: the CLI's skip of Hydra's mode probe, guarded by Hydra's version
     probe = inspect.getsource(cli_module._no_mode_probe.__wrapped__)
     assert "hydra._internal" in probe

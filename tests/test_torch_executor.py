@@ -10,14 +10,20 @@ import pytest
 import torch
 from helpers import patience
 
+# one_thread and oracle are fixtures: imported, they apply here (one_thread is autouse)
+from hf_oracle import (  # noqa: F401
+    hf_generate,
+    make_hf_model,
+    make_specs,
+    one_thread,
+    oracle,
+    run_engine,
+    with_eos,
+)
+
 from sarathi_lab import runner
 from sarathi_lab.engine import Engine
 from sarathi_lab.request import Request
-
-# one_thread and oracle are fixtures: imported, they apply here (one_thread is autouse)
-from hf_oracle import (hf_generate, make_hf_model, make_specs, one_thread, oracle,  # noqa: F401
-                       run_engine, with_eos)
-
 
 CASES = {
     "request_level-b4": dict(name="request_level", block_size=4, max_num_seqs=6),
@@ -314,6 +320,7 @@ def test_a_cpu_clock_step_is_the_sum_of_its_phases(oracle, monkeypatch):
 
 def test_cpu_clock_needs_one_thread_and_a_valid_name():
     import time
+
     from sarathi_lab.executors.torch_exec import TorchExecutor
     from sarathi_lab.settings import ConfigError
     n = torch.get_num_threads()

@@ -11,9 +11,15 @@ import pytest
 from omegaconf import OmegaConf
 
 from sarathi_lab import traces
-from sarathi_lab.traces import csv_formats
-from sarathi_lab.traces import (SHIPPED, attach_prompt_ids, build_trace, load_trace,
-                                synthetic_trace, to_requests)
+from sarathi_lab.traces import (
+    SHIPPED,
+    attach_prompt_ids,
+    build_trace,
+    csv_formats,
+    load_trace,
+    synthetic_trace,
+    to_requests,
+)
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "trace"
 COLUMNS = ["arrival_time", "num_prompt_tokens", "num_output_tokens"]

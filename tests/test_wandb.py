@@ -5,12 +5,13 @@ import subprocess
 import sys
 
 import pytest
+from helpers import patience
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
-from helpers import patience
 
 from sarathi_lab.loggers import CSV_COLUMNS, log_csv, wandb_mode
 from sarathi_lab.runner import run
+
 
 def tiny_config(*overrides) -> dict:
     with initialize_config_module("sarathi_lab.configs", version_base="1.3"):

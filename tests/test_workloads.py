@@ -9,8 +9,14 @@ import pytest
 from helpers import cli, composed
 
 from sarathi_lab.settings import ConfigError, parse
-from sarathi_lab.traces import (MixConfig, build_mix, build_trace, load_trace, synthetic_trace,
-                                to_requests)
+from sarathi_lab.traces import (
+    MixConfig,
+    build_mix,
+    build_trace,
+    load_trace,
+    synthetic_trace,
+    to_requests,
+)
 
 
 def mix(components, **kw):

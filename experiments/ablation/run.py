@@ -52,6 +52,7 @@ METRICS = ["ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99", "throughput_rps", "stal
 def runs_table(sweeps: dict):
     """One row per run: arm, trace, seed and the figures."""
     import pandas as pd
+
     from sarathi_lab.report import run_table
     rows = []
     for (arm, trace), path in sweeps.items():

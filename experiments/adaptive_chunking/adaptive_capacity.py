@@ -199,7 +199,8 @@ def full_table(df) -> str:
     """Per model, workload and SLO kind: the best static budget (by mean capacity over seeds),
     then each controller: capacity mean [min-max] over seeds, its ratio to the best static's
     (seed by seed), and goodput, attainment, P99 TBT and P99 TTFT at the common load."""
-    from studies import mean_range as mr, seed_spread
+    from studies import mean_range as mr
+    from studies import seed_spread
     df = with_best_static(df)
     keys = ["model", "workload", "slo_kind", "config"]
     vals = ["capacity_qps", "vs_best_static", "goodput_rps", "attainment", "p99_tbt_s",

@@ -31,7 +31,9 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "experiments"))
-from studies import compose, mean_range as mr, seed_spread  # noqa: E402
+from studies import compose, seed_spread  # noqa: E402
+from studies import mean_range as mr
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # joblib's workers import it by name
 import adaptive_capacity  # noqa: E402
 from adaptive_capacity import CONTROLLERS, STATIC  # noqa: E402

@@ -57,6 +57,7 @@ def binding(res: dict) -> str:
 def runs_table(sweeps):
     """One row per capacity search below `sweeps`."""
     import pandas as pd
+
     from sarathi_lab.report import capacity_table
     cap = capacity_table(sweeps)
     cap = cap[cap["criterion"] == "tbt"]
@@ -103,6 +104,7 @@ def plot(cells, out: Path) -> Path:
     """Mean capacity per policy with the seeds' min-max, a panel per model and SLO."""
     import numpy as np
     from matplotlib.figure import Figure
+
     from sarathi_lab.plots import series_colors
     models = list(dict.fromkeys(cells["model"]))
     kinds = [k for k in BUDGETS if k in set(cells["slo_kind"])]

@@ -225,6 +225,7 @@ def plot(t: pd.DataFrame, out: Path) -> Path:
 def study(out: Path, toy: bool = False, repeats: int = 3, profile: str | None = None,
           vidur: str | None = None, log=print) -> pd.DataFrame:
     import torch
+
     from sarathi_lab import profiler
     torch.set_num_threads(1)
     scale = SCALES["toy" if toy else "full"]

@@ -69,6 +69,7 @@ def _busy() -> float:
 
 def rounds(n: int, context: int, log=print) -> list[dict]:
     import torch
+
     from sarathi_lab.profiler import WARM_STEPS, Harness, build_executor
     torch.set_num_threads(1)
     ex, _ = build_executor([*MODEL, "executor.device=cpu", "executor.dtype=float32", CLOCK])

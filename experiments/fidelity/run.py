@@ -602,6 +602,7 @@ def cdf_plot(runs: dict[str, dict], out: Path) -> Path:
     """One row per policy: TTFT, TBT and E2E CDFs, each real run (solid) and the simulation
     (dashed), on the same axes."""
     from matplotlib.figure import Figure
+
     from sarathi_lab.metrics import tbt_gaps
     from sarathi_lab.plots import QUANTILES
     policies = list(runs)
@@ -651,6 +652,7 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
           policies: list[str] | None = None, num_requests: int | None = None,
           warm: int | None = None) -> pd.DataFrame:
     import torch
+
     from sarathi_lab import runner
     torch.set_num_threads(1)
     if repeats < 2:

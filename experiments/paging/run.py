@@ -99,6 +99,7 @@ def saturated(it, blocks: int, block_size: int) -> dict:
 def reservation_run(root: str, arm: str, seed: int, n: int, qps: float, blocks: int,
                     fraction: float) -> dict:
     import pandas as pd
+
     from sarathi_lab.runner import run
     from sarathi_lab.traces import build_trace, to_requests
     policy, rule = ARMS[arm]
@@ -129,6 +130,7 @@ def reservation_run(root: str, arm: str, seed: int, n: int, qps: float, blocks: 
 def prefix_run(root: str, policy: str, caching: bool, seed: int, n: int, qps: float,
                system_prompt: int) -> dict:
     import pandas as pd
+
     from sarathi_lab.runner import run
     from sarathi_lab.traces import attach_prompt_ids, build_trace, to_requests
     # the system prompt lengthens every prompt: room for it beyond the trace's 8k
@@ -173,6 +175,7 @@ def plot(res, out: Path) -> Path:
     """While requests wait: the share of the KV cache holding tokens and the batch size; and the
     run's throughput; per arm (mean over seeds, bars = min-max), a row per cache size."""
     from matplotlib.figure import Figure
+
     from sarathi_lab.plots import series_colors
     colors = series_colors(res.assign(series=res["arm"]))
     fractions = list(dict.fromkeys(res["kv_fraction"]))

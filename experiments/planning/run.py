@@ -162,6 +162,7 @@ RANKED_COLS = ["rank", "candidate", "status", "hardware", "layout", "split", "po
 
 def run_study(args) -> tuple:
     import pandas as pd
+
     from sarathi_lab.plan import table
     from sarathi_lab.plan.search import check_cheapest, dispatch
     root, out = Path(args.root), Path(args.out)

@@ -212,6 +212,7 @@ def plot(runs: pd.DataFrame, budgets, out: Path) -> Path:
 def study(out: Path, scale_name: str = "full", profile: str | None = None, log=print,
           argv=()) -> dict:
     import torch
+
     from sarathi_lab import runner
     torch.set_num_threads(1)
     scale = SCALES[scale_name]

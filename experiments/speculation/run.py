@@ -32,7 +32,8 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "experiments"))
-from studies import compose, mean_range as mr, scaled_main, seed_spread  # noqa: E402
+from studies import compose, scaled_main, seed_spread  # noqa: E402
+from studies import mean_range as mr
 
 BASE = ["model=mistral-7b", "hardware=a100-80gb", "trace=sharegpt", "slo=mistral-7b-strict",
         "progress=false"]

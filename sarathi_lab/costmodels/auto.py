@@ -16,8 +16,12 @@ import os
 from dataclasses import asdict
 from pathlib import Path
 
-from sarathi_lab.costmodels.profiled import (ProfiledConfig, ProfiledCostModel, mismatches,
-                                             model_names)
+from sarathi_lab.costmodels.profiled import (
+    ProfiledConfig,
+    ProfiledCostModel,
+    mismatches,
+    model_names,
+)
 from sarathi_lab.costmodels.profiles import ProfileError, peek
 from sarathi_lab.costmodels.roofline import RooflineConfig, RooflineCostModel
 from sarathi_lab.models.shape import ModelShape

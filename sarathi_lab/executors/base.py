@@ -9,8 +9,8 @@ and hardware presets as plain dicts (hardware is None when `uses_hardware` is Fa
 from __future__ import annotations
 
 import abc
-from operator import attrgetter
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import ClassVar
 
 import numpy as np

@@ -30,6 +30,7 @@ import torch
 from sarathi_lab.executors.speculation import draft_layers
 from sarathi_lab.settings import ConfigError
 
+
 def check_draft(spec: str, temperature: float) -> None:
     """`executor.draft`'s form, and greedy decoding (the drafts are verified greedily)."""
     draft_layers(spec)

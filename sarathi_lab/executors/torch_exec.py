@@ -36,8 +36,8 @@ from sarathi_lab.executors.base import Executor, ExecutorConfig, StepResult
 from sarathi_lab.executors.draft import check_draft, make_draft, require_draft
 from sarathi_lab.executors.sampling import draw, eos_token_ids, probabilities, stream_seed
 from sarathi_lab.kernels.sequence_kv import SequenceKV
-from sarathi_lab.models.llama import AttnMetadata
 from sarathi_lab.models.dtypes import torch_dtype
+from sarathi_lab.models.llama import AttnMetadata
 from sarathi_lab.models.loader import check_memory, load_model
 from sarathi_lab.resources import memory_limit
 from sarathi_lab.settings import ConfigError, setting

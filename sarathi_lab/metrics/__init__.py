@@ -17,13 +17,29 @@ the engine, whose record columns its tables read.
 """
 from sarathi_lab.metrics.costs import cost_at_rate, offered_load, run_cost
 from sarathi_lab.metrics.delays import queue_stats, stall_stats
-from sarathi_lab.metrics.latency import (PCTS, request_p99_tbt, slo_judged_by, slo_limits, slo_met,
-                                         tbt_gaps)
+from sarathi_lab.metrics.latency import (
+                                         PCTS,
+                                         request_p99_tbt,
+                                         slo_judged_by,
+                                         slo_limits,
+                                         slo_met,
+                                         tbt_gaps,
+)
 from sarathi_lab.metrics.rejections import rejection_kind, rejections
-from sarathi_lab.metrics.service import (SERVICE_WEIGHTS, group_metrics, jain, service_tokens,
-                                         tenant_service)
-from sarathi_lab.metrics.summary import (slo_criteria, speculation_stats, summarize, swap_stats,
-                                         transfer_stats)
+from sarathi_lab.metrics.service import (
+                                         SERVICE_WEIGHTS,
+                                         group_metrics,
+                                         jain,
+                                         service_tokens,
+                                         tenant_service,
+)
+from sarathi_lab.metrics.summary import (
+                                         slo_criteria,
+                                         speculation_stats,
+                                         summarize,
+                                         swap_stats,
+                                         transfer_stats,
+)
 from sarathi_lab.metrics.tables import iterations_table, requests_table, token_times_flat
 
 __all__ = ["PCTS", "SERVICE_WEIGHTS", "cost_at_rate", "group_metrics", "iterations_table", "jain",

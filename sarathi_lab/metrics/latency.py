@@ -8,7 +8,6 @@ import pandas as pd
 
 from sarathi_lab.metrics.tables import token_times_flat
 
-
 PCTS = (50, 90, 99)
 
 

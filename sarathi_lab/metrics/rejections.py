@@ -5,7 +5,6 @@ import re
 
 import pandas as pd
 
-
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 

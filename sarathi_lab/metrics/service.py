@@ -8,7 +8,6 @@ import pandas as pd
 from sarathi_lab.metrics.latency import column_labels, stats
 from sarathi_lab.metrics.tables import token_times_flat
 
-
 # Service weights of prompt and output tokens (Sheng et al., "Fairness in Serving Large
 # Language Models", OSDI'24: w_p = 1, w_q = 2, an output token costing about twice an input one).
 SERVICE_WEIGHTS = {"prompt": 1.0, "output": 2.0}

@@ -12,7 +12,6 @@ from importlib.resources import files
 from pathlib import Path
 
 
-
 def shipped_configs() -> list[str]:
     """The names of the configs shipped with the package."""
     root = files("sarathi_lab").joinpath("data", "models")

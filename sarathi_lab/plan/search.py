@@ -95,6 +95,7 @@ def plan_load(p: dict, c: dict, trace) -> float:
 
 def _reads_budget(composer: sp.Composer, hardware: str) -> Callable[[str], bool]:
     import dataclasses
+
     from sarathi_lab import registry
 
     def reads(policy: str) -> bool:
@@ -259,6 +260,7 @@ def _on_ray(jobs: list[dict], address) -> Iterator[dict]:
         raise ConfigError("plan.backend=ray: ray is not installed (pip install -e \".[ray]\")") \
             from None
     from omegaconf import OmegaConf
+
     from sarathi_lab.sweeps import _start_ray
     _start_ray(OmegaConf.create({"address": address}))
     task = ray.remote(num_cpus=1, max_retries=0)(evaluate)

@@ -20,12 +20,26 @@ curves (budget trade-off, load, per class), capacity, timeline, open_closed, ten
 """
 from sarathi_lab.plots.capacity import CAPACITY_SCALES, LOG_RATIO, capacity_bars, sig
 from sarathi_lab.plots.cdfs import class_cdfs, tbt_cdf, ttft_cdf
-from sarathi_lab.plots.curves import DIAGONAL_TOLERANCE, budget_tradeoff, class_goodput, \
-    diagonal_holds, load_curves
+from sarathi_lab.plots.curves import (
+           DIAGONAL_TOLERANCE,
+           budget_tradeoff,
+           class_goodput,
+           diagonal_holds,
+           load_curves,
+)
 from sarathi_lab.plots.lines import MAX_PANELS, choose_split
 from sarathi_lab.plots.open_closed import open_closed
-from sarathi_lab.plots.style import DATA_GID, QUANTILES, Skip, context, plain_log, run_styles, \
-    save, series_colors, slug
+from sarathi_lab.plots.style import (
+           DATA_GID,
+           QUANTILES,
+           Skip,
+           context,
+           plain_log,
+           run_styles,
+           save,
+           series_colors,
+           slug,
+)
 from sarathi_lab.plots.tenants import MAX_TENANT_LINES, tenant_service
 from sarathi_lab.plots.timeline import timeline
 

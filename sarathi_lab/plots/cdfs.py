@@ -17,10 +17,26 @@ from matplotlib.figure import Figure
 
 from sarathi_lab import rundir
 from sarathi_lab.metrics import tbt_gaps
-from sarathi_lab.plots.lines import Line, arrange, caption, config_settings, configs, grid, \
-    outer_labels
-from sarathi_lab.plots.style import (DATA_GID, QUANTILES, Skip, collect_legend, figure_legend,
-                                     figure_plot, plain_log, setting_keys, slo_value)
+from sarathi_lab.plots.lines import (
+    Line,
+    arrange,
+    caption,
+    config_settings,
+    configs,
+    grid,
+    outer_labels,
+)
+from sarathi_lab.plots.style import (
+    DATA_GID,
+    QUANTILES,
+    Skip,
+    collect_legend,
+    figure_legend,
+    figure_plot,
+    plain_log,
+    setting_keys,
+    slo_value,
+)
 from sarathi_lab.report.seeds import spread_rows
 
 MAX_LINES = 8

@@ -8,8 +8,17 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from sarathi_lab.plots.lines import Line, arrange, caption, configs, grid
-from sarathi_lab.plots.style import (DATA_GID, Skip, collect_legend, figure_legend, figure_plot,
-                                     name, plain_log, setting_keys, slo_value)
+from sarathi_lab.plots.style import (
+    DATA_GID,
+    Skip,
+    collect_legend,
+    figure_legend,
+    figure_plot,
+    name,
+    plain_log,
+    setting_keys,
+    slo_value,
+)
 from sarathi_lab.report.seeds import spread
 
 MAX_LINES = 8

@@ -11,8 +11,14 @@ from matplotlib.figure import Figure
 from sarathi_lab.plots.cdfs import draw_quantiles, quantile_line, ttft_values
 from sarathi_lab.plots.curves import ERRORBAR_NOTE, draw_series, per_config
 from sarathi_lab.plots.lines import configs
-from sarathi_lab.plots.style import (Skip, collect_legend, context, figure_legend, figure_plot,
-                                     plain_log)
+from sarathi_lab.plots.style import (
+    Skip,
+    collect_legend,
+    context,
+    figure_legend,
+    figure_plot,
+    plain_log,
+)
 
 MAX_LINES = 8
 _HUE = {"closed": "Blues", "open": "Reds"}

@@ -10,8 +10,15 @@ from matplotlib.figure import Figure
 
 from sarathi_lab import rundir
 from sarathi_lab.metrics import tbt_gaps
-from sarathi_lab.plots.style import Skip, collect_legend, context, figure_legend, figure_plot, \
-    plain_log, simulated
+from sarathi_lab.plots.style import (
+    Skip,
+    collect_legend,
+    context,
+    figure_legend,
+    figure_plot,
+    plain_log,
+    simulated,
+)
 
 
 def _rects(it: pd.DataFrame):

@@ -45,8 +45,15 @@ Modules: grids (what is measured), harness (one timed iteration), measure (round
 """
 from sarathi_lab.profiler.check import check
 from sarathi_lab.profiler.command import build_executor, host_hardware, main, profile
-from sarathi_lab.profiler.files import device_name, merge, metadata, model_of, profile_meta, \
-    versions, write
+from sarathi_lab.profiler.files import (
+           device_name,
+           merge,
+           metadata,
+           model_of,
+           profile_meta,
+           versions,
+           write,
+)
 from sarathi_lab.profiler.grids import COLUMNS, GRIDS, Grid
 from sarathi_lab.profiler.harness import Harness
 from sarathi_lab.profiler.measure import STATISTICS, WARM_STEPS, measure

@@ -7,6 +7,7 @@ def check(profile_path, model: dict, hardware: dict) -> list[dict]:
     """The profiled cost model's predictions of the profile's held-out iterations: rows of
     (chunk, context, batch, decode_context, measured_s, predicted_s, error)."""
     import pyarrow.parquet as pq
+
     from sarathi_lab.costmodels.profiled import ProfiledConfig, ProfiledCostModel
     cm = ProfiledCostModel(model, hardware, 1, ProfiledConfig(profile=str(profile_path)))
     out = []

@@ -21,6 +21,7 @@ def host_hardware(name: str) -> dict:
     operator from the profile; the roofline behind it (memory sizing, operators a profile lacks)
     gets nominal numbers, so runs on it should set scheduler.num_kv_blocks."""
     from importlib.resources import files
+
     import yaml
     base = yaml.safe_load(files("sarathi_lab.configs").joinpath("hardware", "h200.yaml")
                           .read_text())

@@ -14,6 +14,7 @@ from sarathi_lab.profiler.grids import COLUMNS
 
 def versions() -> dict:
     import torch
+
     import sarathi_lab
     v = {"python": platform.python_version(), "torch": torch.__version__,
          "numpy": np.__version__, "sarathi_lab": getattr(sarathi_lab, "__version__", "")}
@@ -46,6 +47,7 @@ def metadata(executor, model_cfg: dict, grid_name: str, repeats: int, warmup: in
     """What a profile records of how it was measured; `warm`: the steps a decode batch's stream
     ran before it was timed (`measure.WARM_STEPS` if None)."""
     import torch
+
     from sarathi_lab.profiler.measure import WARM_STEPS
     warm = WARM_STEPS if warm is None else warm
     a = executor.args

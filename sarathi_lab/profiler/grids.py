@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-
 # columns of a profile row (profiles.py documents their meaning)
 COLUMNS = ("operator", "num_tokens", "chunk", "batch", "context", "decode_context", "place",
            "time_s", "time_p10_s", "time_p90_s", "repeats")

@@ -7,7 +7,6 @@ import time
 
 import numpy as np
 
-
 # the prompt of the request whose decodes settle the machine before a chunk (`Harness._settle`)
 SETTLE_PROMPT = 32
 

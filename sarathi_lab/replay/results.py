@@ -18,8 +18,8 @@ import pandas as pd
 
 from sarathi_lab import rundir
 from sarathi_lab.metrics import iterations_table, rejection_kind, requests_table, summarize
-from sarathi_lab.request import Status
 from sarathi_lab.replay.stream import Outcome
+from sarathi_lab.request import Status
 
 # server-iteration figures summarize would compute from an empty iterations table
 NOT_OBSERVED = ("num_iterations", "stalls", "batch", "queue")

@@ -17,9 +17,17 @@ trace, --chrome), command (make_report, the command).
 from sarathi_lab.report.command import MAX_LINES, Report, main, make_report, single_run_plots
 from sarathi_lab.report.jobs import incomplete_jobs, incomplete_lines
 from sarathi_lab.report.seeds import by_config, config_columns, is_seed_key, spread, t_quantile
-from sarathi_lab.report.tables import (POLICY_ORDER, capacity_table, find, flat_metrics,
-                                       identity, labelled, read_overrides, run_table,
-                                       saved_tables)
+from sarathi_lab.report.tables import (
+                                       POLICY_ORDER,
+                                       capacity_table,
+                                       find,
+                                       flat_metrics,
+                                       identity,
+                                       labelled,
+                                       read_overrides,
+                                       run_table,
+                                       saved_tables,
+)
 
 __all__ = ["MAX_LINES", "POLICY_ORDER", "Report", "by_config", "capacity_table", "config_columns",
            "find", "flat_metrics", "identity", "incomplete_jobs", "incomplete_lines",

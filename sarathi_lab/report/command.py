@@ -12,8 +12,13 @@ from sarathi_lab import rundir
 from sarathi_lab.report.jobs import incomplete_jobs, incomplete_lines
 from sarathi_lab.report.markdown import KEY_COLUMNS, spread_view, write_markdown
 from sarathi_lab.report.seeds import by_config
-from sarathi_lab.report.tables import capacity_table, relative, run_table, saved_tables, \
-    write_tables
+from sarathi_lab.report.tables import (
+    capacity_table,
+    relative,
+    run_table,
+    saved_tables,
+    write_tables,
+)
 
 MAX_LINES = 8          # lines on one axes; more are split into small multiples (--max-lines)
 

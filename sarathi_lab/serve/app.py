@@ -16,11 +16,9 @@ from collections import Counter
 
 from aiohttp import web
 
-from sarathi_lab.serve.protocol import (ApiError, choice, new_id, parse_generation, response,
-                                        usage)
-from sarathi_lab.serve.text import Detokenizer
 from sarathi_lab.serve.engine_client import Channel, EngineClient
-
+from sarathi_lab.serve.protocol import ApiError, choice, new_id, parse_generation, response, usage
+from sarathi_lab.serve.text import Detokenizer
 
 COMPLETION_ROUTES = ("/v1/completions", "/v1/chat/completions")
 OPEN_ROUTES = ("/health",)   # answered without the API key (a load balancer's probe)

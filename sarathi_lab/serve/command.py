@@ -152,6 +152,7 @@ def serve(c: dict, overrides: list[str], run_dir: Path, sc, num_threads,
     """Start the engine process, serve until stopped; the engine process writes the run
     directory (`engine_process`) and this prints its summary. `key`: the API key, or None."""
     from dataclasses import asdict
+
     from sarathi_lab.serve.app import Server
     from sarathi_lab.serve.engine_client import EngineClient, EngineFailed
     from sarathi_lab.serve.engine_process import start

@@ -20,7 +20,7 @@ def load_tokenizer(path: str | None, model_path: str | None, where: str = "serve
         return None   # a model dir without tokenizer files: token ids only
     if not d.is_dir():
         raise ValueError(f"{where}={src!r}: not a directory")
-    from transformers import AutoTokenizer   # heavy: only when a tokenizer is used
+    from transformers import AutoTokenizer  # heavy: only when a tokenizer is used
     try:
         return AutoTokenizer.from_pretrained(str(d), local_files_only=True)
     except Exception as e:

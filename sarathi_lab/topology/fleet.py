@@ -27,8 +27,14 @@ from sarathi_lab.request import Request
 from sarathi_lab.routers import ReplicaView, Router
 from sarathi_lab.topology.accounting import plugin
 from sarathi_lab.topology.driver import Topology
-from sarathi_lab.topology.results import (iterations_frame, one_kv_size, pooled_prefix,
-                                          replica_column, replica_gpus, requests_frame)
+from sarathi_lab.topology.results import (
+    iterations_frame,
+    one_kv_size,
+    pooled_prefix,
+    replica_column,
+    replica_gpus,
+    requests_frame,
+)
 
 
 class Counts:

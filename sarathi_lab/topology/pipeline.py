@@ -41,8 +41,13 @@ from sarathi_lab.engine import ITER_COLUMNS, Engine
 from sarathi_lab.metrics import iterations_table, summarize
 from sarathi_lab.routers import Router, RouterConfig
 from sarathi_lab.topology.fleet import Fleet
-from sarathi_lab.topology.results import (one_kv_size, pooled_prefix, replica_column,
-                                          replica_gpus, requests_frame)
+from sarathi_lab.topology.results import (
+    one_kv_size,
+    pooled_prefix,
+    replica_column,
+    replica_gpus,
+    requests_frame,
+)
 
 #: columns the iterations table gains under pipeline parallelism (besides bubble_stage<s>)
 PIPELINE_COLUMNS = ("virtual_engine", "pipeline_enter", "bubble")

@@ -61,8 +61,13 @@ but `closed_loop` (the closed-loop clients' settings, which every trace may set,
 time that multi-turn sessions share with them).
 """
 from sarathi_lab.traces.arrivals import ARRIVALS, burst_of, check_arrival_settings
-from sarathi_lab.traces.build import (TraceConfig, build_trace, describe_trace,
-                                      own_trace_defaults, parse_trace_config)
+from sarathi_lab.traces.build import (
+                                      TraceConfig,
+                                      build_trace,
+                                      describe_trace,
+                                      own_trace_defaults,
+                                      parse_trace_config,
+)
 from sarathi_lab.traces.files import SHIPPED, resolve_trace
 from sarathi_lab.traces.frame import COLUMNS, SERVICE_DEFAULTS, to_requests
 from sarathi_lab.traces.load import load_trace

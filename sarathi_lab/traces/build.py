@@ -11,9 +11,9 @@ from sarathi_lab.closed_loop import ClientSettings
 from sarathi_lab.settings import parse, plain, setting
 from sarathi_lab.traces.arrivals import ARRIVALS, burst_of, check_arrival_settings
 from sarathi_lab.traces.files import SHIPPED
-from sarathi_lab.traces.precision import check_arrivals
 from sarathi_lab.traces.load import load_trace
 from sarathi_lab.traces.mixes import MixConfig, build_mix
+from sarathi_lab.traces.precision import check_arrivals
 from sarathi_lab.traces.sessions import SessionConfig, build_sessions
 from sarathi_lab.traces.synthetic import synthetic_trace
 

@@ -16,7 +16,6 @@ from sarathi_lab.traces.filters import length_mask
 from sarathi_lab.traces.frame import MAX_WHOLE, SERVICE_DEFAULTS, SERVICE_WHAT
 from sarathi_lab.traces.precision import MAX_ARRIVAL_S
 
-
 # (format, time column or None, prompt column, output column), tried in this order: a file with
 # all three Vidur columns is a replay trace, not merely a length trace.
 _CSV_FORMATS = (

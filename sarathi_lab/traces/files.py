@@ -11,7 +11,6 @@ import zlib
 from importlib import resources
 from pathlib import Path
 
-
 # Shipped trace name -> file under sarathi_lab/data/traces (origins in ATTRIBUTION.md there).
 SHIPPED = {
     "sharegpt": "sharegpt_8k_filtered_stats_llama2_tokenizer.csv.gz",

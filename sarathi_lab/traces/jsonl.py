@@ -9,8 +9,7 @@ import numpy as np
 import pandas as pd
 
 from sarathi_lab.traces.files import json_lines, json_object, line_error
-from sarathi_lab.traces.frame import (MAX_WHOLE, SERVICE_DEFAULTS, SERVICE_WHAT, is_int,
-                                      is_number)
+from sarathi_lab.traces.frame import MAX_WHOLE, SERVICE_DEFAULTS, SERVICE_WHAT, is_int, is_number
 from sarathi_lab.traces.tokens import chat_prompts, load_tokenizer
 
 

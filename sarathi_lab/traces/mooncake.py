@@ -19,8 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sarathi_lab.traces.files import (DECODE_ERRORS, json_lines, json_object, line_error,
-                                      open_text)
+from sarathi_lab.traces.files import DECODE_ERRORS, json_lines, json_object, line_error, open_text
 from sarathi_lab.traces.frame import MAX_WHOLE, is_int, is_number
 from sarathi_lab.traces.precision import MAX_ARRIVAL_S, unresolvable
 from sarathi_lab.traces.streams import HASH_BLOCK_STREAM

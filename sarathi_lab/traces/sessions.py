@@ -31,8 +31,7 @@ from sarathi_lab.resources import ID_BYTES, REQUEST_BYTES, TOKEN_BYTES, check_me
 from sarathi_lab.settings import ConfigError, plain, setting
 from sarathi_lab.traces.arrivals import arrival_times
 from sarathi_lab.traces.lengths import distribution, length_sampler
-from sarathi_lab.traces.streams import (ARRIVAL_STREAM, IDS_STREAM, TURNS_STREAM,
-                                        stream_rng)
+from sarathi_lab.traces.streams import ARRIVAL_STREAM, IDS_STREAM, TURNS_STREAM, stream_rng
 from sarathi_lab.traces.tokens import DEFAULT_VOCAB
 
 logger = logging.getLogger(__name__)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 
-
 # Independent random streams, so one knob does not reshuffle the others.
 ARRIVAL_STREAM, PROMPT_STREAM, OUTPUT_STREAM, IDS_STREAM, SHUFFLE_STREAM = range(5)
 # multi-turn sessions: turns per session (sessions.py); Mooncake block hash ids -> token ids,

@@ -86,8 +86,11 @@ import numpy as np
 
 from sarathi_lab.costmodels.base import CostModel, batch_shape
 from sarathi_lab.costmodels.roofline.attention import chunk_pairs
-from sarathi_lab.costmodels.roofline.communication import (allreduce_terms, gather_terms,
-                                                           send_recv_terms)
+from sarathi_lab.costmodels.roofline.communication import (
+    allreduce_terms,
+    gather_terms,
+    send_recv_terms,
+)
 from sarathi_lab.costmodels.roofline.hardware import HardwareSpec, RooflineConfig, gemm_peak
 from sarathi_lab.costmodels.roofline.memory import RooflineMemory
 from sarathi_lab.costmodels.roofline.moe import MoeCost, check_layout

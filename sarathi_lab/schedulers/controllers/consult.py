@@ -6,10 +6,16 @@ runs, fast-forward included, are unchanged.
 from __future__ import annotations
 
 import dataclasses
+
 from sarathi_lab.request import Request
 from sarathi_lab.schedulers.controllers import predictor
-from sarathi_lab.schedulers.controllers.base import (BudgetController, DecodeView, PromptView,
-                                                     View, check_decision)
+from sarathi_lab.schedulers.controllers.base import (
+    BudgetController,
+    DecodeView,
+    PromptView,
+    View,
+    check_decision,
+)
 from sarathi_lab.schedulers.controllers.static import Static
 from sarathi_lab.schedulers.mechanics.progress import split_running
 from sarathi_lab.schedulers.queues import RequestQueue

@@ -39,8 +39,8 @@ from __future__ import annotations
 
 import abc
 import math
-from statistics import NormalDist
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 

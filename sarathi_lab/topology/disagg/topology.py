@@ -42,8 +42,12 @@ from sarathi_lab.topology.disagg.settings import POOLS
 from sarathi_lab.topology.disagg.transfer import Transfer
 from sarathi_lab.topology.driver import INTERNAL, Topology
 from sarathi_lab.topology.fleet import Counts, route
-from sarathi_lab.topology.results import (expert_parallel, iterations_frame, pooled_prefix,
-                                          requests_frame)
+from sarathi_lab.topology.results import (
+    expert_parallel,
+    iterations_frame,
+    pooled_prefix,
+    requests_frame,
+)
 
 
 @dataclass(slots=True)

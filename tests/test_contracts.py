@@ -14,7 +14,6 @@ import pytest
 from conftest import LinearCost, make_policy
 from helpers import composed, defaults, random_requests
 
-from sarathi_lab.config import CapacityConfig, RunConfig, SLOConfig
 from sarathi_lab.engine import Engine
 from sarathi_lab.executors.base import Executor
 from sarathi_lab.registry import (
@@ -25,10 +24,11 @@ from sarathi_lab.registry import (
     policy_class,
 )
 from sarathi_lab.request import Request, Status
+from sarathi_lab.run.settings import CapacityConfig, RunConfig, SLOConfig
 from sarathi_lab.schedulers.base import SchedulerConfig
 from sarathi_lab.schedulers.mechanics.fast_forward import FastForward
 from sarathi_lab.settings import parse
-from sarathi_lab.sweeps import register_resolvers
+from sarathi_lab.sweeps.bookkeeping import register_resolvers
 from sarathi_lab.traces import to_requests
 
 POLICIES = ["request_level", "orca", "vllm", "sarathi", "sarathi_priority", "edf", "vtc"]
@@ -477,7 +477,7 @@ def test_slo_presets_parse(preset):
 
 
 def test_logger_presets_parse():
-    from sarathi_lab.config import LOGGERS
+    from sarathi_lab.run.settings import LOGGERS
     for name in LOGGERS:
         node = composed(f"logger={name}")["logger"]
         parse(LOGGERS[name], node, "logger")

@@ -381,10 +381,10 @@ def host_run(clock: str, fake: bool):
     """Six requests at t=0 on a random one-layer model under `executor.clock=CLOCK`; with
     `fake`, the executor's clock (steps and host time) is a counter moving 1 s per read. The
     iterations table."""
-    from sarathi_lab import runner
     from sarathi_lab.engine import Engine
     from sarathi_lab.metrics import iterations_table
     from sarathi_lab.request import Request
+    from sarathi_lab.run import runner
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -437,10 +437,10 @@ def test_host_time_on_the_real_clocks(clock):
 def test_the_simulator_records_no_host_time():
     """The simulator's cost model prices whatever host time it models inside `duration`: its
     iterations table has no host_s column (the guard's recorded runs stay as they were)."""
-    from sarathi_lab import runner
     from sarathi_lab.engine import Engine
     from sarathi_lab.metrics import iterations_table
     from sarathi_lab.request import Request
+    from sarathi_lab.run import runner
     policy, ex = runner.build(F.compose(["model=tiny-llama", "executor=sim",
                                          "scheduler=sarathi"]))
     engine = Engine(policy, ex)

@@ -5,7 +5,7 @@ from conftest import LinearCost, make_policy, req
 from helpers import add, engine, step
 
 from sarathi_lab.engine import Engine
-from sarathi_lab.guard import RuleViolation
+from sarathi_lab.engine.guard import RuleViolation
 from sarathi_lab.metrics import iterations_table, requests_table, summarize
 from sarathi_lab.request import Status
 from sarathi_lab.schedulers.mechanics.fast_forward import FastForward

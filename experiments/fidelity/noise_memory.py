@@ -49,7 +49,8 @@ def noise_of(res: pd.DataFrame) -> tuple[float, float]:
 def simulate(out: Path, info: dict, tag: str, jitter: list[str], seeds: int) -> dict[str, dict]:
     """Per policy, the figures of the study's simulation with these jitter overrides, averaged
     over `seeds` jitter streams (runs in DIR/runs/<policy>/noise_memory/<tag>-<seed>)."""
-    from sarathi_lab import profiler, runner
+    from sarathi_lab import profiler
+    from sarathi_lab.run import runner
     profile = out / "profile.parquet"
     hardware = profiler.host_hardware(profiler.profile_meta(profile)["device"])
     sims = {}

@@ -378,7 +378,7 @@ def speed_spread(scale: dict, policies, profile, sigma: float, hardware, base: P
     moves from one run to the next average above the simulation at its typical speed: with the
     speed's spread as the profile's parts measured it, this is the simulation's prediction of
     the real runs' mean."""
-    from sarathi_lab import runner
+    from sarathi_lab.run import runner
     f, w = speed_nodes(sigma, n)
     base.mkdir(parents=True, exist_ok=True)
     figs = {p: [] for p in policies}
@@ -653,7 +653,7 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
           warm: int | None = None) -> pd.DataFrame:
     import torch
 
-    from sarathi_lab import runner
+    from sarathi_lab.run import runner
     torch.set_num_threads(1)
     if repeats < 2:
         raise ValueError(f"--repeats={repeats}: the interval of the real runs' mean needs >= 2")

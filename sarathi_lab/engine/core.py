@@ -13,9 +13,9 @@ from operator import attrgetter
 
 import numpy as np
 
+from sarathi_lab.engine.fast_forward import NO_SWAPS, FastForwardRuns, all_decoding
+from sarathi_lab.engine.guard import BatchGuard
 from sarathi_lab.executors.base import Executor, check_speculation
-from sarathi_lab.fast_forward import NO_SWAPS, FastForwardRuns, all_decoding
-from sarathi_lab.guard import BatchGuard
 from sarathi_lab.request import Request, Status
 from sarathi_lab.schedulers.base import Policy
 from sarathi_lab.schedulers.output import SchedulerOutput

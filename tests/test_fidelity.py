@@ -390,7 +390,7 @@ def host_run(clock: str, fake: bool):
     """Six requests at t=0 on a random one-layer model under `executor.clock=CLOCK`; with
     `fake`, the executor's clock (steps and host time) is a counter moving 1 s per read. The
     iterations table."""
-    from sarathi_lab import runner
+    from sarathi_lab.run import runner
     from sarathi_lab.engine import Engine
     from sarathi_lab.metrics import iterations_table
     from sarathi_lab.request import Request
@@ -448,7 +448,7 @@ def test_the_simulator_records_no_host_time():
     iterations table has no host_s column (the guard's recorded runs stay as they were)."""
     from studies import compose  # experiments/ (fidelity_lib put it on the path)
 
-    from sarathi_lab import runner
+    from sarathi_lab.run import runner
     from sarathi_lab.engine import Engine
     from sarathi_lab.metrics import iterations_table
     from sarathi_lab.request import Request

@@ -65,7 +65,7 @@ def speed_spread(scale: dict, policies, profile, sigma: float, hardware, base: P
     moves from one run to the next average above the simulation at its typical speed: with the
     speed's spread as the profile's parts measured it, this is the simulation's prediction of
     the real runs' mean."""
-    from sarathi_lab import runner
+    from sarathi_lab.run import runner
     f, w = speed_nodes(sigma, n)
     base.mkdir(parents=True, exist_ok=True)
     figs = {p: [] for p in policies}

@@ -39,7 +39,7 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
     sarathi-lab-profile's). Returns the verdict table (fidelity.csv)."""
     import torch
 
-    from sarathi_lab import runner
+    from sarathi_lab.run import runner
     torch.set_num_threads(1)
     if repeats < 2:
         raise ValueError(f"--repeats={repeats}: the interval of the real runs' mean needs >= 2")

@@ -27,17 +27,18 @@ step's measured duration, so every token time is a sum of measured step times, a
 jobs hold the core is in none of them; the host time around the steps is recorded as host_s and
 not counted); the real runs repeated in interleaved rounds so that a slow period touches every
 policy alike.
+
+The study's library is fidelity_lib/ beside this script (its __init__ lists the modules), shared
+with the scripts that read a kept study again (pooled.py, speed_spread.py, noise_memory.py); this
+file is the command line alone.
 """
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import time
-from contextlib import contextmanager
 from pathlib import Path
 
+<<<<<<< HEAD
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -860,6 +861,14 @@ def study(out: Path, toy: bool = False, profile: str | None = None, repeats: int
     cdf_plot(runs, out)
     log(md)
     return table
+=======
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+# (importing fidelity_lib sets one torch thread before anything loads torch)
+from fidelity_lib import ROOT  # noqa: E402
+from fidelity_lib.kept import reread_bias  # noqa: E402
+from fidelity_lib.runs import POLICIES, SCALES  # noqa: E402
+from fidelity_lib.study import study  # noqa: E402
+>>>>>>> fidelity
 
 
 def main(argv=None) -> None:

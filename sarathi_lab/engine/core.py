@@ -88,10 +88,8 @@ class Engine(FastForwardRuns):
         self.kv = policy.kv
         executor.bind(self.kv)
         self.speculative = check_speculation(policy.cfg.num_speculative_tokens, executor)
-        if policy.oracle:
-            policy._output_len = executor.output_len
-        if policy.admission is not None:   # admission control reads this engine's clock
-            policy.admission.bind_clock(self.clock)
+        # admission control reads this engine's clock; an oracle policy, the true lengths
+        policy.bind_engine(self.clock, executor.output_len if policy.oracle else None)
         # skipping steady decode runs needs predicted durations and no real tokens (and every
         # step: a steady run's tokens per step would depend on the drafts accepted), and the
         # policy's declaration of its steady runs, the only thing read to skip them;

@@ -118,6 +118,7 @@ class SimExecutor(Executor):
     uses_hardware = True
     supports_fast_forward = True   # with pipeline_parallel 1 (the pipeline steps every batch)
     supports_swap = True           # with pipeline_parallel 1
+    supports_sliding_window_kv = True   # it reads no KV: only the block counts
     supports_pipeline = True
     supports_speculation = True    # with pipeline_parallel 1 (executors/speculation.py)
     speculation_settings = speculation.SETTINGS

@@ -52,11 +52,15 @@ def build(cfg, resolved: Resolved | None = None):
                               f"{type(executor).__name__} does not copy swapped KV blocks "
                               "(its supports_swap is False); use preemption_mode=recompute")
         executor.check_swap_memory(num_host, pc.block_size)
+    window = {}
+    if pc.sliding_window_kv:
+        if cls.reserves_kv:
+            raise ConfigError(f"scheduler.sliding_window_kv=true: policy {cls.name!r} reserves "
+                              "each request's whole length up front; use a paged policy "
+                              "(vllm, sarathi, ...)")
+        window = {"window": window_of(r.model, executor)}
     try:
-        kv_cls = KVCacheManager
-        window = {}
-        if pc.sliding_window_kv:
-            kv_cls, window = WindowedKVCacheManager, {"window": window_of(r.model, executor)}
+        kv_cls = WindowedKVCacheManager if window else KVCacheManager
         kv = kv_cls(num_blocks, pc.block_size, enable_prefix_caching=pc.enable_prefix_caching,
                     reserve=cls.reserves_kv, max_model_len=max_model_len,
                     num_host_blocks=num_host, **window)

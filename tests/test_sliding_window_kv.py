@@ -239,3 +239,21 @@ def test_refused_for_disaggregated_pools():
     with pytest.raises(ConfigError, match="cluster.prefill.scheduler.sliding_window_kv=true"):
         resolve(composed("model=mistral-7b", "cluster=disagg",
                          "scheduler.sliding_window_kv=true"))
+
+
+def test_built_for_mistral_with_the_policy_chunk():
+    """The run layer's manager: Mistral's window, the policy's batch cap as the chunk bound
+    (sarathi's token_budget 512: cdiv(4096 + 512 - 2, 16) + 1 = 289 blocks at most). Attention
+    sinks (GPT-OSS's: a learned logit per head) hold no KV, so nothing more is kept for them."""
+    for over in ([], ["+model.attention_sinks=true"]):
+        policy, _ = build(composed("model=mistral-7b", "scheduler=sarathi", *over,
+                                   "scheduler.sliding_window_kv=true"))
+        kv = policy.kv
+        assert isinstance(kv, WindowedKVCacheManager)
+        assert (kv.window, kv.max_chunk, kv.cap) == (4096, 512, 289)
+        assert policy.fast_forward is None
+    policy, _ = build(composed("model=mistral-7b", "scheduler=vllm",
+                               "scheduler.sliding_window_kv=true"))
+    assert policy.kv.max_chunk == policy.token_cap == 32768   # whole prompts: no cap below them
+    policy, _ = build(composed("model=mistral-7b"))
+    assert type(policy.kv).__name__ == "KVCacheManager" and policy.kv.window is None

@@ -5,7 +5,7 @@ import json
 import random
 
 import pytest
-from helpers import composed
+from helpers import cli, composed
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -257,3 +257,18 @@ def test_built_for_mistral_with_the_policy_chunk():
     assert policy.kv.max_chunk == policy.token_cap == 32768   # whole prompts: no cap below them
     policy, _ = build(composed("model=mistral-7b"))
     assert type(policy.kv).__name__ == "KVCacheManager" and policy.kv.window is None
+
+
+@pytest.mark.slow
+def test_from_the_cli(tmp_path):
+    """The setting from the command line: the run's summary records it and its effect."""
+    r = cli(f"results_root={tmp_path}", "name=w", *LONG, "scheduler.sliding_window_kv=true")
+    assert r.returncode == 0, r.stderr[-2000:]
+    (summary_file,) = tmp_path.glob("runs/*/summary.json")
+    s = json.loads(summary_file.read_text())
+    assert s["config"]["scheduler"]["sliding_window_kv"] is True
+    assert s["num_finished"] == 16 and s["preemptions"] == 0 and s["batch"]["requests_max"] == 8
+    r = cli(f"results_root={tmp_path}", "name=t", "model=tiny-llama", "model.sliding_window=32",
+            "executor=torch", "scheduler.sliding_window_kv=true")
+    assert r.returncode != 0 and "scheduler.sliding_window_kv=true: executor TorchExecutor" \
+        in r.stderr, r.stderr[-2000:]

@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from sarathi_lab import rundir
-from sarathi_lab.config import Resolved, check_settings_act, resolve
+from sarathi_lab.run import rundir
+from sarathi_lab.run.config import Resolved, check_settings_act, resolve
 from sarathi_lab.engine import Engine
 from sarathi_lab.kv import KVCacheManager, WindowedKVCacheManager
 from sarathi_lab.resources import check_run, output_tokens_held
@@ -226,7 +226,7 @@ def build_load(requests, trace: dict | None, frame=None):
     the requests were made from, says each one's session and turn) (topology/clients.py)."""
     trace = trace or {}
     clients = trace.get("clients")
-    from sarathi_lab.closed_loop import ThinkTime
+    from sarathi_lab.traces.clients import ThinkTime
     if "turns" in trace:
         if frame is None or "session" not in frame:
             raise ValueError("trace: multi-turn sessions (trace.turns) need the trace they were "

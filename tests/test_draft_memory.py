@@ -3,7 +3,7 @@
 import pytest
 from helpers import composed
 
-from sarathi_lab.runner import build
+from sarathi_lab.run.runner import build
 from sarathi_lab.settings import ConfigError
 
 SPEC = ["model=mistral-7b", "hardware=a100-80gb", "scheduler.num_speculative_tokens=2",

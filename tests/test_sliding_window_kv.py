@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from sarathi_lab.kv import NULL, WindowedKVCacheManager
 from sarathi_lab.request import Request
-from sarathi_lab.runner import build, run
+from sarathi_lab.run.runner import build, run
 from sarathi_lab.settings import ConfigError
 
 
@@ -235,7 +235,7 @@ def test_refused(over, match):
 
 
 def test_refused_for_disaggregated_pools():
-    from sarathi_lab.config import resolve
+    from sarathi_lab.run.config import resolve
     with pytest.raises(ConfigError, match="cluster.prefill.scheduler.sliding_window_kv=true"):
         resolve(composed("model=mistral-7b", "cluster=disagg",
                          "scheduler.sliding_window_kv=true"))

@@ -71,8 +71,11 @@ def test_steps_against_offline_and_the_gaps_by_hand(tmp_path):
     assert t.loc["decode x1", "served_vs_sim"] == pytest.approx(0.4)   # 2.1 against 1.5
     assert t.loc["decode x2", "served_vs_offline"] == pytest.approx(0.2)    # 3 against 2.5
     assert t.loc["prefill only", "served_vs_offline"] == pytest.approx(0)
+    # P10 by linear interpolation: served 2 + 0.2 * (2.1 - 2) = 2.02 ms, offline 2
+    assert t.loc["decode x1", "served_p10_ms"] == pytest.approx(2.02)
+    assert t.loc["decode x1", "served_vs_offline_p10"] == pytest.approx(0.01)
     md = S.steps_markdown(t.reset_index())
-    assert "| decode x1 | 2.100 | 2.000 | +5.0% | 1.500 | +40.0% | 3 / 2 / 1 |" in md
+    assert "| decode x1 | 2.100 | 2.000 | +5.0% | +1.0% | 1.500 | +40.0% | 3 / 2 / 1 |" in md
     # served: x1 -> x1 twice (7.5 - 7 ms, 10 - 9.6 ms), x2 -> x2 once (20 - 16 ms); the
     # prefill -> decode and x1 -> x2 pairs are left out
     assert list(S.decode_gaps(tmp_path / "served")) == pytest.approx([0.0005, 0.0004, 0.004])

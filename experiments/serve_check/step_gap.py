@@ -2,7 +2,11 @@
 serve_check's model in this process, its messages sent over a real `multiprocessing` pipe to a
 process that only reads them ("pipe") or dropped ("no send"), against the same requests run
 offline (`Engine.run`). Each side: the median decode step, the median time between two
-back-to-back decode steps, and (pipe) the median `send` of one step's message.
+back-to-back decode steps; served, the median time of the worker's own per-step calls (taking
+messages, handing out tokens, building the message; the send left out), of the `send` of one
+step's message (pipe), and of a step's wall time beyond the duration it reports (the
+executor's work outside its timer: offline it is spent too, but the engine's clock does not
+count it, so the offline gap leaves it out).
 
     python experiments/serve_check/step_gap.py               # 3 requests x 300 tokens, ~30 s
     python experiments/serve_check/step_gap.py --requests 1 --rounds 3
@@ -108,12 +112,33 @@ def served(prompts, out: int, pipe: bool) -> dict:
         proc.start()
         theirs.close()
     link = _Link(msgs, ours)
-    Worker(e, link).run()
+    w = Worker(e, link)
+    spent: dict[str, list[float]] = {}
+    for name in ("_drain", "_deliver", "_flush"):   # the worker's own, per loop
+        setattr(w, name, _timed(getattr(w, name), spent.setdefault(name, [])))
+    ex = e.executor   # the wall time of a step beyond the duration it reports
+    ex.execute = _timed(ex.execute, spent.setdefault("execute", []))
+    w.run()
     if pipe:
         ours.close()
         proc.join()
     step, gap = decode_figures(e)
-    return {"step": step, "gap": gap, "send": st.median(link.sends) if link.sends else None}
+    own = sum(st.median(spent[k]) for k in ("_drain", "_deliver", "_flush"))
+    if link.sends:   # the send is inside _flush
+        own -= st.median(link.sends)
+    durations = e.iteration_columns()["duration"]
+    untimed = np.median(np.array(spent["execute"]) - durations[-len(spent["execute"]):])
+    return {"step": step, "gap": gap, "send": st.median(link.sends) if link.sends else None,
+            "own": own, "untimed": float(untimed)}
+
+
+def _timed(f, into: list):
+    def timed(*a, **k):
+        t = time.perf_counter()
+        out = f(*a, **k)
+        into.append(time.perf_counter() - t)
+        return out
+    return timed
 
 
 def offline(prompts, out: int) -> dict:
@@ -141,6 +166,9 @@ def main(argv=None) -> None:
                         ("pipe", lambda: served(prompts, a.tokens, True))):
             x = f()
             send = "" if x["send"] is None else f", send {x['send'] * 1e6:.1f} us"
+            if "own" in x:
+                send += (f", worker's own loop {x['own'] * 1e6:.1f} us, a step's wall time "
+                         f"beyond its duration {x['untimed'] * 1e6:.1f} us")
             print(f"round {r + 1} {name:8s}: decode step {x['step'] * 1e3:.3f} ms, gap "
                   f"{x['gap'] * 1e3:.3f} ms{send}")
     print(f"load average (1 min) {os.getloadavg()[0]:.2f}")

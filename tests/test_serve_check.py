@@ -3,10 +3,13 @@ check at toy scale — a profile, sarathi-lab-serve in a subprocess on a free 12
 (stopped by the study), sarathi-lab-replay against it, the simulation — in seconds."""
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
-from helpers import ROOT
+from helpers import ROOT, patience
 
 spec = importlib.util.spec_from_file_location("serve_check_run",
                                               ROOT / "experiments" / "serve_check" / "run.py")
@@ -112,3 +115,19 @@ def test_toy_study_serves_replays_and_simulates_the_same_requests(tmp_path):
     thr = t.set_index("metric").loc["throughput_tok_s"]
     assert thr["sim_error"] == pytest.approx(0, abs=0.25)
     assert thr["server_error"] == pytest.approx(0, abs=0.25)
+
+
+@pytest.mark.slow
+def test_step_gap_measures_each_side():
+    """experiments/serve_check/step_gap.py as a user runs it: offline, the worker without and
+    with the pipe, each a decode step and a gap; the pipe's send timed."""
+    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "serve_check" /
+                                               "step_gap.py"),
+                           "--requests", "2", "--tokens", "6", "--rounds", "1"],
+                          capture_output=True, text=True, timeout=patience(300),
+                          env={**os.environ, "WANDB_MODE": "disabled"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("round 1")]
+    assert [ln.split(":")[0].split()[2] for ln in lines] == ["offline", "no", "pipe"]
+    assert ", send " in lines[2] and ", send " not in lines[1]
+    assert "worker's own loop" in lines[1]

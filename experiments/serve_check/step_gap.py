@@ -28,8 +28,8 @@ import numpy as np
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from sarathi_lab import runner
-from sarathi_lab.config import resolve
+from sarathi_lab.run import runner
+from sarathi_lab.run.config import resolve
 from sarathi_lab.engine import Engine
 from sarathi_lab.request import Request
 from sarathi_lab.serve.engine_process import Link

@@ -28,6 +28,7 @@ from omegaconf import OmegaConf
 from served import PROMPT, Served, _greedy, _tiny, save_tokenizer
 
 from sarathi_lab.engine import Engine
+from sarathi_lab.metrics import tbt_gaps
 from sarathi_lab.request import Request, Status
 from sarathi_lab.serve.configure import configure
 from sarathi_lab.serve.protocol import ApiError, parse_generation
@@ -164,9 +165,11 @@ def test_completions_equal_the_in_process_greedy_tokens(server):
     body = {"model": "tiny-llama", "prompt": PROMPT, "max_tokens": 12, "temperature": 0}
     events = server.stream({**body, "stream_options": {"include_usage": True}})
     assert _ids(events) == want
-    # one token per chunk as it is produced, then the finish, then the usage
+    # one token per chunk as it is produced, the finish reason on the last token's chunk (no
+    # empty closing chunk: a client timing chunks would count one gap too many), the usage
+    assert len(events) == 13
     assert [len(e["choices"][0]["token_ids"]) for e in events[:12]] == [1] * 12
-    assert events[-2]["choices"][0]["finish_reason"] == "length"
+    assert [e["choices"][0]["finish_reason"] for e in events[:12]] == [None] * 11 + ["length"]
     assert events[-1]["choices"] == [] and events[-1]["usage"] == {
         "prompt_tokens": len(PROMPT), "completion_tokens": 12, "total_tokens": len(PROMPT) + 12}
     status, whole = server.request("POST", "/v1/completions", body)
@@ -379,8 +382,9 @@ def test_a_plugin_that_raises_stops_the_server_with_its_error(tmp_path):
 @pytest.mark.slow
 def test_the_replay_client_against_the_server(tmp_path):
     """sarathi-lab-replay, open and closed loop, against sarathi-lab-serve: both sides' run
-    directories complete, and the tokens each request was sent are the ones the server made."""
-    s = Served(tmp_path, "scheduler=sarathi")
+    directories complete, and the tokens each request was sent are the ones the server made.
+    The server runs on executor.device=auto: its records name the device it resolved."""
+    s = Served(tmp_path, "scheduler=sarathi", "executor.device=auto")
     outs = {}
     try:
         for name, load in [("open", ["trace.qps=20"]),
@@ -399,6 +403,19 @@ def test_the_replay_client_against_the_server(tmp_path):
         s.kill()
     served = pd.read_parquet(run_dir / "requests.parquet")
     assert len(served) == 12 and (served["status"] == "finished").all()
+    # the device as resolved (this machine's), never the setting's "auto"
+    import torch
+    device = f"cuda ({torch.cuda.get_device_name(0)})" if torch.cuda.is_available() else "cpu"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["config"]["executor"]["device"] == "auto"   # as it was set
+    assert summary["served"]["device"] == device
+    assert summary["settings"]["executor"]["device"] == device.split()[0]
+    assert f"executor torch ({device})" in s.printed
+    from sarathi_lab.report import main as report
+    report([str(run_dir), "--out", str(tmp_path / "report"), "--timeline", "none"])
+    table = pd.read_csv(tmp_path / "report" / "summary.csv")
+    assert list(table["served_device"]) == [device]
+    assert list(table["settings_executor_device"]) == [device.split()[0]]
     sent = []
     for name, out in outs.items():
         summary = json.loads((out / "summary.json").read_text())
@@ -406,6 +423,11 @@ def test_the_replay_client_against_the_server(tmp_path):
         reqs = pd.read_parquet(out / "requests.parquet")
         assert len(reqs) == 6 and (reqs["status"] == "finished").all()
         assert (reqs["num_output_tokens"] == reqs["target_output_tokens"]).all()
+        # every token timed at its own chunk, no chunk without one: output - 1 gaps (ITL)
+        assert (reqs["num_token_chunks"] == reqs["num_output_tokens"]).all()
+        _, owner = tbt_gaps(reqs)   # the ITL list, each gap's request
+        gaps = np.bincount(owner, minlength=len(reqs))
+        assert list(gaps) == list(reqs["num_output_tokens"] - 1)
         sent += list(reqs["num_output_tokens"])
     assert sorted(served["num_output_tokens"]) == sorted(sent)
 

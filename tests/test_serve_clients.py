@@ -135,7 +135,13 @@ def test_guidellm_and_vllm_bench_bodies_are_served(served):
                 assert "usage" not in e, name
         if "messages" in body:
             assert tokens[0]["choices"][0]["delta"]["role"] == "assistant"
+        # the finish reason on the last token's chunk; no chunk but the usage's without
+        # tokens (an empty closing chunk would be one inter-token gap too many to a client)
         assert tokens[-1]["choices"][0]["finish_reason"] == "length"
+        assert all(e["choices"][0]["token_ids"] for e in tokens), name
+        assert [e["choices"][0]["finish_reason"] for e in tokens[:-1]] == \
+            [None] * (len(tokens) - 1), name
+        assert tokens == events[:-1], name
     # the text parts are the text: the same tokens as the same text given as a string
     whole = {k: v for k, v in VLLM_CHAT.items() if k not in ("stream", "stream_options")}
     a = _post(served, whole)[1]

@@ -120,38 +120,78 @@ def compare(client: dict, server: dict, sim: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def steps(served: Path, sim: Path, max_batch: int = 4) -> pd.DataFrame:
-    """The served steps against the simulation's (the profile's) by batch composition: median
-    duration of decode-only steps of 1, 2, ... requests, of prefill-only and of mixed steps, on
-    each side, and the served one's excess (the goal of the engine process: within 5%)."""
-    its = {k: pd.read_parquet(d / "iterations.parquet") for k, d in (("served", served),
-                                                                     ("sim", sim))}
-    def kinds(it):
-        dec = (it["prefill_tokens"] == 0)
-        pre = (it["decode_tokens"] == 0)
-        out = {f"decode x{b}": it[dec & (it["num_requests"] == b)] for b in range(1, max_batch)}
-        out[f"decode x{max_batch}+"] = it[dec & (it["num_requests"] >= max_batch)]
-        out["prefill only"] = it[pre & ~dec]
-        out["mixed"] = it[~pre & ~dec]
-        return out
-    a, b = kinds(its["served"]), kinds(its["sim"])
+def _kinds(it: pd.DataFrame, max_batch: int) -> dict:
+    """An iterations table's steps by batch composition."""
+    dec = (it["prefill_tokens"] == 0)
+    pre = (it["decode_tokens"] == 0)
+    out = {f"decode x{b}": it[dec & (it["num_requests"] == b)] for b in range(1, max_batch)}
+    out[f"decode x{max_batch}+"] = it[dec & (it["num_requests"] >= max_batch)]
+    out["prefill only"] = it[pre & ~dec]
+    out["mixed"] = it[~pre & ~dec]
+    return out
+
+
+def steps(served: Path, sim: Path, max_batch: int = 4, offline: Path | None = None
+          ) -> pd.DataFrame:
+    """The served steps against the same steps offline, by batch composition: median duration
+    of decode-only steps of 1, 2, ... requests, of prefill-only and of mixed steps, on each
+    side, and the served one's excess (the goal of the engine process: within 5%). `offline`:
+    the real executor's run of the same trace without the server (the same engine, model and
+    requests; its steps measured in the same minutes); `sim`: the simulation's (the
+    profile's)."""
+    sides = {"served": served, **({"offline": offline} if offline else {}), "sim": sim}
+    parts = {k: _kinds(pd.read_parquet(d / "iterations.parquet"), max_batch)
+             for k, d in sides.items()}
     rows = []
-    for k in a:
-        sv, sm = a[k]["duration"], b[k]["duration"]
-        rows.append({"steps": k, "n_served": len(sv), "n_sim": len(sm),
-                     "served_ms": sv.median() * 1e3 if len(sv) else float("nan"),
-                     "sim_ms": sm.median() * 1e3 if len(sm) else float("nan")})
+    for k in parts["served"]:
+        row = {"steps": k}
+        for side, kinds in parts.items():
+            d = kinds[k]["duration"]
+            row[f"n_{side}"] = len(d)
+            row[f"{side}_ms"] = d.median() * 1e3 if len(d) else float("nan")
+            # the fastest tenth: what a step takes when nothing else took its core (a loaded
+            # machine's preemptions lengthen the median, not this)
+            row[f"{side}_p10_ms"] = d.quantile(0.1) * 1e3 if len(d) else float("nan")
+        rows.append(row)
     t = pd.DataFrame(rows)
-    t["served_vs_sim"] = t["served_ms"] / t["sim_ms"] - 1
+    for side in sides:
+        if side != "served":
+            t[f"served_vs_{side}"] = t["served_ms"] / t[f"{side}_ms"] - 1
+            t[f"served_vs_{side}_p10"] = t["served_p10_ms"] / t[f"{side}_p10_ms"] - 1
     return t
 
 
+def decode_gaps(run_dir: Path) -> pd.Series:
+    """The time between two back-to-back decode-only steps (the later one's start minus the
+    earlier one's end) of the same number of requests: nobody arrived or left between them,
+    so the engine did not wait for work; what it did there is its own bookkeeping (the
+    scheduling and update, `host_s`) and, served, the hand-off of the step's tokens."""
+    it = pd.read_parquet(run_dir / "iterations.parquet")
+    dec = (it["prefill_tokens"] == 0).to_numpy()
+    n = it["num_requests"].to_numpy()
+    gap = it["start"].to_numpy()[1:] - (it["start"] + it["duration"]).to_numpy()[:-1]
+    same = dec[1:] & dec[:-1] & (n[1:] == n[:-1])
+    return pd.Series(gap[same])
+
+
 def steps_markdown(t: pd.DataFrame) -> str:
-    return ("\n\nMedian step duration, served against the simulation (the profile):\n\n"
-            "| steps | served (ms) | simulation (ms) | served vs sim | n served / sim |\n"
-            "|---|---|---|---|---|\n" +
-            "".join(f"| {r.steps} | {r.served_ms:.3f} | {r.sim_ms:.3f} | {r.served_vs_sim:+.1%} | "
-                    f"{r.n_served} / {r.n_sim} |\n" for r in t.itertuples()))
+    if "offline_ms" not in t:
+        return ("\n\nMedian step duration, served against the simulation (the profile):\n\n"
+                "| steps | served (ms) | simulation (ms) | served vs sim | n served / sim |\n"
+                "|---|---|---|---|---|\n" +
+                "".join(f"| {r.steps} | {r.served_ms:.3f} | {r.sim_ms:.3f} | "
+                        f"{r.served_vs_sim:+.1%} | {r.n_served} / {r.n_sim} |\n"
+                        for r in t.itertuples()))
+    return ("\n\nMedian step duration, served against the same engine offline (the real "
+            "executor, no server) and the simulation (the profile); P10: the fastest tenth's "
+            "bound, which a loaded machine's preemptions move less:\n\n"
+            "| steps | served (ms) | offline (ms) | served vs offline | P10 served vs offline "
+            "| simulation (ms) | served vs sim | n served / offline / sim |\n"
+            "|---|---|---|---|---|---|---|---|\n" +
+            "".join(f"| {r.steps} | {r.served_ms:.3f} | {r.offline_ms:.3f} | "
+                    f"{r.served_vs_offline:+.1%} | {r.served_vs_offline_p10:+.1%} | "
+                    f"{r.sim_ms:.3f} | {r.served_vs_sim:+.1%} | "
+                    f"{r.n_served} / {r.n_offline} / {r.n_sim} |\n" for r in t.itertuples()))
 
 
 def markdown(t: pd.DataFrame, info: dict) -> str:
@@ -197,7 +237,7 @@ def main(argv=None) -> None:
         ap.error("--qps must be > 0 and --requests >= 1")
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    for d in ("replay", "served", "sim"):   # a rerun replaces the previous one's runs
+    for d in ("replay", "served", "offline", "sim"):   # a rerun replaces the previous runs
         shutil.rmtree(out / d, ignore_errors=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
            "HF_HUB_OFFLINE": "1"}
@@ -209,14 +249,21 @@ def main(argv=None) -> None:
     engine = [*s["model"], *policy, f"scheduler.num_kv_blocks={s['kv_blocks']}",
               "num_threads=1", "progress=false", *a.overrides]
     load_before = os.getloadavg()[0]
+    loads = {}   # the 1-minute load average before and after each phase (a loaded machine's
+    # figures are not a quiet one's: they are reported beside each other)
+
+    def phase(name: str, before: float) -> None:
+        loads[name] = [round(before, 2), round(os.getloadavg()[0], 2)]
     t0 = time.monotonic()
     profile = Path(a.profile) if a.profile else out / "profile.parquet"
     if not a.profile:
+        before = os.getloadavg()[0]
         # on the wall clock, as the server's steps are timed (executor.clock=wall below)
         run([str(BIN / "sarathi-lab-profile"), *s["model"], "executor.clock=wall",
              "--grid", s["grid"],
              "--repeats", str(s["repeats"]), "--threads", "1", "--no-progress",
              "--out", str(profile)], out / "profile.log", env=env)
+        phase("profile", before)
     trace = trace_overrides(s, qps, requests, a.seed)
     model = [*s["model"], *a.overrides]
     replay = [str(BIN / "sarathi-lab-replay"), "--model",
@@ -227,11 +274,19 @@ def main(argv=None) -> None:
         run([*replay, "--base-url", a.base_url], out / "replay.log", env=env)
         served = None
     else:
+        before = os.getloadavg()[0]
         server = Server([*engine, "executor.clock=wall"], out, env)
         try:
             run([*replay, "--base-url", server.url], out / "replay.log", env=env)
         finally:
             served = server.stop()
+        phase("served", before)
+        # the same engine on the same requests without the server, right after: its steps
+        # are the served steps' reference (the profile is measured on other batches)
+        before = os.getloadavg()[0]
+        run([str(BIN / "sarathi-lab"), *engine, "executor=torch", "executor.clock=wall",
+             *trace, f"hydra.run.dir={out / 'offline'}"], out / "offline.log", env=env)
+        phase("offline", before)
     # the profile was measured on this CPU: a hardware preset named as its device (the profiled
     # cost model prices every operator from the profile; KV is sized by num_kv_blocks above)
     run([str(BIN / "sarathi-lab"), *engine, "executor=sim", "executor.cost_model=profiled",
@@ -243,15 +298,25 @@ def main(argv=None) -> None:
                     figures(out / "sim"))
     info = {"policy": " ".join(policy), "requests": requests, "qps": qps,
             "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2),
-            "wall_s": time.monotonic() - t0, "served_dir": os.path.relpath(served, out) if served else None,
+            "wall_s": time.monotonic() - t0, "loads": loads,
+            "served_dir": os.path.relpath(served, out) if served else None,
             "endpoint": a.base_url or "sarathi-lab-serve (started here)",
             "overrides": a.overrides}
     table.to_csv(out / "serve_check.csv", index=False)
     text = markdown(table, info)
     if served:   # the steps, where the server is ours
-        st = steps(served, out / "sim")
+        st = steps(served, out / "sim", offline=out / "offline")
         st.to_csv(out / "steps.csv", index=False)
-        text += steps_markdown(st)
+        gaps = {k: decode_gaps(d) for k, d in (("served", served), ("offline", out / "offline"))}
+        info["decode_gap_ms"] = {k: {"median": g.median() * 1e3, "n": len(g)}
+                                 for k, g in gaps.items()}
+        text += steps_markdown(st) + (
+            "\nBetween two back-to-back decode steps (median): served "
+            f"{gaps['served'].median() * 1e3:.3f} ms (n={len(gaps['served'])}), offline "
+            f"{gaps['offline'].median() * 1e3:.3f} ms (n={len(gaps['offline'])}).\n"
+            f"\nLoad average (1 min) before and after: served (with the replay client) "
+            f"{loads['served'][0]} -> {loads['served'][1]}, offline {loads['offline'][0]} -> "
+            f"{loads['offline'][1]}.\n")
     (out / "serve_check.md").write_text(text)
     (out / "serve_check.json").write_text(json.dumps(info, indent=1))
     print(text)

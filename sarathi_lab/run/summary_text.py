@@ -317,8 +317,10 @@ def format_summary(s: dict) -> str:
     sim = s.get("simulated", ex.get("name", "sim") == "sim")
     # the hardware the run read (none for an executor that reads no preset)
     hw = (s.get("settings") or {}).get("hardware", cfg.get("hardware")) or {}
+    # the device as resolved where the run recorded it (a served session), else as set
+    device = (s.get("served") or {}).get("device") or ex.get("device", "?")
     where = (f"simulated {hw.get('name', '(no hardware preset)')}" if sim else
-             f"executor {ex.get('name')} ({ex.get('device', '?')})")
+             f"executor {ex.get('name')} ({device})")
     # the model as resolved: model=hf names itself after its config.json (name: null)
     model = (s.get("settings") or {}).get("model", cfg.get("model")) or {}
     head = (f"{_policy(s, cfg)} | {model.get('name') or '?'}"

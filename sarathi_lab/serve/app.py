@@ -183,45 +183,46 @@ class Server:
     async def _whole(self, g, channel: Channel):
         ids: list[int] = []
         while True:
-            kind, value = await channel.queue.get()
-            if kind == "tokens":
-                ids += value
-            elif kind == "error":
-                raise value
-            else:
+            event = await channel.queue.get()
+            if event[0] == "error":
+                raise event[1]
+            _, new, finish = event
+            ids += new
+            if finish is not None:
                 text = Detokenizer(self.tokenizer, g.stop).add(ids, final=True)
-                c = choice(g, text, ids, value, first=True, whole=True)
+                c = choice(g, text, ids, finish, first=True, whole=True)
                 return web.json_response(response(g, new_id(g.chat), [c], whole=True,
                                                   use=usage(len(g.prompt_ids), len(ids))))
 
     async def _stream(self, request, g, channel: Channel):
+        """One chunk per engine event: its tokens, and on the last one the finish reason (as
+        vLLM sends it: no empty closing chunk, which a client timing chunks would count as
+        one more inter-token gap); then the usage in a chunk of its own, if asked."""
         detok = Detokenizer(self.tokenizer, g.stop)
         rid = new_id(g.chat)
         resp = None
         n_out = 0
         while True:
-            kind, value = await channel.queue.get()
-            if kind == "error":
+            event = await channel.queue.get()
+            if event[0] == "error":
                 if resp is None:   # before the first token: an HTTP error status
-                    raise value
-                await _event(resp, value.body())
+                    raise event[1]
+                await _event(resp, event[1].body())
                 break
             if resp is None:
                 resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                                    "Cache-Control": "no-cache"})
                 await resp.prepare(request)
                 request[_STREAM] = resp
-            if kind == "tokens":
-                n_out += len(value)
-                c = choice(g, detok.add(value), value, None, first=n_out == len(value),
-                           whole=False)
-            else:
-                c = choice(g, detok.add([], final=True), [], value, first=n_out == 0,
-                           whole=False)
+            _, ids, finish = event
+            first = n_out == 0
+            n_out += len(ids)
+            c = choice(g, detok.add(ids, final=finish is not None), ids, finish, first=first,
+                       whole=False)
             # continuous_usage_stats (vLLM's): every chunk carries the usage so far
             use = usage(len(g.prompt_ids), n_out) if g.continuous_usage else None
             await _event(resp, response(g, rid, [c], whole=False, use=use))
-            if kind == "end":
+            if finish is not None:
                 if g.include_usage:
                     await _event(resp, response(g, rid, [], whole=False,
                                                 use=usage(len(g.prompt_ids), n_out)))

@@ -126,7 +126,8 @@ async def _serve(server, sc, stop: asyncio.Event) -> None:
     if warning:
         print(warning, file=sys.stderr, flush=True)
     print(f"{PROG}: serving {server.model_name!r} on http://{sc.host}:{port}/v1 "
-          f"(policy {client.info['policy']}); stop with Ctrl-C", flush=True)
+          f"(policy {client.info['policy']}, executor {client.info['executor']} on "
+          f"{client.info['device'] or '?'}); stop with Ctrl-C", flush=True)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)

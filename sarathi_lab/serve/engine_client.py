@@ -2,7 +2,9 @@
 request with a `Channel` and read what comes back on it; the engine's messages are read on the
 event loop itself (`loop.add_reader` on the pipe: no thread shares the loop's interpreter).
 
-A channel gets ("tokens", [ids]) events, then ("end", finish_reason) or ("error", ApiError).
+A channel gets ("tokens", [ids], finish_reason) events, the finish reason None until the
+request ends (then it comes with the step's last tokens, or with no tokens when the step gave
+the request none), or ("error", ApiError).
 If the engine process dies (its pipe closes before it said ``stopped``), every request in
 flight gets an error, `error` says what happened, and `gone` is set: the server then stops.
 """
@@ -136,19 +138,23 @@ class EngineClient:
 
     def _step(self, clock, tokens, firsts, ends, errors, stats) -> None:
         ch, m = self.channels, self.metrics
+        # a request's end comes with its last tokens (one event, so one chunk for the client:
+        # a separate finish chunk would add an inter-token gap to a client that times chunks)
+        reasons = {rid: reason for rid, reason, _ in ends}
         for rid, ids in tokens:
-            c = ch.get(rid)
+            reason = reasons.get(rid)
+            c = ch.get(rid) if reason is None else ch.pop(rid, None)
             if c is not None:
-                c.post(("tokens", ids))
+                c.post(("tokens", ids, reason))
             if m is not None:
                 m.tokens(rid, clock, len(ids))
         if m is not None:
             for rid, ttft, n_prompt in firsts:
                 m.first(rid, ttft, n_prompt)
         for rid, reason, e2e in ends:
-            c = ch.pop(rid, None)
+            c = ch.pop(rid, None)   # still here: no tokens this step
             if c is not None:
-                c.post(("end", reason))
+                c.post(("tokens", [], reason))
             if m is not None:
                 m.end(rid, reason, e2e)
         for rid, status, message, code in errors:

@@ -87,7 +87,19 @@ def _info(engine, policy, executor) -> dict:
             "defaults": [getattr(ex, "temperature", 0.0), getattr(ex, "top_p", 1.0)],
             "per_request_sampling": hasattr(ex, "set_sampling"),
             "greedy_only": bool(getattr(ex, "greedy_only", False)),
-            "kv_blocks_total": engine.kv.num_blocks}
+            "kv_blocks_total": engine.kv.num_blocks, "device": device_label(ex)}
+
+
+def device_label(executor) -> str | None:
+    """The device the executor runs on as it resolved it (executor.device=auto is cpu or
+    cuda): ``cpu``, ``cuda (NVIDIA H200)``; None for an executor with no `device`."""
+    dev = getattr(executor, "device", None)
+    if dev is None:
+        return None
+    if getattr(dev, "type", None) == "cuda":
+        import torch
+        return f"{dev} ({torch.cuda.get_device_name(dev)})"
+    return str(dev)
 
 
 def main(conn, c: dict, overrides: list[str], sc_values: dict, run_dir: str,
@@ -162,6 +174,7 @@ def _build(link, c, overrides, sc_values, run_dir: Path, num_threads, served_bas
     stop_watch = None if tokenizer is None else (lambda stops: StopWatch(tokenizer, stops))
     name = sc.model_name or str(c["model"].get("name"))
     topo = Single(engine)
+    device = device_label(executor)
 
     def summary_of(requests, served: dict) -> tuple:
         req_df, it_df, summary = results(c, resolved, topo, OpenLoop(requests), requests,
@@ -169,7 +182,11 @@ def _build(link, c, overrides, sc_values, run_dir: Path, num_threads, served_bas
         summary["load"] = {"mode": "served"}
         summary["executor"] = c["executor"]["name"]
         summary["served"] = {"host": sc.host, "model_name": name, "max_queue": sc.max_queue,
-                             **served_base, "requests_accepted": len(requests), **served}
+                             "device": device, **served_base,
+                             "requests_accepted": len(requests), **served}
+        used = summary["settings"].get("executor") or {}
+        if device is not None and "device" in used:   # as resolved, not the setting's "auto"
+            used["device"] = str(executor.device)
         return req_df, it_df, summary
 
     journal = Journal(run_dir)

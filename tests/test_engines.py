@@ -1,12 +1,19 @@
 """Engine presets (executor.engine): the CPU side of an iteration each charges, priced by hand."""
 import pytest
-from test_sim import decode_req, preset, sim
+from helpers import decode_req
+from profile_helpers import preset
 
 from sarathi_lab.costmodels import engines
 from sarathi_lab.executors.sim import SimExecutor
 from sarathi_lab.registry import executor_class
 from sarathi_lab.schedulers.output import SchedulerOutput
 from sarathi_lab.settings import ConfigError
+
+
+def sim(**executor):
+    cfg = {**preset("executor", "sim"), **executor}
+    return SimExecutor.from_config(cfg, preset("model", "llama-2-7b"),
+                                   preset("hardware", "a100-80gb"))
 
 
 def eight_decodes():

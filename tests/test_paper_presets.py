@@ -1,9 +1,11 @@
 """The model presets the seed papers served (issue 37 item 1): shapes, contexts, windows."""
 import pytest
-from test_sim import PARAMS, preset
+from profile_helpers import preset
 
 from sarathi_lab.costmodels.roofline import RooflineCostModel
 
+# parameters of the Hugging Face checkpoints whose shapes the presets share
+PARAMS = {"mistral-7b": 7_241_732_096, "yi-34b": 34_388_917_248}
 # preset -> (the shape it shares, its context, its sliding window)
 PAPER_PRESETS = {
     "mistral-7b-instruct-v0.2": ("mistral-7b", 32768, None),
@@ -28,3 +30,26 @@ def test_mistral_v02_attends_to_the_whole_context_where_v01_stops_at_4096():
     v02 = RooflineCostModel(preset("model", "mistral-7b-instruct-v0.2"), hw, 1)
     assert v02.attention_time([], [12_000]) > 2.5 * v01.attention_time([], [12_000])
     assert v02.attention_time([], [1_000]) == pytest.approx(v01.attention_time([], [1_000]))
+
+
+@pytest.mark.slow
+def test_the_papers_arxiv_setting_runs_from_the_cli_under_both_engines(tmp_path):
+    # Sarathi-Serve's Mistral-7B on its <= 16k arXiv workload (fitted), as a user types it; the
+    # summary says which workload and which engine's CPU side priced it
+    import json
+
+    from helpers import cli
+    common = ("model=mistral-7b-instruct-v0.2", "trace=arxiv_16k_fitted", "trace.num_requests=8",
+              "scheduler=sarathi")
+    runs = {}
+    for engine in ("vllm-v0", "none"):
+        r = cli(f"hydra.run.dir={tmp_path}/{engine}", *common, f"executor.engine={engine}",
+                cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        runs[engine] = json.loads((tmp_path / engine / "summary.json").read_text())
+    for engine, s in runs.items():
+        assert s["cost_model"]["engine"] == engine
+        assert s["trace"]["name"] == "arxiv_16k_fitted"
+    # the same requests, each iteration cheaper without the CPU side: every request done sooner
+    assert runs["none"]["num_requests"] == runs["vllm-v0"]["num_requests"] == 8
+    assert runs["none"]["e2e"]["mean"] < runs["vllm-v0"]["e2e"]["mean"]

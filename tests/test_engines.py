@@ -1,7 +1,7 @@
 """Engine presets (executor.engine): the CPU side of an iteration each charges, priced by hand."""
 import pytest
 from helpers import decode_req
-from profile_helpers import preset
+from profile_helpers import VIDUR, preset
 
 from sarathi_lab.costmodels import engines
 from sarathi_lab.executors.sim import SimExecutor
@@ -58,6 +58,14 @@ def test_a_preset_and_a_hand_set_term_together_are_refused():
 def test_a_profile_gives_way_to_the_engine_preset():
     cfg = SimExecutor.parse_config({"engine": "none", "cost_model": "profiled"})
     assert cfg.cost_model_settings.iteration_overhead_s == 0.0
+    # Vidur's Llama-2-70B TP2 profile has no overhead rows: vllm-v0 takes the preset's terms
+    runs = {e: SimExecutor.from_config(
+        {**preset("executor", "sim"), "cost_model": "profiled", "profile": str(VIDUR),
+         "tensor_parallel": 2, "engine": e},
+        preset("model", "llama-2-70b"), preset("hardware", "a100-80gb")).cost_model
+        for e in ("vllm-v0", "none")}
+    assert (runs["vllm-v0"].overhead, runs["vllm-v0"].req_overhead) == (1.4e-3, 1.0e-4)
+    assert (runs["none"].overhead, runs["none"].req_overhead) == (0.0, 0.0)
 
 
 def test_the_real_executor_refuses_an_engine_preset():

@@ -145,3 +145,12 @@ def random_requests(seed: int, n: int, rate: float, max_prompt: int, max_output:
         t += rng.expovariate(rate)
         out.append(Request(i, t, rng.randint(1, max_prompt), rng.randint(1, max_output)))
     return out
+
+
+def decode_req(rid, context, prompt=4):
+    """A running request whose next step decodes, with `context` tokens in its KV cache."""
+    r = Request(rid, 0.0, prompt, 10_000)
+    r.num_output_tokens = context + 1 - prompt
+    r.num_computed_tokens = context
+    assert r.is_decoding
+    return r

@@ -93,7 +93,8 @@ def test_the_summary_records_the_cost_model(tmp_path):
     assert rec["device"] == "a100" and "Vidur" in rec["measured_with"]
     assert rec["chosen_by"].startswith("auto: the measured profile")
     assert set(rec["from_roofline"]) == {"overhead", "lm_head", "allreduce"}
+    assert rec["engine"] == "vllm-v0"   # the CPU side's preset (executor.engine)
     r = cli(f"hydra.run.dir={tmp_path}/roof", *common, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     rec = json.loads((tmp_path / "roof" / "summary.json").read_text())["cost_model"]
-    assert rec == {"name": "roofline", "hardware": "a100-80gb"}
+    assert rec == {"name": "roofline", "hardware": "a100-80gb", "engine": "vllm-v0"}

@@ -5,6 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from helpers import decode_req
 
 from sarathi_lab.costmodels.roofline import RooflineCostModel
 from sarathi_lab.executors.base import Executor, StepResult
@@ -25,15 +26,6 @@ def sim(model="llama-2-7b", hw="a100-80gb", **executor):
     cfg = preset("executor", "sim")
     cfg.update(executor)
     return SimExecutor.from_config(cfg, preset("model", model), preset("hardware", hw))
-
-
-def decode_req(rid, context, prompt=4):
-    """A running request whose next step decodes, with `context` tokens in its KV cache."""
-    r = Request(rid, 0.0, prompt, 10_000)
-    r.num_output_tokens = context + 1 - prompt
-    r.num_computed_tokens = context
-    assert r.is_decoding
-    return r
 
 
 # ---- presets -------------------------------------------------------------------------------

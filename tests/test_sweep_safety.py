@@ -322,7 +322,7 @@ def test_report_lists_failed_unfinished_and_missing_jobs(tmp_path, capsys, monke
     assert rows["detail"][0].endswith(f"FileNotFoundError: no trace file "
                                       f"{str(tmp_path / 'none.csv')!r}; shipped traces are: "
                                       "sharegpt, azure_conv, azure_code, splitwise_conv, "
-                                      "splitwise_code, arxiv, mooncake")
+                                      "splitwise_code, arxiv, arxiv_4k, arxiv_16k_fitted, mooncake")
     assert rows["detail"][1] == "1 of the sweep's 4 jobs have no directory"
     assert rows["detail"][2] == "no summary.json, capacity.json or error.txt"
 
@@ -372,7 +372,7 @@ def test_report_without_results_still_lists_the_failures(tmp_path):
     assert lines[2].startswith(f"  failed  allbad/{job}")
     assert lines[2].endswith(f"FileNotFoundError: no trace file {str(missing)!r}; shipped "
                              "traces are: sharegpt, azure_conv, azure_code, splitwise_conv, "
-                             "splitwise_code, arxiv, mooncake")
+                             "splitwise_code, arxiv, arxiv_4k, arxiv_16k_fitted, mooncake")
 
 
 @pytest.mark.slow

@@ -33,6 +33,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from sarathi_lab.costmodels import engines
 from sarathi_lab.costmodels.rewarm import prompt_tokens
 from sarathi_lab.executors import speculation
 from sarathi_lab.executors.base import Executor, ExecutorConfig, StepResult
@@ -49,6 +50,12 @@ class SimConfig(ExecutorConfig):
     profile_dirs: str | None = setting(
         None, help="cost_model=auto: folders searched for profiles (os.pathsep-separated); "
         "null: $SARATHI_LAB_PROFILES; nothing is downloaded")
+    engine: str = setting(
+        engines.DEFAULT, choices=tuple(engines.ENGINES),
+        help="the serving engine whose CPU side of an iteration is charged on top of the GPU's "
+        "time (costmodels/engines.py): vllm-v0 (the hardware preset's iteration_overhead_s + "
+        "request_overhead_s per request, Vidur's vLLM v0 measurements) | none (a host side "
+        "wholly overlapped with the GPU: nothing charged)")
     tensor_parallel: int = setting(1, ge=1, le=64, help="GPUs per model replica (per stage)")
     gpu_memory_utilization: float = setting(0.9, gt=0, le=1,
                                             help="share of GPU memory the engine may use")
@@ -171,12 +178,15 @@ class SimExecutor(Executor):
             speculation.draft_layers(cfg.draft)   # its form; N and the preset: check_model
         cfg.cost_model_settings = parse(cm_cls.config_class, cm_values, where,
                                         f"cost model {name!r}")
+        _apply_engine(cfg, where)
         return cfg
 
     def __init__(self, cfg: SimConfig, model: dict, hardware: dict | None):
         from sarathi_lab.registry import cost_model_class
         if not hardware:
             raise ConfigError("the sim executor needs a hardware preset (e.g. hardware=a100-80gb)")
+        # the engine's host side in place of the preset's (vllm-v0: the preset's own)
+        hardware = engines.engine_hardware(cfg.engine, hardware)
         self.cfg = cfg
         self.chosen_by = None
         if cfg.cost_model == "auto":
@@ -279,7 +289,7 @@ class SimExecutor(Executor):
         name = self.cfg.cost_model
         if name == "auto":
             name = "profiled" if isinstance(self.cost_model, ProfiledCostModel) else "roofline"
-        rec = {"name": name, **self.cost_model.describe()}
+        rec = {"name": name, **self.cost_model.describe(), "engine": self.cfg.engine}
         if isinstance(self.cost_model, RooflineCostModel):
             rec["hardware"] = self.cost_model.hw.name
         if self.chosen_by:
@@ -433,6 +443,27 @@ class SimExecutor(Executor):
 
     def max_model_len(self) -> int:
         return self.cost_model.max_model_len
+
+
+def _apply_engine(cfg: SimConfig, where: str) -> None:
+    """An engine preset with its own host terms sets the cost model's: a profile's measured
+    overhead rows are another engine's, so they give way too. Setting a term by hand as well
+    would leave one of the two unread: refused."""
+    terms = engines.host_terms(cfg.engine)
+    if terms is None:
+        return
+    cm = cfg.cost_model_settings
+    for key in engines.HOST_TERMS:
+        if getattr(cm, key, None) is not None:
+            raise ConfigError(
+                f"{where}.{key}={getattr(cm, key)} with {where}.engine={cfg.engine}: the engine "
+                f"preset sets the CPU side ({key}={dict(zip(engines.HOST_TERMS, terms))[key]}); "
+                f"drop one of the two ({where}.engine=vllm-v0 takes the hardware preset's terms, "
+                "which a setting may override)")
+    # the per-request term reaches the roofline through the hardware preset
+    # (engines.engine_hardware); a profile given iteration_overhead_s charges no other
+    if hasattr(cm, "iteration_overhead_s"):
+        cm.iteration_overhead_s = terms[0]
 
 
 def draft_shape(cfg: SimConfig, model: dict):

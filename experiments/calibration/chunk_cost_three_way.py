@@ -2,7 +2,7 @@
 the roofline, the profiled model, and the raw measured operator times of Vidur's Llama-2-70B
 TP2 A100 profile at exactly the chunks' shapes.
 
-    python experiments/chunk_cost_three_way.py [--profiles DIR]
+    python experiments/calibration/chunk_cost_three_way.py [--profiles DIR]
 
 One prompt of n tokens prefilled alone in chunks of c (chunk i at cached context k = i c),
 total time over the one-piece prefill, - 1, in %. The raw column reads mlp.csv by num_tokens
@@ -25,7 +25,7 @@ import yaml
 from sarathi_lab.costmodels.profiled import ProfiledConfig, ProfiledCostModel
 from sarathi_lab.costmodels.roofline import RooflineCostModel
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PROFILE = "compute/a100/meta-llama/Llama-2-70b-hf"
 LAYERS, TP = 80, 2
 LINEAR_OPS = {"input_layernorm": 1, "attn_pre_proj": 1, "attn_rope": 1, "attn_post_proj": 1,

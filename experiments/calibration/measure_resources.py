@@ -2,7 +2,7 @@
 uses to refuse runs that cannot fit this machine's memory (its constants were set from this
 script's output, rounded up; see the module's docstring).
 
-    python experiments/measure_resources.py
+    python experiments/calibration/measure_resources.py
 
 Each figure is the growth of Python's traced peak memory (tracemalloc) over a whole run
 (trace, engines, drive, tables, summary) between a small and a larger count of the one resource,

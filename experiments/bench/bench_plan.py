@@ -8,7 +8,7 @@ would be pruned unrun), each searched for the fewest units that serve the load a
 deployment's capacity, on Azure-conversation lengths at 20 req/s under Llama-3-8B's strict SLO. Prints the tally, the wall time, the time per configuration and the load average
 (this machine is shared: say so beside any figure).
 
-    python experiments/bench_plan.py [--requests 300] [--n-jobs 2] [--out DIR] [--small]
+    python experiments/bench/bench_plan.py [--requests 300] [--n-jobs 2] [--out DIR] [--small]
 """
 from __future__ import annotations
 

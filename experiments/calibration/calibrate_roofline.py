@@ -275,12 +275,14 @@ CHUNKING_READING = """
 
 
 def chunking_presets(fit: dict) -> pd.DataFrame:
-    """The roofline's chunking overhead (%) for every model preset on A100 (fitted values)."""
+    """The roofline's chunking overhead (%) for every model preset with its shape written out
+    on A100 (fitted values); the presets whose shape is a config.json's (`hf_config`, their
+    fields null until resolved) are left out, as the printed heading says."""
     from chunk_cost_three_way import CHUNKS, PROMPTS, overhead  # beside this script
     rows = []
     for path in sorted((REPO / "configs/model").glob("*.yaml")):
         model = yaml.safe_load(path.read_text())
-        if model["name"] == "tiny-llama":
+        if model["name"] == "tiny-llama" or model.get("hf_config"):
             continue
         tp = {"llama-2-70b": 4, "yi-34b": 2}.get(model["name"], 1)
         cm = RooflineCostModel(model, {**preset("a100"), **fit["a100"]}, tp)
@@ -338,7 +340,8 @@ def tp_curves(fit: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profiles", type=Path, default=REPO.parent / "shared/profiles/vidur")
+    from chunk_cost_three_way import default_profiles  # beside this script
+    ap.add_argument("--profiles", type=Path, default=default_profiles())
     root = ap.parse_args().profiles
     if not list(root.glob("compute/*/*/*/mlp.csv")):
         ap.error(f"--profiles {root}: no compute/<gpu>/<org>/<model>/mlp.csv there (the Vidur "
@@ -518,7 +521,8 @@ def main():
           "   the profile's two speeds (the free fit above: own-chunk pairs 0.17, cached-context pairs 0.38)")
     print(what_if(root).to_string(index=False))
     print(CHUNKING_READING)
-    print("\n-- the roofline, every model preset on A100 (TP: 70B 4, 34B 2, others 1)")
+    print("\n-- the roofline, every model preset on A100 (TP: 70B 4, 34B 2, others 1; not the presets "
+          "read from a config.json)")
     print(chunking_presets(fit).to_string(index=False))
 
 if __name__ == "__main__":

@@ -148,11 +148,16 @@ def what_if(profiles: Path) -> pd.DataFrame:
                          for n in PROMPTS for name, price in prices.items()])
 
 
+def default_profiles() -> Path:
+    """Vidur's profiles in the shared folder, which sits beside the main checkout (../shared)
+    or beside a worktree's parent (the first of the two that exists)."""
+    near = [p / "shared/profiles/vidur" for p in (REPO.parent, REPO.parent.parent)]
+    return next((p for p in near if p.is_dir()), near[0])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    # the shared profiles sit beside the main checkout (../shared) or beside a worktree's parent
-    near = [p / "shared/profiles/vidur" for p in (REPO.parent, REPO.parent.parent)]
-    ap.add_argument("--profiles", type=Path, default=next((p for p in near if p.is_dir()), near[0]))
+    ap.add_argument("--profiles", type=Path, default=default_profiles())
     args = ap.parse_args()
     with pd.option_context("display.width", 200):
         print(table(args.profiles).to_string(index=False))

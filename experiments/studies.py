@@ -18,7 +18,7 @@ def short(p: Path) -> Path:
 def sweep(experiment: str, root: Path, name: str, overrides: list[str]) -> Path:
     """`sarathi-lab -m experiment=EXPERIMENT results_root=ROOT name=NAME OVERRIDES...`; its
     sweep directory. Stops the script if a job fails."""
-    cmd = [sys.executable, "-c", "from sarathi_lab.cli import main; main()", "-m",
+    cmd = [sys.executable, "-c", "from sarathi_lab.cli.main import main; main()", "-m",
            f"experiment={experiment}", f"results_root={root}", f"name={name}", *overrides]
     r = subprocess.run(cmd, env={**os.environ, "WANDB_MODE": "disabled"})
     if r.returncode:
@@ -66,7 +66,7 @@ def compose(overrides: list[str]) -> dict:
     from hydra import initialize_config_module
     from omegaconf import OmegaConf
 
-    from sarathi_lab.sweeps import register_resolvers
+    from sarathi_lab.sweeps.bookkeeping import register_resolvers
     register_resolvers()
     with initialize_config_module("sarathi_lab.configs", version_base="1.3"):
         cfg = hydra_compose("config", overrides=overrides)

@@ -30,7 +30,7 @@ CONTRACTS = {
     "executor": "sarathi_lab.executors.base:Executor",
     "cost model": "sarathi_lab.costmodels.base:CostModel",
     "queue": "sarathi_lab.schedulers.queues:RequestQueue",
-    "router": "sarathi_lab.routers:Router",
+    "router": "sarathi_lab.topology.routers:Router",
     "controller": "sarathi_lab.schedulers.controllers.base:BudgetController",
 }
 
@@ -59,10 +59,10 @@ BUILTIN = {
         "spf": "sarathi_lab.schedulers.queues:ShortestPromptQueue",
     },
     "sarathi_lab.routers": {
-        "round_robin": "sarathi_lab.routers:RoundRobin",
-        "least_loaded": "sarathi_lab.routers:LeastLoaded",
-        "power_of_two": "sarathi_lab.routers:PowerOfTwo",
-        "prefix_affinity": "sarathi_lab.routers:PrefixAffinity",
+        "round_robin": "sarathi_lab.topology.routers:RoundRobin",
+        "least_loaded": "sarathi_lab.topology.routers:LeastLoaded",
+        "power_of_two": "sarathi_lab.topology.routers:PowerOfTwo",
+        "prefix_affinity": "sarathi_lab.topology.routers:PrefixAffinity",
     },
     "sarathi_lab.controllers": {
         "static": "sarathi_lab.schedulers.controllers.static:Static",

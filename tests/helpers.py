@@ -39,7 +39,7 @@ def cli(*args, cwd=None, env=None, timeout=120):
          **(env or {})}
     limit = patience(timeout)
     try:
-        return subprocess.run([sys.executable, "-c", "from sarathi_lab.cli import main; main()",
+        return subprocess.run([sys.executable, "-c", "from sarathi_lab.cli.main import main; main()",
                                *args], cwd=cwd, env=e, capture_output=True, text=True,
                               timeout=limit)
     except subprocess.TimeoutExpired as err:

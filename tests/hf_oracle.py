@@ -5,9 +5,9 @@ import pytest
 import torch
 import transformers
 
-from sarathi_lab import runner
 from sarathi_lab.engine import Engine
 from sarathi_lab.request import Request, Status
+from sarathi_lab.run import runner
 
 TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,

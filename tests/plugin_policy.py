@@ -27,7 +27,7 @@ class DecodeFirst(Policy):
                 n = budget.chunk(req)
                 self.kv.allocate_slots(req, n)
                 budget.add(out, req, n)
-        self.admit_waiting(out, budget.left)   # the queue's head first; none overtakes it
+        self.admit_waiting(out, budget)   # the queue's head first; none overtakes it
         return out
 
 

@@ -6,10 +6,10 @@ import numpy as np
 from sarathi_lab.costmodels.base import CostModel, CostModelConfig
 from sarathi_lab.costmodels.roofline import RooflineConfig, RooflineCostModel
 from sarathi_lab.executors.base import Executor, ExecutorConfig, StepResult
-from sarathi_lab.routers import Router
 from sarathi_lab.schedulers.controllers.base import BudgetController, ControllerConfig, Decision
 from sarathi_lab.schedulers.sarathi import Sarathi
 from sarathi_lab.settings import setting
+from sarathi_lab.topology.routers import Router
 
 
 @dataclass

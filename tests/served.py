@@ -10,9 +10,9 @@ from pathlib import Path
 
 from helpers import TESTS, composed, patience
 
-from sarathi_lab import runner
 from sarathi_lab.engine import Engine
 from sarathi_lab.request import Request, Status
+from sarathi_lab.run import runner
 from sarathi_lab.serve.launch import wait_for_address
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7]

@@ -11,7 +11,7 @@ from study_scripts import REPO, load_study
 from sarathi_lab.engine import Engine
 from sarathi_lab.metrics import iterations_table
 from sarathi_lab.request import Request
-from sarathi_lab.runner import build
+from sarathi_lab.run.runner import build
 
 pytestmark = pytest.mark.slow   # a study at toy scale
 

@@ -88,7 +88,7 @@ def test_the_full_scale_finds_a_capacity_per_configuration(tiny_full):
 
 @pytest.mark.slow
 def test_a_rerun_of_the_full_scale_skips_the_finished_cells(tiny_full, monkeypatch):
-    from sarathi_lab import capacity
+    from sarathi_lab.sweeps import capacity
     ac, args, df = tiny_full
     searched, search = [], capacity.search
     monkeypatch.setattr(capacity, "search", lambda c, d: searched.append(d) or search(c, d))

@@ -278,7 +278,7 @@ def test_roofline_latent_attention_hot_paths_agree():
 def test_the_new_families_run_from_the_command_line():
     from helpers import composed
 
-    from sarathi_lab.cli import check_config
+    from sarathi_lab.cli.main import check_config
     for name, kv in (("deepseek-v2-lite", 31_104), ("qwen3-30b-a3b", 98_304)):
         ov = ["model=hf", f"model.hf_config={name}", "slo=llama-2-70b-strict"]
         r = check_config(composed(*ov), ov)

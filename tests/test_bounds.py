@@ -10,15 +10,15 @@ import yaml
 from helpers import CONFIGS, cli, composed
 
 from sarathi_lab import resources
-from sarathi_lab.config import resolve
-from sarathi_lab.guard import RuleViolation
+from sarathi_lab.engine.guard import RuleViolation
 from sarathi_lab.kv import KVCacheManager
 from sarathi_lab.request import Request
 from sarathi_lab.resources import ENGINE_BYTES, REQUEST_BYTES, TOKEN_BYTES, check_run
-from sarathi_lab.routers import RoundRobin
-from sarathi_lab.runner import build, run
+from sarathi_lab.run.config import resolve
+from sarathi_lab.run.runner import build, run
 from sarathi_lab.schedulers.sarathi import Sarathi
 from sarathi_lab.settings import ConfigError
+from sarathi_lab.topology.routers import RoundRobin
 from sarathi_lab.traces import parse_trace_config
 from sarathi_lab.traces.precision import CLOCK_RESOLUTION_S, MAX_ARRIVAL_S
 

@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 from helpers import patience
 
-from sarathi_lab.capacity import bisect, unit_arrivals
+from sarathi_lab.sweeps.capacity import bisect, unit_arrivals
 
 TESTS = Path(__file__).resolve().parent
 C, S, N, T = 0.01, 1.0, 201, 1.81
@@ -63,7 +63,7 @@ def _one_at_a_time(tmp_path, *extra):
             "scheduler.max_num_seqs=1", "trace=synthetic",
             "trace.prompt_len.low=100", "trace.prompt_len.high=100",
             "trace.output_len.low=100", "trace.output_len.high=100", *extra]
-    r = subprocess.run([sys.executable, "-c", "from sarathi_lab.cli import main; main()", *args],
+    r = subprocess.run([sys.executable, "-c", "from sarathi_lab.cli.main import main; main()", *args],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout, json.loads((tmp_path / "cap" / "capacity.json").read_text())
@@ -113,7 +113,7 @@ def test_capacity_search_brackets_the_known_answer(tmp_path):
             f"trace.num_requests={N}", "capacity.arrivals=uniform",
             "capacity.qps_low=0.5", "capacity.qps_high=2", "capacity.precision=0.002",
             f"slo.ttft={T}", "slo.tpot=0.05", "slo.request_p99_tbt=null"]
-    r = subprocess.run([sys.executable, "-c", "from sarathi_lab.cli import main; main()", *args],
+    r = subprocess.run([sys.executable, "-c", "from sarathi_lab.cli.main import main; main()", *args],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=patience(180))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Sarathi-Serve" in r.stdout and "DistServe" in r.stdout   # the answer is printed

@@ -11,7 +11,7 @@ import pytest
 from helpers import ROOT, cli, composed, patience
 from hydra import compose, initialize_config_module
 
-from sarathi_lab.cli import check_config
+from sarathi_lab.cli.main import check_config
 from sarathi_lab.schedulers.sarathi import Sarathi, SarathiConfig
 from sarathi_lab.settings import setting
 
@@ -95,7 +95,7 @@ def test_plugin_policy_by_dotted_path(tmp_path):
 @pytest.mark.slow   # a CLI subprocess
 def test_startup_imports_no_heavy_packages(tmp_path):
     """A sim run never imports torch, wandb or matplotlib (start-up stays fast)."""
-    code = ("import sys; import sarathi_lab.cli as c; "
+    code = ("import sys; import sarathi_lab.cli.main as c; "
             f"sys.argv = ['sarathi-lab', 'hydra.run.dir={tmp_path}/run', 'trace=synthetic', "
             "'trace.num_requests=10']; c.main(); "
             "print('HEAVY', sorted(m for m in ('torch', 'wandb', 'matplotlib') "
@@ -136,7 +136,7 @@ def _plugin_installed(launcher):
     (["hydra.searchpath=[file:///my/configs]"], False),
 ])
 def test_the_mode_probe_is_skipped_only_where_its_answer_is_known(argv, known):
-    from sarathi_lab.cli import _mode_is_known
+    from sarathi_lab.cli.main import _mode_is_known
     assert _mode_is_known(argv) is known
 
 
@@ -150,7 +150,7 @@ def test_a_mode_given_on_the_command_line_still_rules(tmp_path):
 
 
 def test_run_directory_names_stay_short_and_flat():
-    from sarathi_lab.sweeps import dirname
+    from sarathi_lab.sweeps.bookkeeping import dirname
     long = ",".join(f"scheduler.knob_{i}=value_{i}" for i in range(20))
     name = dirname(long)
     assert len(name) <= 120 and name == dirname(long) and name != dirname(long + "x")
@@ -161,7 +161,7 @@ def test_run_directory_names_stay_short_and_flat():
     "trace.path=/data/t.csv", r"trace.path=C:\data\t.csv", "trace.path=/my trace.csv",
     "scheduler=vllm,trace.qps=2", "trace.path=/tmp/résumé.csv", "a=1,_b=2", "a=1_,b=2"])
 def test_run_directory_names_are_portable_and_keep_jobs_apart(overrides):
-    from sarathi_lab.sweeps import dirname
+    from sarathi_lab.sweeps.bookkeeping import dirname
     name = dirname(overrides)
     assert re.fullmatch(r"[A-Za-z0-9._=+@~-]+", name), name   # no , : \\ / space or non-ASCII
     others = ["trace.path=_data_t.csv", "trace.path=/data/t_csv", "a=1,_b=2", "a=1_,b=2",
@@ -170,7 +170,7 @@ def test_run_directory_names_are_portable_and_keep_jobs_apart(overrides):
 
 
 def test_items_of_a_job_are_joined_readably():
-    from sarathi_lab.sweeps import dirname
+    from sarathi_lab.sweeps.bookkeeping import dirname
     assert dirname("scheduler=vllm,trace.qps=2") == "scheduler=vllm__trace.qps=2"
 
 
@@ -255,7 +255,7 @@ def test_executor_and_cost_model_by_dotted_path(tmp_path):
 
 
 def test_the_job_line_names_only_the_criteria_the_slo_defines():
-    from sarathi_lab.cli import _key_metrics
+    from sarathi_lab.cli.main import _key_metrics
     base = {"tbt": {"p99": 0.05}, "ttft": {"p50": 0.3}, "throughput_rps": 2.0}
     distserve = {"goodput_rps": 1.5, "meets_tbt_slo": False, "meets_attainment": True,
                  "criteria": [{"criterion": "attainment", "met": True}]}
@@ -268,11 +268,11 @@ def test_the_job_line_names_only_the_criteria_the_slo_defines():
 
 
 # ------------------------------------------------------------------------------------------
-# Hydra's composition errors, said so that a user can act on them (sarathi_lab.cli_errors)
+# Hydra's composition errors, said so that a user can act on them (sarathi_lab.run.hydra_errors)
 # ------------------------------------------------------------------------------------------
 
 def _composition_error(*overrides) -> Exception:
-    from sarathi_lab.sweeps import register_resolvers
+    from sarathi_lab.sweeps.bookkeeping import register_resolvers
     register_resolvers()
     with pytest.raises(Exception) as e:
         composed(*overrides)
@@ -287,14 +287,14 @@ def _composition_error(*overrides) -> Exception:
                         "acceptance_prior_drafts, aging_rate, assumed_acceptance, block_size, "),
 ])
 def test_an_unknown_key_offers_the_close_accepted_ones_and_no_plus(override, message):
-    from sarathi_lab.cli_errors import explain
+    from sarathi_lab.run.hydra_errors import explain
     said = explain(_composition_error(override), [override])
     assert said.startswith(message), said
     assert "+" not in said
 
 
 def test_an_unknown_option_lists_the_choices_without_the_bases():
-    from sarathi_lab.cli_errors import explain
+    from sarathi_lab.run.hydra_errors import explain
     said = explain(_composition_error("scheduler=vlm"), ["scheduler=vlm"])
     assert said == ("scheduler=vlm: no such scheduler; did you mean vllm? choices: custom, edf, "
                     "orca, request_level, sarathi, sarathi_priority, vllm, vtc")
@@ -313,7 +313,7 @@ def test_an_unknown_option_lists_the_choices_without_the_bases():
 def test_a_path_hydra_cannot_parse_gets_its_quoted_form(argv, message):
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from sarathi_lab.cli_errors import explain
+    from sarathi_lab.run.hydra_errors import explain
     with pytest.raises(Exception) as e:
         OverridesParser.create().parse_overrides(argv)
     said = explain(e.value, argv)

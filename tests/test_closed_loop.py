@@ -1,4 +1,4 @@
-"""Closed-loop clients (closed_loop.py, topology/clients.py): arrival times worked out by hand, never two requests of
+"""Closed-loop clients (traces/clients.py, topology/clients.py): arrival times worked out by hand, never two requests of
 one user in flight, the think-time distributions, and the CLI (trace.clients, trace.think_time)."""
 import json
 
@@ -8,12 +8,12 @@ import pytest
 from conftest import LinearCost, make_policy, req
 from helpers import cli
 
-from sarathi_lab.closed_loop import ThinkTime
-from sarathi_lab.config import resolve
 from sarathi_lab.engine import Engine
 from sarathi_lab.metrics import iterations_table, requests_table
+from sarathi_lab.run.config import resolve
 from sarathi_lab.settings import ConfigError
 from sarathi_lab.topology import ClosedLoop, Single, drive
+from sarathi_lab.traces.clients import ThinkTime
 
 
 def serve(reqs, clients, think, *, ff=True, seed=0, **policy):

@@ -11,12 +11,15 @@ import pytest
 from conftest import LinearCost, make_policy, req
 from helpers import cli, composed, defaults
 
-from sarathi_lab.cli import check_config
-from sarathi_lab.config import ClusterConfig
+from sarathi_lab.cli.main import check_config
 from sarathi_lab.engine import Engine
 from sarathi_lab.metrics import iterations_table, requests_table
 from sarathi_lab.registry import known, router_class
-from sarathi_lab.routers import (
+from sarathi_lab.run.runner import build, run
+from sarathi_lab.run.settings import ClusterConfig
+from sarathi_lab.settings import ConfigError
+from sarathi_lab.topology.fleet import Fleet
+from sarathi_lab.topology.routers import (
     LeastLoaded,
     LeastLoadedConfig,
     PowerOfTwo,
@@ -27,9 +30,6 @@ from sarathi_lab.routers import (
     Router,
     RouterConfig,
 )
-from sarathi_lab.runner import build, run
-from sarathi_lab.settings import ConfigError
-from sarathi_lab.topology.fleet import Fleet
 from sarathi_lab.traces import synthetic_trace, to_requests
 
 ROUTERS = ["round_robin", "least_loaded", "power_of_two", "prefix_affinity"]
@@ -380,7 +380,7 @@ def test_bad_cluster_settings_name_the_setting(overrides, match):
 
 def test_a_router_that_is_not_a_router_is_refused():
     with pytest.raises(ConfigError, match=r"^cluster\.router: .* not a subclass of "
-                                          r"sarathi_lab\.routers\.Router"):
+                                          r"sarathi_lab\.topology\.routers\.Router"):
         check_config(composed("cluster.num_replicas=2", "cluster.router=test_cluster:views"))
 
 
@@ -401,8 +401,8 @@ def test_the_fleet_is_part_of_the_effective_configuration():
     two = check_config(composed("cluster.num_replicas=2")).effective()
     p2c = check_config(composed("cluster.num_replicas=2", "cluster.router=power_of_two",
                                 "cluster.load=requests")).effective()
-    assert two["cluster"] == {"num_replicas": 2, "router": "sarathi_lab.routers:RoundRobin"}
-    assert p2c["cluster"] == {"num_replicas": 2, "router": "sarathi_lab.routers:PowerOfTwo",
+    assert two["cluster"] == {"num_replicas": 2, "router": "sarathi_lab.topology.routers:RoundRobin"}
+    assert p2c["cluster"] == {"num_replicas": 2, "router": "sarathi_lab.topology.routers:PowerOfTwo",
                               "load": "requests"}
 
 
@@ -434,7 +434,7 @@ def test_cli_runs_a_fleet_and_writes_the_run_contract(tmp_path):
     assert [p["num_iterations"] for p in s["replicas"]] == \
         its["replica"].value_counts().sort_index().tolist()
     assert s["settings"]["cluster"] == {"num_replicas": 2,
-                                        "router": "sarathi_lab.routers:RoundRobin"}
+                                        "router": "sarathi_lab.topology.routers:RoundRobin"}
     one = s["replicas"][0]
     sub = reqs[reqs["replica"] == 0]
     assert one["ttft"]["max"] == pytest.approx(sub["ttft"].max())

@@ -10,12 +10,12 @@ import pandas as pd
 import pytest
 from helpers import patience
 
-from sarathi_lab.capacity import check_context, never_served
-from sarathi_lab.config import without_unread
+from sarathi_lab.run.config import without_unread
 from sarathi_lab.settings import ConfigError
+from sarathi_lab.sweeps.capacity import check_context, never_served
 from sarathi_lab.traces import load_trace, parse_trace_config
 
-CLI = [sys.executable, "-c", "from sarathi_lab.cli import main; main()"]
+CLI = [sys.executable, "-c", "from sarathi_lab.cli.main import main; main()"]
 ENV = {**os.environ, "WANDB_MODE": "disabled"}
 
 

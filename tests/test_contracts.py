@@ -14,7 +14,6 @@ import pytest
 from conftest import LinearCost, make_policy
 from helpers import composed, defaults, random_requests
 
-from sarathi_lab.config import CapacityConfig, RunConfig, SLOConfig
 from sarathi_lab.engine import Engine
 from sarathi_lab.executors.base import Executor
 from sarathi_lab.registry import (
@@ -25,10 +24,11 @@ from sarathi_lab.registry import (
     policy_class,
 )
 from sarathi_lab.request import Request, Status
+from sarathi_lab.run.settings import CapacityConfig, RunConfig, SLOConfig
 from sarathi_lab.schedulers.base import SchedulerConfig
 from sarathi_lab.schedulers.mechanics.fast_forward import FastForward
 from sarathi_lab.settings import parse
-from sarathi_lab.sweeps import register_resolvers
+from sarathi_lab.sweeps.bookkeeping import register_resolvers
 from sarathi_lab.traces import to_requests
 
 POLICIES = ["request_level", "orca", "vllm", "sarathi", "sarathi_priority", "edf", "vtc"]
@@ -477,7 +477,7 @@ def test_slo_presets_parse(preset):
 
 
 def test_logger_presets_parse():
-    from sarathi_lab.config import LOGGERS
+    from sarathi_lab.run.settings import LOGGERS
     for name in LOGGERS:
         node = composed(f"logger={name}")["logger"]
         parse(LOGGERS[name], node, "logger")
@@ -544,3 +544,45 @@ def test_a_policy_cannot_shadow_a_toolkit_name_unknowingly():
             return super().update(out, step, start, end)
 
     assert Knowingly.admit_waiting is not Sarathi.admit_waiting
+
+
+def _policy_names_used(source: str) -> set[str]:
+    """Attribute names read or called on a policy: `policy.x`, `<anything>.policy.x`,
+    `policy_cls.x`, `<anything>.policy_cls.x`."""
+    import ast
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute):
+            v = node.value
+            holder = v.id if isinstance(v, ast.Name) else v.attr if isinstance(
+                v, ast.Attribute) else None
+            if holder in ("policy", "policy_cls"):
+                names.add(node.attr)
+    return names
+
+
+def test_the_layers_above_use_only_the_policy_interface():
+    """schedulers/interface.py lists what the engine, topologies, run and server use of a
+    policy; a module outside schedulers/ that reaches past it (the toolkit, a private name)
+    fails here, and so does a name the interface lists that Policy does not have."""
+    from pathlib import Path
+
+    import sarathi_lab
+    from sarathi_lab.schedulers.base import Policy
+    from sarathi_lab.schedulers.interface import NAMES
+    pkg = Path(sarathi_lab.__file__).parent
+    bad = {}
+    for path in sorted(pkg.rglob("*.py")):
+        if "schedulers" in path.relative_to(pkg).parts:
+            continue
+        extra = _policy_names_used(path.read_text()) - NAMES
+        if extra:
+            bad[str(path.relative_to(pkg))] = sorted(extra)
+    assert bad == {}
+    assert {"schedule", "update", "bind_engine", "running", "parse_config"} <= NAMES
+    missing = [n for n in NAMES if not hasattr(Policy, n) and
+               n not in Policy.__init__.__code__.co_names and n not in ("cfg", "kv")]
+    assert missing == []
+    # and the scan sees a reach past it
+    assert _policy_names_used("e.policy._output_len = f\nself.policy.admit_waiting(o, b)\n") \
+        == {"_output_len", "admit_waiting"}

@@ -8,10 +8,10 @@ import pytest
 from conftest import LinearCost, make_policy
 from helpers import cli, composed
 
-from sarathi_lab.config import resolve
 from sarathi_lab.engine import Engine
 from sarathi_lab.metrics.tables import requests_table
 from sarathi_lab.request import Request
+from sarathi_lab.run.config import resolve
 from sarathi_lab.schedulers.controllers.base import DecodeView, PromptView, View
 from sarathi_lab.schedulers.controllers.slack import Slack
 from sarathi_lab.schedulers.controllers.slo_dp import SLODP, SLODPConfig, expected_tokens
@@ -315,7 +315,7 @@ def test_static_equals_a_controller_consulted_every_iteration_that_returns_the_c
         policy, tmp_path):
     """`static` (not consulted, fast-forward on) and a plug-in returning token_budget each
     iteration (consulted, stepped) give the same requests and iterations, value for value."""
-    from sarathi_lab.runner import run
+    from sarathi_lab.run.runner import run
     tables = {}
     for ctl in ("static", "plugins:FullBudget"):
         ov = [f"scheduler={policy}", f"scheduler.controller={ctl}", *SMALL]
@@ -355,7 +355,7 @@ def test_each_controller_runs_from_the_cli(ctl, tmp_path):
 
 
 def test_the_view_shows_contexts_targets_and_deadlines_from_the_slo():
-    from sarathi_lab.config import SLOConfig
+    from sarathi_lab.run.settings import SLOConfig
     from sarathi_lab.settings import parse
     slo = parse(SLOConfig, {"ttft": 2.0, "request_p99_tbt": 0.1,
                             "classes": {"chat": {"ttft": 0.5, "tpot": 0.03}}}, "slo")
@@ -398,7 +398,7 @@ def test_adaptive_chunking_study_at_toy_scale(tmp_path):
 def test_a_controller_s_speculation_length_is_what_the_decodes_draft(tmp_path):
     """scheduler.num_speculative_tokens=3 caps k; a controller returning spec_len=1 makes every
     speculative decode propose exactly 1 draft, and one returning none keeps the run's 3."""
-    from sarathi_lab.runner import run
+    from sarathi_lab.run.runner import run
     base = ["scheduler.num_speculative_tokens=3", "executor.draft_cost_ratio=0.05",
             "executor.acceptance_rate=0.6", *SMALL]
     drafts = {}
@@ -420,7 +420,7 @@ def test_slo_dp_in_a_run_learns_a_poor_draft_and_prices_a_costly_one(tmp_path):
     about as many drafts per step when it does not learn, and far fewer once the drafts judged
     pull its estimate down; and a draft as costly as the target itself (layers:32 of
     Mistral-7B's 32) makes it stop speculating."""
-    from sarathi_lab.runner import run
+    from sarathi_lab.run.runner import run
     # priced by the cost model: what is tested is the acceptance estimate and the draft's price.
     # The learned predictor prices each k from the steps run with it, and slo_dp, which never
     # explores, can keep a k whose few early steps made another look dearer (docs/plugins.md)
@@ -448,7 +448,7 @@ MIX = ["model=mistral-7b", "hardware=a100-80gb", "trace=mix", "slo=chat-batch",
 
 
 def attainment(*ov, n=120):
-    from sarathi_lab.runner import run
+    from sarathi_lab.run.runner import run
     s = run(composed(*MIX, f"trace.num_requests={n}", *ov), None, write=False)
     return s["slo"]["attainment"], s["predictor"]
 

@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 from helpers import cli, composed, defaults
 
-from sarathi_lab.cli import check_config
-from sarathi_lab.config import ClusterConfig
+from sarathi_lab.cli.main import check_config
 from sarathi_lab.registry import router_class
-from sarathi_lab.runner import run
+from sarathi_lab.run.runner import run
+from sarathi_lab.run.settings import ClusterConfig
 from sarathi_lab.settings import ConfigError
 from sarathi_lab.topology.disagg import DisaggConfig
 
@@ -52,7 +52,7 @@ def test_cli_runs_disaggregated_pools_and_writes_the_run_contract(tmp_path):
     assert st["decode"]["scheduler"]["token_budget"] == 512
     assert st["decode"]["executor"]["tensor_parallel"] == 2
     assert st["prefill"]["cluster"] == {"num_replicas": 2,
-                                        "router": "sarathi_lab.routers:LeastLoaded",
+                                        "router": "sarathi_lab.topology.routers:LeastLoaded",
                                         "load": "tokens"}
     assert "prefill pool: 2 x TP1 (vllm, router least_loaded)" in r.stdout
     assert "decode pool: 3 x TP2 (sarathi, router round_robin)" in r.stdout
@@ -157,7 +157,7 @@ def test_capacity_search_runs_on_disaggregated_pools(tmp_path):
                  "trace.num_requests=30", "capacity.criteria=[attainment]",
                  "capacity.qps_low=0.5", "capacity.qps_high=4", "capacity.precision=0.2",
                  "progress=false", "cluster.decode.num_replicas=2")
-    from sarathi_lab.capacity import search
+    from sarathi_lab.sweeps.capacity import search
     crit = search(c, tmp_path)["criteria"]["attainment"]
     assert crit["bracketed"] and 0.5 <= crit["capacity_qps"] < crit["fails_at_qps"]
     # per GPU: the prefill replica's and both decode replicas'; the cost on all three

@@ -15,11 +15,11 @@ from conftest import LinearCost, req
 from helpers import cli as sarathi_lab_cli
 from helpers import composed
 
-from sarathi_lab.cli import check_config
+from sarathi_lab.cli.main import check_config
 from sarathi_lab.engine import Engine
 from sarathi_lab.kv import KVCacheManager
 from sarathi_lab.metrics import iterations_table, requests_table, summarize
-from sarathi_lab.runner import run
+from sarathi_lab.run.runner import run
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -291,6 +291,20 @@ def test_slug_is_githubs():
         "pipeline-stages-executorpipeline_parallel"
     assert _slug("Disaggregated prefill/decode (`cluster=disagg`)") == \
         "disaggregated-prefilldecode-clusterdisagg"
+
+
+def test_the_reading_path_counts_its_lines():
+    # docs/reading.md: the core's files in order, with their lines; the first table is the core
+    import re
+    rows = re.findall(r"^\| \d+ \| \[`([^`]+)`\]\(([^)]+)\) \| (\d+) \|",
+                      (DOCS / "reading.md").read_text(), re.M)
+    assert len(rows) >= 10
+    for name, link, lines in rows:
+        path = (DOCS / link).resolve()
+        assert path == ROOT / "sarathi_lab" / name, name
+        assert len(path.read_text().splitlines()) == int(lines), f"reading.md: {name} has moved on"
+    # the page's promise: a core a newcomer reads in an hour
+    assert sum(int(n) for *_, n in rows) <= 3000
 
 
 def test_every_relative_link_leads_to_a_file_and_heading():

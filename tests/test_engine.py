@@ -6,7 +6,7 @@ from conftest import LinearCost, make_policy, req
 
 from sarathi_lab.engine import Engine
 from sarathi_lab.metrics import iterations_table, requests_table, summarize
-from sarathi_lab.runner import build
+from sarathi_lab.run.runner import build
 from sarathi_lab.schedulers.mechanics.fast_forward import (
     FastForward,
     advance_chunks,
@@ -114,7 +114,7 @@ def test_same_config_and_seed_give_the_same_run(tmp_path):
     import pandas as pd
     from hydra import compose, initialize_config_module
 
-    from sarathi_lab.runner import run
+    from sarathi_lab.run.runner import run
 
     def once(seed, where):
         with initialize_config_module("sarathi_lab.configs", version_base="1.3"):

@@ -1,7 +1,7 @@
 """No module outside the engine touches an engine's private state.
 
 The engine's private names are those its own modules define on it: every `self._name` that
-`Engine` (engine.py) and the fast-forward runs it inherits (fast_forward.py) read, write or
+`Engine` (engine/core.py) and the fast-forward runs it inherits (engine/fast_forward.py) read, write or
 define as a method. Any other module of the package that reads or writes `<x>._name` with one of
 those names, on anything but its own `self`/`cls`, or passes it to getattr/setattr/hasattr/delattr,
 is reported: a topology, the server's worker or the run layer moves an engine only through its
@@ -16,7 +16,7 @@ from pathlib import Path
 import sarathi_lab
 
 PKG = Path(sarathi_lab.__file__).parent
-ENGINE_MODULES = ("engine.py", "fast_forward.py")   # sarathi_lab/<these>: the engine itself
+ENGINE_MODULES = ("engine/core.py", "engine/fast_forward.py")   # sarathi_lab/<these>: the engine
 OWN = ("self", "cls")
 
 

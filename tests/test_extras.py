@@ -74,7 +74,7 @@ def test_cli_fails_at_start_up_before_any_job(tmp_path):
     hider = ("import importlib.util as u; f = u.find_spec; "
              "u.find_spec = lambda n, *a, **k: None if n in ('wandb', "
              "'hydra_plugins.hydra_joblib_launcher') else f(n, *a, **k); "
-             "from sarathi_lab.cli import main; main()")
+             "from sarathi_lab.cli.main import main; main()")
     env = {**os.environ, "WANDB_MODE": "disabled"}
     r = subprocess.run([sys.executable, "-c", hider, "-m", "name=x", f"results_root={tmp_path}",
                         "logger=wandb", "hydra/launcher=parallel", "trace.num_requests=5"],

@@ -3,7 +3,7 @@ cannot skip through its steady runs says why instead of recording the setting as
 import pytest
 from helpers import composed
 
-from sarathi_lab.runner import run
+from sarathi_lab.run.runner import run
 from sarathi_lab.schedulers.sarathi import Sarathi
 
 SMALL = ["trace=synthetic", "trace.num_requests=6", "trace.qps=20", "progress=false"]

@@ -1,26 +1,35 @@
-"""The fidelity study (experiments/fidelity/run.py): its comparison computed by hand, and the
-whole study at toy scale (profile, real runs, simulated runs, table, plots) in seconds."""
-import importlib.util
+"""The fidelity study (experiments/fidelity/: run.py, its library fidelity_lib/ and the scripts
+beside it): its comparison computed by hand, and the whole study at toy scale (profile, real runs,
+simulated runs, table, plots) in seconds."""
 import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 from conftest import slow_fixture
+from study_scripts import library_on_path, load_study
 
 from sarathi_lab.costmodels.profiles import ProfileError
 
-ROOT = Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("fidelity_run",
-                                              ROOT / "experiments" / "fidelity" / "run.py")
-F = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(F)
+library_on_path("fidelity")
+from fidelity_lib import (  # noqa: E402
+    bias,
+    interval,
+    jitter,
+    kept,
+    report,
+    residuals,
+    runs,
+    speed,
+    study,
+)
+
+F = load_study("fidelity")   # run.py, the command line
 
 
 def figs(v):
-    return {F.metric_name(m, q): v for m, q in F.METRICS}
+    return {runs.metric_name(m, q): v for m, q in runs.METRICS}
 
 
 def test_verdict_by_hand():
@@ -29,8 +38,8 @@ def test_verdict_by_hand():
     [1.4924, 4.5076]. A simulated 4 lies inside it (error +1/3), a 5 outside (+2/3)."""
     real = {"orca": [figs(v) for v in (1.0, 2.0, 3.0, 4.0, 5.0)]}
     sim = {"orca": {**figs(5.0), "ttft_p50": 4.0}}
-    t = F.verdict(real, sim)
-    assert len(t) == len(F.METRICS) and set(t["policy"]) == {"orca"}
+    t = bias.verdict(real, sim)
+    assert len(t) == len(runs.METRICS) and set(t["policy"]) == {"orca"}
     row = t[t.metric == "ttft_p50"].iloc[0]
     assert row.real_mean == 3.0 and row.repeats == 5
     assert row.real_lo == pytest.approx(1.4924, abs=1e-4)
@@ -41,13 +50,13 @@ def test_verdict_by_hand():
     other = t[t.metric == "tbt_p99"].iloc[0]
     assert other.error == pytest.approx(2 / 3) and not other.inside
     # over the goal's four figures: errors 1/3, 2/3, 2/3, 2/3: mean 7/12, sd (ddof 1) 1/6
-    b = F.bias(t, F.GOAL)
+    b = bias.bias(t, bias.GOAL)
     assert b["figures"] == 4 and b["inside"] == 1
     assert b["bias"] == pytest.approx(7 / 12) and b["error_sd"] == pytest.approx(1 / 6)
     assert b["mean_abs_error"] == pytest.approx(7 / 12)
     # over all nine latency figures (throughput and iteration counts left out): one inside
-    assert F.bias(t)["figures"] == 9 and F.bias(t)["inside"] == 1
-    md = F.verdict_markdown(t, "x")
+    assert bias.bias(t)["figures"] == 9 and bias.bias(t)["inside"] == 1
+    md = report.verdict_markdown(t, "x")
     assert "| orca | +33.3% (±50.3%) | +66.7% (±50.3%) **out** |" in md
     assert "bias (mean signed error) **+58.3%**" in md
 
@@ -60,34 +69,34 @@ def test_bias_interval_by_hand():
     orca 2 / (7/3) - 1 = -1/7, vllm 0, mean -1/14."""
     real = {"orca": [figs(v) for v in (1.0, 2.0, 4.0)], "vllm": [figs(2.0)] * 3}
     sim = {"orca": figs(2.0), "vllm": figs(2.0)}
-    b = F.bias_interval(real, sim, F.GOAL)
+    b = bias.bias_interval(real, sim, bias.GOAL)
     assert b["per_round"] == pytest.approx([0.5, 0.0, -0.25])
     assert b["bias"] == pytest.approx(-1 / 14)
-    assert b["bias"] == pytest.approx(F.bias(F.verdict(real, sim), F.GOAL)["bias"])
+    assert b["bias"] == pytest.approx(bias.bias(bias.verdict(real, sim), bias.GOAL)["bias"])
     assert b["half_width"] == pytest.approx(0.64380, abs=1e-5)
     assert b["lo"] == pytest.approx(-1 / 14 - 0.64380, abs=1e-5)
     assert b["hi"] == pytest.approx(-1 / 14 + 0.64380, abs=1e-5)
     with pytest.raises(ValueError, match="as many rounds"):
-        F.bias_interval({"orca": real["orca"], "vllm": real["vllm"][:2]}, sim)
+        bias.bias_interval({"orca": real["orca"], "vllm": real["vllm"][:2]}, sim)
 
 
 def test_matched_bias_by_hand():
     """Log levels -1, 0, 1 with round biases 1, 0, 2: the least-squares line 1 + 0.5 x; its
     residuals 0.5, -1, 0.5 (sum of squares 1.5 over 1 degree of freedom), the intercept's
     variance 1.5 / 3, half-width t95(1) sqrt(0.5) = 4.4646; correlation 1 / sqrt(2 x 2)."""
-    m = F.matched_bias([1.0, 0.0, 2.0], np.exp([-1.0, 0.0, 1.0]))
+    m = bias.matched_bias([1.0, 0.0, 2.0], np.exp([-1.0, 0.0, 1.0]))
     assert m["bias"] == pytest.approx(1.0) and m["slope"] == pytest.approx(0.5)
     assert m["hi"] - m["bias"] == pytest.approx(6.314 * np.sqrt(0.5))
     assert m["r"] == pytest.approx(0.5) and m["rounds"] == 3
     # biases exactly on a line: the line itself, with no width
     x = np.array([0.0, 0.1, -0.1, 0.2])
-    m = F.matched_bias(-0.02 - 1.1 * x, np.exp(x))
+    m = bias.matched_bias(-0.02 - 1.1 * x, np.exp(x))
     assert m["bias"] == pytest.approx(-0.02) and m["slope"] == pytest.approx(-1.1)
     assert m["hi"] - m["lo"] == pytest.approx(0.0, abs=1e-12) and m["r"] == pytest.approx(-1)
     with pytest.raises(ValueError, match=">= 3"):
-        F.matched_bias([0.1, 0.2], [1.0, 1.1])
+        bias.matched_bias([0.1, 0.2], [1.0, 1.1])
     with pytest.raises(ValueError, match="same level"):
-        F.matched_bias([0.1, 0.2, 0.0], [1.0, 1.0, 1.0])
+        bias.matched_bias([0.1, 0.2, 0.0], [1.0, 1.0, 1.0])
 
 
 def test_round_levels_by_hand():
@@ -95,19 +104,19 @@ def test_round_levels_by_hand():
     round 1: 3 ms against 2: 1.5. Rounds by their number, not their order in the table."""
     res = pd.DataFrame({"run": ["x/orca/real-1", "x/orca/real-0", "x/vllm/real-0"],
                         "measured_s": [3e-3, 3e-3, 1e-3], "predicted_s": [2e-3, 2e-3, 2e-3]})
-    assert F.round_levels(res) == pytest.approx([1.0, 1.5])
+    assert bias.round_levels(res) == pytest.approx([1.0, 1.5])
     with pytest.raises(ValueError, match="real-<i>"):
-        F.round_levels(res.assign(run="x/orca/sim"))
+        bias.round_levels(res.assign(run="x/orca/sim"))
 
 
 def test_t_quantiles():
     """The table's ends and the series beyond it, against published values (t 0.95 at 40 and
     120 degrees of freedom: 1.6839, 1.6577); fewer than two runs have no interval."""
-    assert F.t95(1) == 6.314 and F.t95(4) == 2.132 and F.t95(30) == 1.697
-    assert F.t95(40) == pytest.approx(1.6839, abs=2e-4)
-    assert F.t95(120) == pytest.approx(1.6577, abs=2e-4)
+    assert interval.t95(1) == 6.314 and interval.t95(4) == 2.132 and interval.t95(30) == 1.697
+    assert interval.t95(40) == pytest.approx(1.6839, abs=2e-4)
+    assert interval.t95(120) == pytest.approx(1.6577, abs=2e-4)
     with pytest.raises(ValueError, match="at least 2 runs"):
-        F.mean_interval([1.0])
+        interval.mean_interval([1.0])
 
 
 def test_residuals_by_composition(tmp_path):
@@ -121,20 +130,20 @@ def test_residuals_by_composition(tmp_path):
     pred = [1e-3 + 1e-6 * 300, 1e-3 + 64e-6, 1e-3 + 1e-6 * (64 + 11)]
     pd.DataFrame({"num_requests": [2, 1, 2], "duration": [2 * pred[0], pred[1], 1.5 * pred[2]],
                   "host_s": [1e-5, 2e-5, 3e-5]}).to_parquet(tmp_path / "iterations.parquet")
-    res = F.residuals([tmp_path], [shapes], Cost())
+    res = residuals.residuals([tmp_path], [shapes], Cost())
     assert res["composition"].tolist() == ["decode b=2-4", "prefill c=1-128", "mixed"]
     assert res["predicted_s"].tolist() == pytest.approx(pred)
-    t = F.residual_table(res).set_index("composition")
+    t = residuals.residual_table(res).set_index("composition")
     assert list(t.index) == ["decode b=2-4", "prefill c=1-128", "mixed"]
     assert t.loc["decode b=2-4", "ratio_p50"] == pytest.approx(2.0)
     assert t.loc["mixed", "ratio_of_sums"] == pytest.approx(1.5)
     assert t.loc["prefill c=1-128", "resid_ms_p50"] == pytest.approx(0.0)
     assert t["time_share"].sum() == pytest.approx(1.0)
-    h = F.host_table(res).set_index("requests")
+    h = residuals.host_table(res).set_index("requests")
     assert h.loc["1", "host_us_p50"] == pytest.approx(20.0)
     assert h.loc["2-4", "host_share"] == pytest.approx(4e-5 / (2 * pred[0] + 1.5 * pred[2]))
     with pytest.raises(ValueError, match="3 iterations but 2 recorded batches"):
-        F.residuals([tmp_path], [shapes[:2]], Cost())
+        residuals.residuals([tmp_path], [shapes[:2]], Cost())
 
 
 def test_residuals_charge_each_decode_the_rewarm_of_its_place(tmp_path):
@@ -151,7 +160,7 @@ def test_residuals_charge_each_decode_the_rewarm_of_its_place(tmp_path):
               ([(32, 0)], [67], 2), ([], [68, 32], 2)]
     pd.DataFrame({"num_requests": [1, 1, 1, 1, 2, 2], "duration": [1e-3] * 6,
                   "host_s": [0.0] * 6}).to_parquet(tmp_path / "iterations.parquet")
-    res = F.residuals([tmp_path], [shapes], Cost())
+    res = residuals.residuals([tmp_path], [shapes], Cost())
     # a prompt step of 32 tokens: below the one measured size, read as it (flat)
     assert res["rewarm_factor"].tolist() == [1.0, 2.0, 1.5, 1.0, 1.0, 2.0]
     assert res["predicted_s"].tolist() == pytest.approx([1e-3, 2e-3, 1.5e-3, 1e-3, 1e-3, 2e-3])
@@ -162,11 +171,11 @@ def test_decodes_by_their_place_in_a_run_of_them():
     step of another kind; 0: another kind), and the table by place, by hand."""
     comps = ["prefill c=1-128", "decode b=1", "decode b=1", "decode b=1", "mixed", "decode b=1",
              "decode b=2-4", "decode b=1", "decode b=1"]
-    pos = F.stream_positions(comps)
+    pos = residuals.stream_positions(comps)
     assert pos == [0, 1, 2, 3, 0, 1, 0, 1, 2]
     res = pd.DataFrame({"stream_pos": pos, "measured_s": [9, 3, 2, 1, 9, 6, 9, 3, 4],
                         "predicted_s": [1, 2, 2, 2, 1, 2, 1, 2, 2]})
-    t = F.stream_table(res).set_index("place")
+    t = residuals.stream_table(res).set_index("place")
     assert list(t.index) == ["1", "2", "3-4"]
     assert t["iterations"].tolist() == [3, 2, 1]
     assert t.loc["1", "ratio_p50"] == pytest.approx(1.5)          # 3/2, 6/2, 3/2
@@ -179,7 +188,7 @@ def test_decodes_by_their_place_in_a_run_of_them():
 def toy(tmp_path_factory):
     n = torch.get_num_threads()
     out = tmp_path_factory.mktemp("fidelity")
-    table = F.study(out, toy=True, repeats=2, log=lambda *_: None)
+    table = study.study(out, toy=True, repeats=2, log=lambda *_: None)
     torch.set_num_threads(n)
     return out, table
 
@@ -187,8 +196,8 @@ def toy(tmp_path_factory):
 @pytest.mark.slow   # a study at toy scale
 def test_toy_study_writes_its_table_and_plots(toy):
     out, table = toy
-    assert set(table["policy"]) == set(F.POLICIES)
-    assert len(table) == len(F.POLICIES) * len(F.METRICS)
+    assert set(table["policy"]) == set(runs.POLICIES)
+    assert len(table) == len(runs.POLICIES) * len(runs.METRICS)
     assert np.isfinite(table["error"]).all() and (table["repeats"] == 2).all()
     assert (table["real_lo"] <= table["real_mean"]).all()
     assert (table["real_mean"] <= table["real_hi"]).all()
@@ -197,12 +206,12 @@ def test_toy_study_writes_its_table_and_plots(toy):
     csv = pd.read_csv(out / "fidelity.csv")
     assert len(csv) == len(table)
     md = (out / "fidelity.md").read_text()
-    assert all(f"| {p} |" in md for p in F.POLICIES)
+    assert all(f"| {p} |" in md for p in runs.POLICIES)
     assert "bias (mean signed error)" in md and "t-interval of the mean" in md
     assert (out / "cdfs.png").stat().st_size > 10_000
     info = json.loads((out / "fidelity.json").read_text())
     assert info["torch_threads"] == 1 and info["profile_meta"]["threads"] == "1"
-    assert info["bias"]["profiled"]["goal"]["figures"] == 4 * len(F.POLICIES)
+    assert info["bias"]["profiled"]["goal"]["figures"] == 4 * len(runs.POLICIES)
     res = pd.read_csv(out / "residuals.csv")
     assert res["iterations"].sum() == table[table.metric == "num_iterations"]["real_mean"].sum() * 2
     assert (res["ratio_p50"] > 0).all() and res["time_share"].sum() == pytest.approx(1.0)
@@ -231,17 +240,17 @@ def test_toy_study_writes_its_table_and_plots(toy):
     # itself: the same run as the plain simulation
     assert info["speed_sigma"] == pytest.approx(np.std(info["speed_levels"], ddof=1))
     assert len(info["speed_levels"]) == 3
-    middle = F.SPEED_NODES // 2
-    for p in F.POLICIES:
+    middle = speed.SPEED_NODES // 2
+    for p in runs.POLICIES:
         a = json.loads((out / "runs" / p / "sim" / "summary.json").read_text())
         b = json.loads((out / "runs" / p / "speed" / str(middle) / "summary.json").read_text())
-        assert F.figures(a) == F.figures(b)
+        assert runs.figures(a) == runs.figures(b)
     goal = info["bias"]["profiled"]["goal"]
     assert goal["interval"]["bias"] == pytest.approx(goal["bias"])
     assert goal["interval"]["lo"] <= goal["bias"] <= goal["interval"]["hi"]
     assert len(goal["interval"]["per_round"]) == 2 and "bias_goal_90" in md
     # `--bias DIR` recomputes the same table from the kept runs' summaries
-    again = F.reread_bias(out)
+    again = kept.reread_bias(out)
     rows = md[:md.index("Error of the simulation")].splitlines()[4:]
     assert set(again.splitlines()[4:]) == {r for r in rows if r} and len(rows) > 5
     assert info["step_jitter_real"] > 0
@@ -254,7 +263,7 @@ def test_toy_study_writes_its_table_and_plots(toy):
 @pytest.mark.slow   # a study at toy scale
 def test_toy_study_compares_like_with_like(toy):
     out, table = toy
-    for policy in F.POLICIES:
+    for policy in runs.POLICIES:
         real = pd.read_parquet(out / "runs" / policy / "real-0" / "iterations.parquet")
         sim = pd.read_parquet(out / "runs" / policy / "sim" / "iterations.parquet")
         got = table[(table.policy == policy) & (table.metric == "num_iterations")].iloc[0]
@@ -286,14 +295,14 @@ def test_toy_study_compares_like_with_like(toy):
 @pytest.mark.slow   # a study at toy scale
 def test_a_profile_of_another_model_stops_the_study_before_the_real_runs(toy, tmp_path):
     out, _ = toy
-    scale = dict(F.SCALES["toy"], model=["model=tiny-llama", "model.hidden_size=128"])
-    F.SCALES["wrong"] = scale
+    scale = dict(runs.SCALES["toy"], model=["model=tiny-llama", "model.hidden_size=128"])
+    runs.SCALES["wrong"] = scale
     try:
         with pytest.raises(ProfileError, match="n_embd: 64 in the profile, 128 in the run"):
-            F.study(tmp_path, toy=True, profile=str(out / "profile.parquet"), repeats=2,
+            study.study(tmp_path, toy=True, profile=str(out / "profile.parquet"), repeats=2,
                     log=lambda *_: None, scale_name="wrong")
     finally:
-        del F.SCALES["wrong"]
+        del runs.SCALES["wrong"]
     assert not (tmp_path / "runs").exists()
 
 
@@ -303,10 +312,10 @@ def test_jitter_sigma_by_hand(tmp_path):
                          "time_p90_s": [np.e, np.e ** 2, 2.0, 1.0]})
     rows.to_parquet(tmp_path / "p.parquet")
     # rows: 1 / 2.5632, 2 / 2.5632, 0 (the last has no p10): median 1 / 2.5632
-    assert F.jitter_sigma(tmp_path / "p.parquet") == pytest.approx(1 / 2.5632)
+    assert jitter.jitter_sigma(tmp_path / "p.parquet") == pytest.approx(1 / 2.5632)
     rows.assign(time_p10_s=0.0).to_parquet(tmp_path / "q.parquet")
     with pytest.raises(ValueError, match="no row with a measured spread"):
-        F.jitter_sigma(tmp_path / "q.parquet")
+        jitter.jitter_sigma(tmp_path / "q.parquet")
 
 
 def test_part_levels_by_hand(tmp_path):
@@ -320,22 +329,22 @@ def test_part_levels_by_hand(tmp_path):
         t[3] = base[3] * odd
         paths.append(tmp_path / f"{i}.parquet")
         pd.DataFrame({"time_s": t}).to_parquet(paths[-1])
-    assert F.part_levels(paths) == pytest.approx([0.0, np.log(1.1), np.log(0.9)])
+    assert speed.part_levels(paths) == pytest.approx([0.0, np.log(1.1), np.log(0.9)])
     with pytest.raises(ValueError, match=">= 2 profile parts"):
-        F.part_levels(paths[:1])
+        speed.part_levels(paths[:1])
 
 
 def test_speed_nodes_integrate_a_lognormal():
     """E exp(sZ) = exp(s^2 / 2) and E (ln factor)^2 = s^2, to the quadrature's accuracy;
     a spread of 0 gives every node factor 1."""
     s = 0.12
-    f, w = F.speed_nodes(s)
-    assert w.sum() == pytest.approx(1.0) and len(f) == F.SPEED_NODES
+    f, w = speed.speed_nodes(s)
+    assert w.sum() == pytest.approx(1.0) and len(f) == speed.SPEED_NODES
     assert np.dot(w, f) == pytest.approx(np.exp(s * s / 2), rel=1e-9)
     assert np.dot(w, np.log(f) ** 2) == pytest.approx(s * s)
-    assert np.allclose(F.speed_nodes(0.0)[0], 1.0)
+    assert np.allclose(speed.speed_nodes(0.0)[0], 1.0)
     with pytest.raises(ValueError, match="log-sd"):
-        F.speed_nodes(-0.1)
+        speed.speed_nodes(-0.1)
 
 
 def test_scaled_profile_times_every_time_and_keeps_the_metadata(tmp_path):
@@ -345,7 +354,7 @@ def test_scaled_profile_times_every_time_and_keeps_the_metadata(tmp_path):
     rows = [{**dict.fromkeys(COLUMNS), "operator": "linear", "num_tokens": 4, "time_s": 2e-3,
              "time_p10_s": 1e-3, "time_p90_s": 3e-3, "repeats": 5}]
     src = write(rows, {"device": "cpu", "statistic": "median"}, tmp_path / "p.parquet")
-    dst = F.scaled_profile(src, 1.5, tmp_path / "q.parquet")
+    dst = speed.scaled_profile(src, 1.5, tmp_path / "q.parquet")
     q = pd.read_parquet(dst)
     assert q[["time_s", "time_p10_s", "time_p90_s"]].iloc[0].tolist() == \
         pytest.approx([3e-3, 1.5e-3, 4.5e-3])
@@ -360,7 +369,7 @@ def test_real_sigma_by_hand():
     lr = np.concatenate([np.arange(10.0), np.arange(10.0) + 5])
     res = pd.DataFrame({"composition": ["a"] * 10 + ["b"] * 10, "predicted_s": 1e-3,
                         "measured_s": 1e-3 * np.exp(lr)})
-    assert F.real_sigma(res) == pytest.approx(7.2 / 2.5632)
+    assert jitter.real_sigma(res) == pytest.approx(7.2 / 2.5632)
 
 
 def test_busy_share_by_hand(tmp_path):
@@ -368,7 +377,7 @@ def test_busy_share_by_hand(tmp_path):
     pd.DataFrame({"duration": [0.5, 1.0, 1.5]}).to_parquet(tmp_path / "iterations.parquet")
     pd.DataFrame({"arrival_time": [1.0, 2.0], "finish_time": [4.0, 7.0]}).to_parquet(
         tmp_path / "requests.parquet")
-    assert F.busy_share(tmp_path) == pytest.approx(3.0 / 6.0)
+    assert runs.busy_share(tmp_path) == pytest.approx(3.0 / 6.0)
 
 
 # --- host time: the iterations' host_s (Engine.step) ------------------------------------------
@@ -381,10 +390,10 @@ def host_run(clock: str, fake: bool):
     """Six requests at t=0 on a random one-layer model under `executor.clock=CLOCK`; with
     `fake`, the executor's clock (steps and host time) is a counter moving 1 s per read. The
     iterations table."""
-    from sarathi_lab import runner
     from sarathi_lab.engine import Engine
     from sarathi_lab.metrics import iterations_table
     from sarathi_lab.request import Request
+    from sarathi_lab.run import runner
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -437,12 +446,13 @@ def test_host_time_on_the_real_clocks(clock):
 def test_the_simulator_records_no_host_time():
     """The simulator's cost model prices whatever host time it models inside `duration`: its
     iterations table has no host_s column (the guard's recorded runs stay as they were)."""
-    from sarathi_lab import runner
+    from studies import compose  # experiments/ (fidelity_lib put it on the path)
+
     from sarathi_lab.engine import Engine
     from sarathi_lab.metrics import iterations_table
     from sarathi_lab.request import Request
-    policy, ex = runner.build(F.compose(["model=tiny-llama", "executor=sim",
-                                         "scheduler=sarathi"]))
+    from sarathi_lab.run import runner
+    policy, ex = runner.build(compose(["model=tiny-llama", "executor=sim", "scheduler=sarathi"]))
     engine = Engine(policy, ex)
     engine.run([Request(0, 0.0, 8, 3)])
     assert "host_s" not in iterations_table(engine.iteration_columns())
@@ -459,10 +469,7 @@ def test_the_profilers_warm_steps_are_checked(argv, says):
         F.main(argv)
 
 
-_nm_spec = importlib.util.spec_from_file_location(
-    "fidelity_noise_memory", Path(__file__).parents[1] / "experiments" / "fidelity" / "noise_memory.py")
-NM = importlib.util.module_from_spec(_nm_spec)
-_nm_spec.loader.exec_module(NM)
+NM = load_study("fidelity", "noise_memory.py")
 
 
 def test_noise_of_by_hand():
@@ -470,9 +477,9 @@ def test_noise_of_by_hand():
     correlation -1); B 0, 0.1, 0.2, 0.3, 0.4 and C 0, 0.2, 0.4, 0.6 (a trend: +1 each). The
     median correlation 1 is held below 1 (0.99); the spread is of the deviations from each
     run's mean pooled: squares 0.04 + 0.10 + 0.20 over 13 - 1: sd sqrt(0.34 / 12) = 0.16833."""
-    runs = {"A": [0.1, 0.3, 0.1, 0.3], "B": [0, 0.1, 0.2, 0.3, 0.4], "C": [0, 0.2, 0.4, 0.6]}
+    logs = {"A": [0.1, 0.3, 0.1, 0.3], "B": [0, 0.1, 0.2, 0.3, 0.4], "C": [0, 0.2, 0.4, 0.6]}
     res = pd.DataFrame([{"run": r, "predicted_s": 0.002, "measured_s": 0.002 * np.exp(x)}
-                        for r, xs in runs.items() for x in xs])
+                        for r, xs in logs.items() for x in xs])
     sigma, rho = NM.noise_of(res)
     assert sigma == pytest.approx(np.sqrt(0.34 / 12)) and rho == 0.99
     sigma, rho = NM.noise_of(res[res.run == "A"])
@@ -484,18 +491,15 @@ def test_noise_memory_on_a_kept_toy_study(toy):
     out, _ = toy
     md = NM.main([str(out), "--seeds", "1"])
     assert (out / "noise_memory.md").read_text() == md
-    for jitter in ("independent", "with memory"):
-        assert f"| {jitter} | goal |" in md and f"| {jitter} | latency |" in md
-    assert all(f"| with memory | {p} |" in md for p in F.POLICIES)
+    for shape in ("independent", "with memory"):
+        assert f"| {shape} | goal |" in md and f"| {shape} | latency |" in md
+    assert all(f"| with memory | {p} |" in md for p in runs.POLICIES)
     # the study's own table is read from its runs as before: the new runs are not a variant
-    assert set(F.reread(out)["sims"]) == {"profiled", "jitter", "mean", "mean_jitter",
+    assert set(kept.reread(out)["sims"]) == {"profiled", "jitter", "mean", "mean_jitter",
                                           "jitter_real", "speed"}
 
 
-_po_spec = importlib.util.spec_from_file_location(
-    "fidelity_pooled", ROOT / "experiments" / "fidelity" / "pooled.py")
-PO = importlib.util.module_from_spec(_po_spec)
-_po_spec.loader.exec_module(PO)
+PO = load_study("fidelity", "pooled.py")
 
 
 @pytest.mark.slow   # the toy study (fixture `toy`)
@@ -509,22 +513,19 @@ def test_pooled_rounds_of_kept_toy_studies(toy):
     assert "matched" not in info["bias"]["profiled"]["goal"]   # 2 rounds: no line
     t = PO.pooled([out, out])
     per = info["bias"]["profiled"]["goal"]["interval"]["per_round"]
-    want = F.matched_bias(per * 2, info["round_levels"]["median"] * 2)
-    assert t["at_profile_speed"].tolist() == ["", "", F.matched_text(want)]
+    want = bias.matched_bias(per * 2, info["round_levels"]["median"] * 2)
+    assert t["at_profile_speed"].tolist() == ["", "", report.matched_text(want)]
     assert t["rounds"].tolist() == [2, 2, 4]
     mean = PO.pooled([out, out], "mean")
     per = info["bias"]["mean"]["goal"]["interval"]["per_round"]
-    assert mean["at_profile_speed"].iloc[-1] == F.matched_text(
-        F.matched_bias(per * 2, info["round_levels"]["mean"] * 2))
+    assert mean["at_profile_speed"].iloc[-1] == report.matched_text(
+        bias.matched_bias(per * 2, info["round_levels"]["mean"] * 2))
     assert "| all | 4 |" in PO.main([str(out), str(out)])
     with pytest.raises(SystemExit, match="no kept simulation 'nope'"):
         PO.main([str(out), "--variant", "nope"])
 
 
-_ss_spec = importlib.util.spec_from_file_location(
-    "fidelity_speed_spread", ROOT / "experiments" / "fidelity" / "speed_spread.py")
-SS = importlib.util.module_from_spec(_ss_spec)
-_ss_spec.loader.exec_module(SS)
+SS = load_study("fidelity", "speed_spread.py")
 
 
 @pytest.mark.slow   # the toy study (fixture `toy`)
@@ -549,4 +550,4 @@ def test_bias_table_from_the_command_line(toy, capsys):
     out, _ = toy
     F.main(["--bias", str(out)])
     printed = capsys.readouterr().out
-    assert printed.strip() == F.reread_bias(out).strip() and "| profiled |" in printed
+    assert printed.strip() == kept.reread_bias(out).strip() and "| profiled |" in printed

@@ -4,8 +4,8 @@ commands."""
 import pytest
 from helpers import cli, composed
 
-from sarathi_lab.runner import run
-from sarathi_lab.summary_text import format_summary
+from sarathi_lab.run.runner import run
+from sarathi_lab.run.summary_text import format_summary
 
 SMALL = ["trace=synthetic", "trace.num_requests=4", "trace.prompt_len=64", "trace.output_len=4",
          "trace.qps=50", "progress=false"]
@@ -37,7 +37,7 @@ def test_a_run_refused_while_building_leaves_no_run_directory(tmp_path):
 
 
 def test_help_lists_only_options_a_user_can_choose():
-    from sarathi_lab.cli import public_help
+    from sarathi_lab.cli.main import public_help
     text = "cluster: default, disagg\nscheduler: common, custom, vllm\nscheduler:\n  name: x\n"
     assert public_help(text) == ("cluster: default, disagg\nscheduler: custom, vllm\n"
                                  "scheduler:\n  name: x\n")

@@ -4,7 +4,7 @@ import pytest
 from conftest import LinearCost, make_policy, req
 
 from sarathi_lab.engine import Engine
-from sarathi_lab.guard import RuleViolation
+from sarathi_lab.engine.guard import RuleViolation
 from sarathi_lab.request import Status
 from sarathi_lab.schedulers.output import SchedulerOutput
 from sarathi_lab.schedulers.sarathi import Sarathi

@@ -153,7 +153,7 @@ def test_layouts_the_shape_cannot_describe_are_refused(name, change, message):
 def _check(*overrides):
     from helpers import composed
 
-    from sarathi_lab.cli import check_config
+    from sarathi_lab.cli.main import check_config
     return check_config(composed(*overrides), list(overrides))
 
 

@@ -11,13 +11,13 @@ from conftest import LinearCost, make_policy
 from helpers import cli, composed
 
 from sarathi_lab.engine import Engine
-from sarathi_lab.guard import RuleViolation
+from sarathi_lab.engine.guard import RuleViolation
 from sarathi_lab.metrics import iterations_table, requests_table, summarize
 from sarathi_lab.request import Request, Status
-from sarathi_lab.routers import RouterConfig
-from sarathi_lab.runner import run
-from sarathi_lab.summary_text import format_summary
+from sarathi_lab.run.runner import run
+from sarathi_lab.run.summary_text import format_summary
 from sarathi_lab.topology.fleet import Fleet
+from sarathi_lab.topology.routers import RouterConfig
 from sarathi_lab.traces import load_trace
 
 approx = pytest.approx
@@ -160,7 +160,7 @@ def test_cli_prints_which_part_of_the_criterion_missed(tmp_path):
 
 
 def test_a_capacity_search_prints_what_the_failing_rate_missed(tmp_path):
-    from sarathi_lab.capacity import format_result, search
+    from sarathi_lab.sweeps.capacity import format_result, search
     c = composed("mode=capacity", "trace=synthetic", "trace.num_requests=60",
                  "capacity.max_probes=4", "capacity.criteria=[tbt]", "progress=false")
     out = search(c, tmp_path)
@@ -192,7 +192,7 @@ def test_disagg_prints_each_pools_policy_and_the_kv_moved_per_request_and_in_tot
 
 
 def test_a_disagg_capacity_search_names_each_pools_policy(tmp_path):
-    from sarathi_lab.capacity import format_result, search
+    from sarathi_lab.sweeps.capacity import format_result, search
     c = composed("cluster=disagg", "cluster.prefill.scheduler.name=vllm", "mode=capacity",
                  "trace=synthetic", "trace.num_requests=20", "capacity.criteria=[tbt]",
                  "capacity.max_probes=2", "progress=false")

@@ -40,7 +40,8 @@ def named(contract: dict) -> list[tuple[str, bool]]:
     """(module, optional) for every module a contract names in a layer, under its container if
     it has one; an optional one is written `(module)` and may not exist yet."""
     (container,) = contract.get("containers", [""])
-    names = [name.strip() for layer in contract["layers"] for name in layer.split("|")]
+    names = [name.strip() for layer in contract["layers"]
+             for name in layer.replace(":", "|").split("|")]
     return [((f"{container}." if container else "") + name.strip("()"), name.startswith("("))
             for name in names]
 
@@ -79,10 +80,10 @@ def test_an_import_inside_a_function_that_points_up_breaks_them(tmp_path):
                         n.endswith(".py") or (Path(d) / n).is_dir()) or n == "__pycache__"])
     settings = tmp_path / "sarathi_lab" / "settings.py"
     settings.write_text(settings.read_text() + "\n\ndef _upward():\n"
-                        "    from sarathi_lab.runner import run\n    return run\n")
+                        "    from sarathi_lab.run.runner import run\n    return run\n")
     run = lint(tmp_path)
     assert run.returncode == 1, run.stdout + run.stderr
-    assert "sarathi_lab.settings is not allowed to import sarathi_lab.runner" in run.stdout
+    assert "sarathi_lab.settings is not allowed to import sarathi_lab.run:" in run.stdout
     assert "BROKEN" in run.stdout
 
 

@@ -20,7 +20,7 @@ from sarathi_lab.metrics import (
     tbt_gaps,
 )
 from sarathi_lab.request import Request, Status
-from sarathi_lab.runner import build, run
+from sarathi_lab.run.runner import build, run
 
 approx = pytest.approx
 

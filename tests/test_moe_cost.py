@@ -142,8 +142,8 @@ def test_bad_layouts_are_named(shape, settings, message):
 def test_a_run_counts_every_gpu_of_the_layout(tmp_path):
     from helpers import composed
 
-    from sarathi_lab.cli import check_config
-    from sarathi_lab.runner import run
+    from sarathi_lab.cli.main import check_config
+    from sarathi_lab.run.runner import run
     over = ["model=mixtral-8x7b", "parallel=tp1ep4", "trace=synthetic",
             "trace.num_requests=5", "progress=false", "hardware=h100-sxm"]
     r = check_config(composed(*over), over)
@@ -226,8 +226,8 @@ def test_the_hot_paths_price_experts_as_a_step_does(ep):
 def test_disaggregated_pools_of_expert_parallel_replicas(tmp_path):
     from helpers import composed
 
-    from sarathi_lab.cli import check_config
-    from sarathi_lab.runner import run
+    from sarathi_lab.cli.main import check_config
+    from sarathi_lab.run.runner import run
 
     # every replica of both pools is one tensor-parallel group per expert-parallel group: 2 prefill
     # and 1 decode replicas of tp1 x ep2 hold 6 GPUs; the KV a request hands over lives on one

@@ -5,9 +5,10 @@ from conftest import LinearCost, make_policy, req
 from helpers import add, engine, step
 
 from sarathi_lab.engine import Engine
-from sarathi_lab.guard import RuleViolation
+from sarathi_lab.engine.guard import RuleViolation
 from sarathi_lab.metrics import iterations_table, requests_table, summarize
 from sarathi_lab.request import Status
+from sarathi_lab.schedulers.mechanics.budget import Budget
 from sarathi_lab.schedulers.mechanics.fast_forward import FastForward
 from sarathi_lab.schedulers.output import SchedulerOutput
 from sarathi_lab.schedulers.queues import PriorityQueue
@@ -245,7 +246,11 @@ def test_admit_without_whole_starts_a_chunk_and_admit_waiting_returns_the_budget
     assert p.admit(p.waiting.peek(), 4) == 4          # a plug-in's own chunk of the prompt
     out.add(p.running[-1], 4)
     # the second takes its 10 tokens of 13; the third finds max_num_seqs reached
-    assert p.admit_waiting(out, 13) == 3 and [r.request_id for r in p.running] == [0, 1]
+    budget = Budget(13)
+    assert p.admit_waiting(out, budget) == 3 == budget.left
+    assert [r.request_id for r in p.running] == [0, 1]
+    with pytest.raises(TypeError, match=r"admit_waiting\(out, budget\): budget must be a Budget"):
+        p.admit_waiting(out, 13)   # a plug-in that passes a number is told what to pass
 
 
 def test_sampled_tokens_become_the_output_token_ids():

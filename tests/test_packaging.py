@@ -101,7 +101,7 @@ def test_the_wheel_declares_the_commands_and_plugins(wheel):
     """The console scripts and the plug-in entry points are in the wheel's metadata."""
     (ep,) = [n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt")]
     text = wheel.read(ep).decode()
-    for line in ("sarathi-lab = sarathi_lab.cli:main",
+    for line in ("sarathi-lab = sarathi_lab.cli.main:main",
                  "sarathi-lab-report = sarathi_lab.report:main",
                  "[sarathi_lab.schedulers]", "sarathi = sarathi_lab.schedulers.sarathi:Sarathi"):
         assert line in text, f"{line!r} not in the wheel's entry_points.txt:\n{text}"

@@ -12,7 +12,7 @@ from study_scripts import load_study
 from sarathi_lab.engine import ITER_COLUMNS
 from sarathi_lab.metrics import iterations_table, requests_table, summarize
 from sarathi_lab.request import Request
-from sarathi_lab.runner import run
+from sarathi_lab.run.runner import run
 
 approx = pytest.approx
 

@@ -10,11 +10,11 @@ import pytest
 from conftest import req
 from helpers import cli, composed
 
-from sarathi_lab.cli import check_config
+from sarathi_lab.cli.main import check_config
 from sarathi_lab.costmodels.base import CostModel, split_step
 from sarathi_lab.costmodels.roofline import RooflineCostModel, stage_layers
 from sarathi_lab.engine import Engine
-from sarathi_lab.runner import build, run
+from sarathi_lab.run.runner import build, run
 from sarathi_lab.settings import ConfigError
 from sarathi_lab.topology.pipeline import Pipeline, PipelineReplica
 

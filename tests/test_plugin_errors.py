@@ -30,7 +30,7 @@ def test_a_controller_that_raises_is_named_with_its_class():
 def test_a_plugin_module_not_found_gets_a_hint_about_pythonpath():
     from helpers import composed
 
-    from sarathi_lab.config import resolve
+    from sarathi_lab.run.config import resolve
     from sarathi_lab.settings import ConfigError
     with pytest.raises(ConfigError) as e:
         resolve(composed("scheduler=custom", "scheduler.name=no_such_policy_module:Mine"))

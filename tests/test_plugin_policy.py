@@ -59,7 +59,7 @@ def cli(run_dir: Path, *args):
     """`sarathi-lab` in a subprocess with this directory's modules importable; its tables."""
     env = {**os.environ, "WANDB_MODE": "disabled",
            "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    r = subprocess.run([sys.executable, "-c", "from sarathi_lab.cli import main; main()",
+    r = subprocess.run([sys.executable, "-c", "from sarathi_lab.cli.main import main; main()",
                         f"hydra.run.dir={run_dir}", *args], cwd=run_dir.parent, env=env,
                        capture_output=True, text=True, timeout=patience(300))
     assert r.returncode == 0, r.stdout + r.stderr

@@ -6,9 +6,9 @@ import tqdm
 from conftest import LinearCost, make_policy, req
 from helpers import composed
 
-from sarathi_lab import runner
 from sarathi_lab.engine import Engine
 from sarathi_lab.request import Request
+from sarathi_lab.run import runner
 
 
 class FakeBar:
@@ -71,7 +71,7 @@ def test_progress_lines_after_the_first_wait_then_one_per_interval(caplog, monke
     # the wall clock by hand: started at 100 s, the first line due at 110 s, then every 30 s
     clock = iter([100.0, 112.0, 130.0, 145.0])
     monkeypatch.setattr(runner.time, "perf_counter", lambda: next(clock))
-    caplog.set_level("INFO", logger="sarathi_lab.runner")
+    caplog.set_level("INFO", logger="sarathi_lab.run.runner")
     lines = runner.ProgressLines(16, simulated=False)
     lines(1, 1200)   # 12 s in: 1,200 tokens / 12 s
     lines(2, 2400)   # 30 s in, before 112 + 30: no line

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from sarathi_lab.engine import Engine
 from sarathi_lab.metrics import iterations_table
 from sarathi_lab.request import Request, Status
-from sarathi_lab.runner import build
+from sarathi_lab.run.runner import build
 
 POLICIES = ["request_level", "orca", "vllm", "sarathi", "sarathi_priority", "edf", "vtc"]
 RESERVES_KV = {"request_level", "orca"}

@@ -6,9 +6,9 @@ import json
 import pytest
 from helpers import cli, composed
 
-from sarathi_lab import runner
-from sarathi_lab.cli import check_config
+from sarathi_lab.cli.main import check_config
 from sarathi_lab.costmodels.roofline import RooflineConfig, RooflineCostModel
+from sarathi_lab.run import runner
 from sarathi_lab.settings import ConfigError, parse
 
 # Mistral-7B per layer: QKV 4096 x (32 + 2 x 8) x 128, O 32 x 128 x 4096, MLP 3 x 4096 x 14336

@@ -30,7 +30,7 @@ TINY = ["trace=synthetic", "trace.num_requests=40"]
 # so its two jobs are one
 GRID = ["scheduler.max_num_batched_tokens=65536,16", "scheduler=vllm,sarathi"]
 SLOW = ["trace=synthetic", "trace.num_requests=300000", "fast_forward=false"]
-CLI = "from sarathi_lab.cli import main; main()"
+CLI = "from sarathi_lab.cli.main import main; main()"
 # Ray binds its servers to the node's address; with this it takes 127.0.0.1 as that address
 # (on Linux it would replace 127.0.0.1 by the machine's routable one): nothing listens beyond
 # this machine. The head and the sweep's driver both need it.
@@ -317,7 +317,7 @@ def _job_under(launcher: dict):
     from hydra.types import RunMode
     from omegaconf import OmegaConf
 
-    from sarathi_lab.sweeps import _Job
+    from sarathi_lab.sweeps.bookkeeping import _Job
     hc = OmegaConf.structured(HydraConf)
     hc.mode, hc.launcher = RunMode.MULTIRUN, launcher
     hc.runtime.output_dir, hc.sweep.dir = "/x/a=1", "/x"

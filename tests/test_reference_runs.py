@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from sarathi_lab.rundir import json_differences
+from sarathi_lab.run.rundir import json_differences
 
 REF = Path(__file__).parent / "data" / "reference_runs"
 
@@ -62,7 +62,7 @@ NOT_COMPARED = ("wall_time_s",)
 def run_case(name: str, out: Path) -> None:
     from hydra import compose, initialize_config_module
 
-    from sarathi_lab.runner import run
+    from sarathi_lab.run.runner import run
     with initialize_config_module("sarathi_lab.configs", version_base="1.3"):
         cfg = compose("config", overrides=CASES[name])
     run(cfg, out)

@@ -17,13 +17,13 @@ import pytest
 from aiohttp import web
 from helpers import patience
 
-from sarathi_lab import rundir
 from sarathi_lab.metrics import tbt_gaps
 from sarathi_lab.replay.command import compose, run_replay
 from sarathi_lab.replay.loads import Endpoint
 from sarathi_lab.replay.results import remote_section, requests_frame
 from sarathi_lab.replay.stream import Outcome
 from sarathi_lab.request import Request
+from sarathi_lab.run import rundir
 from sarathi_lab.settings import ConfigError
 
 SMOLLM2_DIR = Path(os.environ.get("SARATHI_LAB_SMOLLM2_DIR")
@@ -354,7 +354,7 @@ def test_the_command_and_the_report(tmp_path):
     from helpers import composed
 
     from sarathi_lab.report import make_report
-    from sarathi_lab.runner import run
+    from sarathi_lab.run.runner import run
     over = jsonl(tmp_path / "t.jsonl", [(OK, 4, 3, 0.0), (OK, 4, 3, 0.1), (FULL_429, 4, 3, 0.2)])
     env = {**os.environ, "OPENAI_API_KEY": "sk-not-written"}
     with Stub(first_s=0.05, gap_s=0.02) as stub:
@@ -530,7 +530,7 @@ def test_slo_only_when_named():
         assert compose([none, "seed=2"]) == {**compose(["seed=2"]), "slo": None}
     with pytest.raises(ConfigError, match=r"judges no SLO"):
         compose(["slo=none", "slo.p99_tbt=0.3"])
-    from sarathi_lab.sweeps import compose_config
+    from sarathi_lab.sweeps.bookkeeping import compose_config
     assert compose_config(["slo=none"])["slo"] is None   # sarathi-lab itself takes slo=none
 
 

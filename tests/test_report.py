@@ -18,7 +18,7 @@ TINY = ["trace=synthetic", "trace.num_requests=40"]
 
 def cli(*args, cwd):
     env = {**os.environ, "WANDB_MODE": "disabled"}
-    r = subprocess.run([sys.executable, "-c", "from sarathi_lab.cli import main; main()", *args],
+    r = subprocess.run([sys.executable, "-c", "from sarathi_lab.cli.main import main; main()", *args],
                        cwd=cwd, env=env, capture_output=True, text=True, timeout=patience(180))
     assert r.returncode == 0, r.stdout + r.stderr
     return r

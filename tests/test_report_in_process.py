@@ -3,9 +3,9 @@ a failed job listed beside it, the single-run timeline drawn, the plots the data
 skipped with their reason, and report.md saying all of it."""
 from helpers import composed
 
-from sarathi_lab.cli import check_config
+from sarathi_lab.cli.main import check_config
 from sarathi_lab.report import make_report
-from sarathi_lab.runner import run
+from sarathi_lab.run.runner import run
 
 
 def test_report_of_one_run_and_a_failed_job(tmp_path):

@@ -74,7 +74,7 @@ def test_by_config_by_hand():
 
 
 def _cli(*args, cwd):
-    r = subprocess.run([sys.executable, "-c", "from sarathi_lab.cli import main; main()", *args],
+    r = subprocess.run([sys.executable, "-c", "from sarathi_lab.cli.main import main; main()", *args],
                        cwd=cwd, env={**os.environ, "WANDB_MODE": "disabled"},
                        capture_output=True, text=True, timeout=patience(300))
     assert r.returncode == 0, r.stdout + r.stderr

@@ -19,7 +19,7 @@ from sarathi_lab.report import make_report
 def report(tmp_path_factory):
     """trace=mix (interactive and batch classes, 11 tenants) at two loads under sarathi."""
     root = tmp_path_factory.mktemp("service")
-    r = subprocess.run([sys.executable, "-c", "from sarathi_lab.cli import main; main()", "-m",
+    r = subprocess.run([sys.executable, "-c", "from sarathi_lab.cli.main import main; main()", "-m",
                         f"results_root={root}", "name=mix", "trace=mix", "slo=chat-batch",
                         "trace.num_requests=60", "trace.qps=1,3"], cwd=root,
                        env={**os.environ, "WANDB_MODE": "disabled"}, capture_output=True,
@@ -101,7 +101,7 @@ def test_tenant_service_by_hand(tmp_path):
 
 @pytest.mark.slow   # a sweep in CLI subprocesses
 def test_single_class_runs_skip_the_class_plots(tmp_path):
-    r = subprocess.run([sys.executable, "-c", "from sarathi_lab.cli import main; main()",
+    r = subprocess.run([sys.executable, "-c", "from sarathi_lab.cli.main import main; main()",
                         f"hydra.run.dir={tmp_path}/run", "trace=synthetic",
                         "trace.num_requests=20"], cwd=tmp_path, capture_output=True, text=True,
                        env={**os.environ, "WANDB_MODE": "disabled"}, timeout=patience(120))

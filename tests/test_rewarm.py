@@ -87,7 +87,7 @@ PROMPT, OUTPUT = 300, 6
 
 
 def _run(profile, tmp_path, name, *extra):
-    from sarathi_lab.runner import run
+    from sarathi_lab.run.runner import run
     cfg = composed("model=llama-2-7b", "hardware=a100-80gb", "executor.cost_model=profiled",
                    f"executor.profile={profile}", "trace=synthetic", "trace.num_requests=1",
                    f"trace.prompt_len={PROMPT}", f"trace.output_len={OUTPUT}", "progress=false",
@@ -125,7 +125,7 @@ def test_the_simulator_charges_each_decode_its_place(tmp_path):
 
 
 def test_pipeline_stages_refuse_a_profile_that_prices_step_order(tmp_path):
-    from sarathi_lab.runner import run
+    from sarathi_lab.run.runner import run
     path = write(tmp_path / "p.csv", synthetic_rows() + rewarm_rows({200: [1e-3, 2e-3]}))
     cfg = composed("model=llama-2-7b", "hardware=a100-80gb", "executor.cost_model=profiled",
                    f"executor.profile={path}", "executor.pipeline_parallel=2", "trace=synthetic",

@@ -7,9 +7,9 @@ import os
 import pandas as pd
 import pytest
 
-from sarathi_lab import rundir
-from sarathi_lab.loggers import csv_row
+from sarathi_lab.cli.loggers import csv_row
 from sarathi_lab.report import read_overrides
+from sarathi_lab.run import rundir
 
 
 def hydra_dir(tmp_path, text):
@@ -150,7 +150,7 @@ def test_to_arrow_builds_float_array_columns_in_one_piece_as_pyarrow_would(tmp_p
 
 
 def test_json_differences_by_hand():
-    from sarathi_lab.rundir import json_differences
+    from sarathi_lab.run.rundir import json_differences
     nan = float("nan")
     assert json_differences({"a": [1, nan]}, {"a": [1, nan]}) == []        # NaN equals NaN
     assert json_differences({"a": 1}, {"a": 1.0}) == [".a: 1 != 1.0"]   # types count

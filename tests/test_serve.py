@@ -31,7 +31,7 @@ from sarathi_lab.engine import Engine
 from sarathi_lab.request import Request, Status
 from sarathi_lab.serve.configure import configure
 from sarathi_lab.serve.protocol import ApiError, parse_generation
-from sarathi_lab.sweeps import register_resolvers
+from sarathi_lab.sweeps.bookkeeping import register_resolvers
 
 # the module's server is shared by its tests: one worker runs them all (pytest-xdist)
 pytestmark = pytest.mark.xdist_group("serve")

@@ -363,7 +363,7 @@ def test_help_is_the_servers_own(monkeypatch, capsys):
 def test_a_served_session_offers_no_nan_output_rate():
     import pandas as pd
 
-    from sarathi_lab.summary_text import _offered_line
+    from sarathi_lab.run.summary_text import _offered_line
     df = pd.DataFrame({"arrival_time": [0.0, 1.0, 2.0], "num_prompt_tokens": [10, 20, 30],
                        "target_output_tokens": [math.nan] * 3})
     off = offered_load(df)

@@ -21,11 +21,11 @@ import pandas as pd
 import pytest
 from helpers import ROOT, TESTS, composed
 
-from sarathi_lab import runner
-from sarathi_lab.config import resolve
 from sarathi_lab.engine import Engine
-from sarathi_lab.journal import Journal, recover
 from sarathi_lab.request import Request, Status
+from sarathi_lab.run import runner
+from sarathi_lab.run.config import resolve
+from sarathi_lab.run.journal import Journal, recover
 from sarathi_lab.serve.protocol import Generation
 from sarathi_lab.serve.worker import Worker
 from sarathi_lab.topology import OpenLoop, Single
@@ -311,7 +311,7 @@ def test_kill_9_leaves_a_partial_run_directory_the_report_reads(tmp_path):
     assert len(run_dirs) == 1 and not (run_dirs[0] / "summary.json").exists()
     run_dir = run_dirs[0]
     # the engine process exits when its pipe closes: until then the session counts as serving
-    from sarathi_lab.journal import writer_alive
+    from sarathi_lab.run.journal import writer_alive
     assert json.loads((run_dir / "journal" / "session.json").read_text())["writer"]["pid"] \
         != s.proc.pid   # the engine process writes it
     deadline = time.monotonic() + 60
@@ -403,7 +403,7 @@ def test_a_named_error_with_prefix_caching_stops_the_engine():
 def test_a_journal_is_recovered_only_once_its_writer_is_gone(tmp_path):
     import socket
 
-    from sarathi_lab.journal import partial_dirs
+    from sarathi_lab.run.journal import partial_dirs
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)
     for name, pid in (("live", os.getpid()), ("ended", int(done.stdout))):

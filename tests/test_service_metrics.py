@@ -5,7 +5,6 @@ import pytest
 from conftest import LinearCost, make_policy, req
 from helpers import SARATHI_8, instant_sim_cfg, three_sarathi_requests
 
-from sarathi_lab.config import SLOConfig, SLOTargets
 from sarathi_lab.engine import Engine
 from sarathi_lab.metrics import (
     cost_at_rate,
@@ -16,9 +15,10 @@ from sarathi_lab.metrics import (
     summarize,
 )
 from sarathi_lab.request import Request, Status
-from sarathi_lab.runner import run
+from sarathi_lab.run.runner import run
+from sarathi_lab.run.settings import SLOConfig, SLOTargets
+from sarathi_lab.run.summary_text import format_summary
 from sarathi_lab.settings import ConfigError, parse
-from sarathi_lab.summary_text import format_summary
 
 approx = pytest.approx
 
@@ -210,7 +210,7 @@ def test_old_tables_without_service_columns_are_one_group():
 def test_cost_at_capacity_and_the_attainment_criterion_with_classes():
     import pandas as pd
 
-    from sarathi_lab.capacity import _cost_at_capacity, criterion_defined, describe
+    from sarathi_lab.sweeps.capacity import _cost_at_capacity, criterion_defined, describe
     c = {"hardware": {"price_per_gpu_hour": 3.6}, "executor": {"tensor_parallel": 2}}
     trace = pd.DataFrame({"num_output_tokens": [100, 300, 0]})   # 0 runs as 1 token: mean 401/3
     # 2 GPUs at $3.6/hour: $0.002/s; at 1 req/s, 401/3 output tok/s
@@ -263,7 +263,7 @@ def test_report_table_has_the_new_columns(tmp_path):
 
 
 def test_summary_text_shows_the_largest_groups_only():
-    from sarathi_lab.summary_text import MAX_GROUP_ROWS
+    from sarathi_lab.run.summary_text import MAX_GROUP_ROWS
     reqs = []
     for i in range(MAX_GROUP_ROWS + 5):   # tenant t00 has 2 requests, the others 1
         reqs.append(finished(i, 0.0, [1.0], f"t{i:02d}", "c"))

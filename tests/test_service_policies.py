@@ -306,8 +306,8 @@ def test_each_policy_runs_from_the_cli_on_a_trace_with_service_columns(tmp_path,
 def test_without_a_queue_key_the_policy_default_queue_is_resolved(name, queue):
     from helpers import composed
 
-    from sarathi_lab.config import resolve
-    from sarathi_lab.runner import build
+    from sarathi_lab.run.config import resolve
+    from sarathi_lab.run.runner import build
     c = composed(f"scheduler={name}")
     c["scheduler"].pop("queue")
     r = resolve(c)

@@ -10,12 +10,12 @@ import pytest
 from conftest import LinearCost, make_policy
 from helpers import cli
 
-from sarathi_lab.closed_loop import ThinkTime
-from sarathi_lab.config import resolve
 from sarathi_lab.engine import Engine
+from sarathi_lab.run.config import resolve
 from sarathi_lab.settings import ConfigError
 from sarathi_lab.topology import Sessions, Single, drive
 from sarathi_lab.traces import build_trace, parse_trace_config, to_requests
+from sarathi_lab.traces.clients import ThinkTime
 
 MSG, ANS = 20, 12
 
@@ -173,7 +173,7 @@ def test_capacity_mode_is_refused():
 
 
 def test_requests_without_their_frame_are_refused():
-    from sarathi_lab.runner import build_load
+    from sarathi_lab.run.runner import build_load
     with pytest.raises(ValueError, match="need the trace they were built as"):
         build_load([], node(), None)
 

@@ -6,8 +6,8 @@ import typing
 
 import pytest
 
-from sarathi_lab.config import CapacityConfig, RunConfig, SLOConfig
 from sarathi_lab.executors.sim import SimConfig, SimExecutor
+from sarathi_lab.run.settings import CapacityConfig, RunConfig, SLOConfig
 from sarathi_lab.schedulers.sarathi import SarathiConfig
 from sarathi_lab.settings import ConfigError, describe, missing, parse, plain, setting
 

@@ -203,7 +203,7 @@ def test_accepts_dictconfigs_and_stays_fast():
 
 
 def test_num_kv_blocks_beyond_the_simulated_gpu_is_an_error():
-    from sarathi_lab.runner import build
+    from sarathi_lab.run.runner import build
     cfg = {"executor": preset("executor", "sim"), "model": preset("model", "mistral-7b"),
            "hardware": preset("hardware", "a100-80gb"),
            "scheduler": {"name": "sarathi", "num_kv_blocks": 10**9}}
@@ -332,7 +332,7 @@ def test_sarathi_on_the_roofline_skips_chunked_prefills_without_changing_the_run
     # prompts of 100-1500 tokens under a 256-token budget in a cache that preempts (12 times):
     # chunk runs stop at arrivals, at waiting requests, at finishes and at KV growth
     from sarathi_lab.engine import Engine
-    from sarathi_lab.runner import build
+    from sarathi_lab.run.runner import build
     rng = np.random.default_rng(3)
     cfg = {"scheduler": {"name": "sarathi", "token_budget": 256, "max_num_seqs": 8,
                          "block_size": 16, "num_kv_blocks": 200},

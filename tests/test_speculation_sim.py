@@ -8,10 +8,10 @@ import pytest
 from conftest import LinearCost, make_policy, req
 from helpers import cli, composed
 
-from sarathi_lab.cli import check_config
+from sarathi_lab.cli.main import check_config
 from sarathi_lab.engine import Engine
+from sarathi_lab.engine.guard import RuleViolation
 from sarathi_lab.executors.sim import SimExecutor
-from sarathi_lab.guard import RuleViolation
 from sarathi_lab.request import Request
 from sarathi_lab.schedulers.mechanics.preemption import speculative_lens
 from sarathi_lab.schedulers.sarathi import Sarathi

@@ -11,8 +11,8 @@ from helpers import patience
 # one_thread and oracle are fixtures: imported, they apply here (one_thread is autouse)
 from hf_oracle import one_thread, oracle, run_engine, with_eos  # noqa: F401
 
-from sarathi_lab import runner
 from sarathi_lab.request import Request, Status
+from sarathi_lab.run import runner
 from sarathi_lab.settings import ConfigError
 
 
@@ -192,7 +192,7 @@ def test_an_accepted_eos_ends_the_request_there(oracle, tmp_path):
 
 
 def test_speculation_settings_are_checked_at_start_up(oracle):
-    from sarathi_lab.config import resolve
+    from sarathi_lab.run.config import resolve
     base = {"executor": {"name": "torch", "device": "cpu"},
             "model": {"name": "hf-tiny", "path": str(oracle[0])},
             "scheduler": {"name": "sarathi"}}

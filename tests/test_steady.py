@@ -1,13 +1,13 @@
-"""The steady-state rule (sarathi_lab/steady.py) by hand: a queue that grows is unstable however
+"""The steady-state rule (sarathi_lab/sweeps/steady.py) by hand: a queue that grows is unstable however
 short, a stationary one is stable once long enough, one too short to tell is lengthened and
 never passed."""
 import math
 
 import numpy as np
 
-from sarathi_lab import steady
-from sarathi_lab.config import CapacityConfig
+from sarathi_lab.run.settings import CapacityConfig
 from sarathi_lab.settings import to_dict
+from sarathi_lab.sweeps import steady
 
 S = to_dict(CapacityConfig())
 

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from helpers import ROOT, cli, composed
 
-from sarathi_lab.cli import check_config
+from sarathi_lab.cli.main import check_config
 
 STUDIES = ("admission", "priorities", "fairness")
 

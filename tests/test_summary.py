@@ -16,8 +16,8 @@ from sarathi_lab.metrics import (
     summarize,
 )
 from sarathi_lab.request import Request, Status
-from sarathi_lab.runner import run
-from sarathi_lab.summary_text import NothingServed, check_served, format_summary
+from sarathi_lab.run.runner import run
+from sarathi_lab.run.summary_text import NothingServed, check_served, format_summary
 
 
 def served(i, arrival, prompt, sched, times):
@@ -227,7 +227,7 @@ def test_no_tbt_criterion_without_a_p99_tbt_slo():
 
 
 def test_value_and_limit_get_the_digits_that_tell_them_apart():
-    from sarathi_lab.summary_text import format_criterion
+    from sarathi_lab.run.summary_text import format_criterion
     c = {"criterion": "tbt", "name": "p99_tbt", "value": 0.10004, "limit": 0.1, "met": False}
     assert format_criterion(c).startswith("P99 TBT 100.04 ms > 100 ms missed")
 

@@ -9,14 +9,14 @@ import pytest
 from conftest import LinearCost, make_policy, req
 from helpers import cli, composed
 
-from sarathi_lab import runner
-from sarathi_lab.cli import check_config
+from sarathi_lab.cli.main import check_config
 from sarathi_lab.engine import Engine
+from sarathi_lab.engine.guard import RuleViolation
 from sarathi_lab.executors.base import StepResult
-from sarathi_lab.guard import RuleViolation
 from sarathi_lab.kv import KVCacheManager
 from sarathi_lab.metrics import iterations_table, requests_table, summarize
 from sarathi_lab.request import Request, Status
+from sarathi_lab.run import runner
 from sarathi_lab.schedulers.sarathi import Sarathi
 from sarathi_lab.settings import ConfigError
 

@@ -15,16 +15,16 @@ from pathlib import Path
 import pytest
 from helpers import patience
 
-from sarathi_lab import sweeps
 from sarathi_lab.report import incomplete_jobs, make_report
 from sarathi_lab.report import main as report_main
-from sarathi_lab.rundir import atomic_write
+from sarathi_lab.run.rundir import atomic_write
+from sarathi_lab.sweeps import bookkeeping as sweeps
 
 TESTS = Path(__file__).resolve().parent
 TINY = ["trace=synthetic", "trace.num_requests=40"]
 # jobs that run for minutes: stopped long before they could finish
 SLOW = ["trace=synthetic", "trace.num_requests=300000", "fast_forward=false"]
-CLI = "from sarathi_lab.cli import main; main()"
+CLI = "from sarathi_lab.cli.main import main; main()"
 
 
 def _env(**extra):
@@ -96,7 +96,7 @@ def test_a_second_lock_on_a_sweep_is_refused_naming_the_first(tmp_path, monkeypa
 
 
 def test_a_killed_sweep_leaves_no_stale_lock(tmp_path):
-    code = ("import sys, time; from pathlib import Path; from sarathi_lab.sweeps import "
+    code = ("import sys, time; from pathlib import Path; from sarathi_lab.sweeps.bookkeeping import "
             "lock_sweep; f = lock_sweep(Path(sys.argv[1]), 'x'); print('held', flush=True); "
             "time.sleep(600)")
     p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
@@ -266,7 +266,7 @@ def test_a_full_disk_in_a_sweep_is_recorded_and_listed(tmp_path):
 
 @pytest.mark.slow   # a sweep in CLI subprocesses
 def test_a_job_whose_line_cannot_reach_sweep_log_fails_the_sweep(tmp_path):
-    code = ("import errno, sarathi_lab.sweeps as s\n"
+    code = ("import errno, sarathi_lab.sweeps.bookkeeping as s\n"
             "def full(*a): raise OSError(errno.ENOSPC, 'No space left on device')\n"
             "s._append = full\n" + CLI)
     r = cli("-m", f"results_root={tmp_path}", "name=nolog", *TINY, "scheduler=vllm,sarathi",
@@ -399,7 +399,7 @@ def test_a_stop_silences_rays_reports_of_the_jobs_it_stops(monkeypatch):
     """The signal raises `Interrupted` in the command and, from then on, Ray's driver does not
     log the stopped jobs' dead workers as unhandled errors after the stop's last line (it reads
     RAY_IGNORE_UNHANDLED_ERRORS when it would log one); before a stop Ray reports as it does."""
-    from sarathi_lab.sweeps import Interrupted, stop_on_signals
+    from sarathi_lab.sweeps.bookkeeping import Interrupted, stop_on_signals
     monkeypatch.delenv("RAY_IGNORE_UNHANDLED_ERRORS", raising=False)
     with pytest.raises(Interrupted):
         with stop_on_signals() as received:

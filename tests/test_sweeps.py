@@ -20,7 +20,7 @@ def cli(*args, cwd, timeout=180):
     env = {**os.environ, "WANDB_MODE": "disabled",
            "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent),
                                           os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-c", "from sarathi_lab.cli import main; main()",
+    return subprocess.run([sys.executable, "-c", "from sarathi_lab.cli.main import main; main()",
                            *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=patience(timeout))
 
@@ -139,7 +139,7 @@ def test_a_sweep_name_reused_with_another_grid_is_refused(tmp_path):
 
 
 def test_the_grid_check_compares_jobs_and_reads_no_grid_as_a_note(tmp_path):
-    from sarathi_lab.sweep_check import refuse_other_grid
+    from sarathi_lab.sweeps.check import refuse_other_grid
     assert refuse_other_grid(tmp_path, "s", ["a=1"]) is None            # a new directory
     (tmp_path / "sweep.json").write_text(json.dumps({"name": "s", "total": 1}))
     assert refuse_other_grid(tmp_path, "s", ["a=1"]).startswith(
@@ -202,12 +202,12 @@ def _sweep_config(task, params=None, sweeper="hydra._internal.core_plugins.basic
     (["scheduler=glob(*)"], None, None),                 # needs the sweeper's config loader
 ])
 def test_count_jobs_expands_sweeps_as_the_basic_sweeper(task, params, expected):
-    from sarathi_lab.sweeps import count_jobs
+    from sarathi_lab.sweeps.bookkeeping import count_jobs
     assert count_jobs(_sweep_config(task, params)) == expected
 
 
 def test_count_jobs_does_not_guess_for_another_sweeper():
-    from sarathi_lab.sweeps import count_jobs
+    from sarathi_lab.sweeps.bookkeeping import count_jobs
     assert count_jobs(_sweep_config(["a=1,2"], sweeper="hydra_plugins.x.OptunaSweeper")) is None
 
 
@@ -217,10 +217,10 @@ def test_no_resolver_state_or_private_hydra_at_import():
     compose API can then resolve the run and sweep directories."""
     code = """
 from omegaconf import OmegaConf
-import sarathi_lab.sweeps, sarathi_lab.cli, sarathi_lab.report
+import sarathi_lab.sweeps.bookkeeping, sarathi_lab.cli.main, sarathi_lab.report
 assert not OmegaConf.has_resolver("dirname")
 from hydra import compose, initialize_config_module
-from sarathi_lab.sweeps import register_resolvers
+from sarathi_lab.sweeps.bookkeeping import register_resolvers
 register_resolvers(); register_resolvers()     # twice is harmless
 with initialize_config_module("sarathi_lab.configs", version_base="1.3"):
     cfg = compose("config", overrides=["trace.path=/a/b.csv"], return_hydra_config=True)
@@ -229,12 +229,12 @@ print(cfg.hydra.sweep.subdir)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=patience(60))
     assert r.returncode == 0, r.stderr
-    from sarathi_lab.sweeps import dirname
+    from sarathi_lab.sweeps.bookkeeping import dirname
     assert r.stdout.strip() == dirname("trace.path=/a/b.csv")
     import inspect
 
-    from sarathi_lab import cli as cli_module
-    from sarathi_lab import sweeps
+    from sarathi_lab.cli import main as cli_module
+    from sarathi_lab.sweeps import bookkeeping as sweeps
     # the one exception: the CLI's skip of Hydra's mode probe, guarded by Hydra's version
     probe = inspect.getsource(cli_module._no_mode_probe.__wrapped__)
     assert "hydra._internal" in probe
@@ -247,7 +247,7 @@ print(cfg.hydra.sweep.subdir)
 def test_start_collecting_sets_start_up_aside_once_and_turns_the_collector_on():
     import gc
 
-    from sarathi_lab.sweeps import start_collecting
+    from sarathi_lab.sweeps.bookkeeping import start_collecting
     was = gc.isenabled()
     gc.disable()
     try:
@@ -268,13 +268,13 @@ def test_start_collecting_sets_start_up_aside_once_and_turns_the_collector_on():
 @pytest.mark.slow   # a sweep in CLI subprocesses
 def test_a_run_and_a_sweep_collect_garbage_while_their_jobs_run(tmp_path):
     # runner.run reports the collector's state as the job sees it
-    probe = ("import gc, sys, sarathi_lab.runner as r\n"
+    probe = ("import gc, sys, sarathi_lab.run.runner as r\n"
              "run = r.run\n"
              "def seen(*a, **k):\n"
              "    print('collector', gc.isenabled(), gc.get_freeze_count() > 0, flush=True)\n"
              "    return run(*a, **k)\n"
              "r.run = seen\n"
-             "from sarathi_lab.cli import main\n"
+             "from sarathi_lab.cli.main import main\n"
              "main()\n")
     env = {**os.environ, "WANDB_MODE": "disabled"}
     for mode in ([], ["-m"]):

@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 from helpers import composed
 
-from sarathi_lab import rundir
 from sarathi_lab.report import main as report_main
 from sarathi_lab.report.chrome_trace import chrome_trace
-from sarathi_lab.runner import run
+from sarathi_lab.run import rundir
+from sarathi_lab.run.runner import run
 
 SLICE_KEYS = {"ph", "cat", "name", "pid", "tid", "ts", "dur", "args"}
 SLICE_ARGS = {"iteration", "prefill_tokens", "decode_tokens", "num_requests", "kv_blocks_used",

@@ -8,13 +8,13 @@ import pandas as pd
 import pytest
 from conftest import LinearCost, make_policy, req
 
-from sarathi_lab.closed_loop import ThinkTime
 from sarathi_lab.engine import Engine
 from sarathi_lab.metrics import iterations_table, requests_table
-from sarathi_lab.routers import RoundRobin, RouterConfig
 from sarathi_lab.schedulers.output import SchedulerOutput
 from sarathi_lab.schedulers.sarathi import Sarathi
 from sarathi_lab.topology import ClosedLoop, Fleet, OpenLoop, Single, drive
+from sarathi_lab.topology.routers import RoundRobin, RouterConfig
+from sarathi_lab.traces.clients import ThinkTime
 
 THINK = 0.3
 
@@ -40,7 +40,7 @@ TOPOLOGIES = {
 def run_config(overrides, out: Path):
     from hydra import compose, initialize_config_module
 
-    from sarathi_lab.runner import run
+    from sarathi_lab.run.runner import run
     with initialize_config_module("sarathi_lab.configs", version_base="1.3"):
         cfg = compose("config", overrides=list(overrides))
     summary = run(cfg, out)

@@ -21,9 +21,9 @@ from hf_oracle import (  # noqa: F401
     with_eos,
 )
 
-from sarathi_lab import runner
 from sarathi_lab.engine import Engine
 from sarathi_lab.request import Request
+from sarathi_lab.run import runner
 
 CASES = {
     "request_level-b4": dict(name="request_level", block_size=4, max_num_seqs=6),

@@ -9,8 +9,8 @@ from helpers import patience
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from sarathi_lab.loggers import CSV_COLUMNS, log_csv, wandb_mode
-from sarathi_lab.runner import run
+from sarathi_lab.cli.loggers import CSV_COLUMNS, log_csv, wandb_mode
+from sarathi_lab.run.runner import run
 
 
 def tiny_config(*overrides) -> dict:
@@ -27,7 +27,7 @@ def test_wandb_offline_writes_its_run_files(tmp_path):
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(wdir),
            "WANDB_API_KEY": "", "HOME": str(tmp_path)}   # no key anywhere: must not block
     r = subprocess.run(
-        [sys.executable, "-c", "from sarathi_lab.cli import main; main()",
+        [sys.executable, "-c", "from sarathi_lab.cli.main import main; main()",
          f"hydra.run.dir={tmp_path}/run", "logger=wandb", "name=wb_group",
          "trace=synthetic", "trace.num_requests=15"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=patience(240))

@@ -10,6 +10,7 @@ decode waits for at most one chunk, but never shares an iteration with one.
         scheduler.name=simple_chunking:SimpleChunking scheduler.token_budget=512
 """
 from sarathi_lab.schedulers import FastForward, Policy, SchedulerOutput
+from sarathi_lab.schedulers.mechanics.budget import Budget
 from sarathi_lab.schedulers.mechanics.fast_forward import advance_decodes
 from sarathi_lab.schedulers.sarathi import SarathiConfig
 
@@ -47,15 +48,15 @@ class SimpleChunking(Policy):
         self.prefill_turn = True
         return out
 
-    def _prefill(self, out: SchedulerOutput, budget: int) -> None:
+    def _prefill(self, out: SchedulerOutput, tokens: int) -> None:
+        budget = Budget(tokens)
         for req in self.running:   # prompts under way: their KV blocks are held since admission
-            if budget == 0:
+            if not budget:
                 break
             if not req.is_decoding:
-                n = min(req.num_tokens_to_compute, budget)
+                n = budget.chunk(req)
                 assert self.kv.allocate_slots(req, n) == [], "prompt blocks are held from admission"
-                out.add(req, n)
-                budget -= n
+                budget.add(out, req, n)
         self.admit_waiting(out, budget)
 
     def token_limit(self):

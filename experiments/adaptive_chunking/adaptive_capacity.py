@@ -1,6 +1,6 @@
 """The full scale of experiments/adaptive_chunking: the capacity of each static token budget and
 each budget controller, per model, workload, SLO and seed, found by the project's capacity search
-(`sarathi_lab.capacity.search`) in-process, with goodput, P99 TBT and P99 TTFT at one common load
+(`sarathi_lab.sweeps.capacity.search`) in-process, with goodput, P99 TBT and P99 TTFT at one common load
 per (model, workload). Run by `run.py --full`; the README's "Full study" says what it found.
 
 A cell is (model, workload, SLO kind, config, seed): one capacity search plus one run at the
@@ -100,7 +100,8 @@ def overrides(cell: dict) -> list[str]:
 def run_cell(cell: dict, work: str) -> dict:
     """One cell's row: its capacity (and the bracket), then goodput, attainment, P99 TBT / TTFT
     and relegations at the common load. Reads WORK/cells/<key>.json when a run finished it."""
-    from sarathi_lab import capacity, rundir
+    from sarathi_lab.run import rundir
+    from sarathi_lab.sweeps import capacity
     key = cell_key(cell)
     done = Path(work) / "cells" / f"{key}.json"
     if done.exists():

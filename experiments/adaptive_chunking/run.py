@@ -79,7 +79,7 @@ def configs(predictors=("oracle",)):
 
 
 def one(overrides: list[str], run_dir: Path) -> dict:
-    from sarathi_lab.runner import run
+    from sarathi_lab.run.runner import run
     s = run(compose([*BASE, *overrides]), run_dir)
     return {"attainment": s["slo"]["attainment"], "goodput_rps": s["slo"]["goodput_rps"],
             "p99_tbt_s": s["tbt"]["p99"], "p99_ttft_s": s["ttft"]["p99"],

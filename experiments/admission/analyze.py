@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from sarathi_lab import rundir
 from sarathi_lab.metrics import slo_met
 from sarathi_lab.plots import _save as save
 from sarathi_lab.report import find
+from sarathi_lab.run import rundir
 
 
 def rule(sched: dict) -> str:

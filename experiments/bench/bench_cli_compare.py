@@ -128,7 +128,7 @@ def _phases_child(argv: list[str]) -> None:
     def on_driver(m):   # topology/: the runner drives every topology through Driver.run
         m.Driver.run = wrap(m.Driver.run, after="engine_end")
 
-    hooks = {"sarathi_lab.runner": on_runner, "sarathi_lab.metrics": on_metrics,
+    hooks = {"sarathi_lab.run.runner": on_runner, "sarathi_lab.metrics": on_metrics,
              "sarathi_lab.engine": on_engine, "sarathi_lab.topology.driver": on_driver}
 
     class Hook(importlib.abc.MetaPathFinder):
@@ -154,7 +154,7 @@ def _phases_child(argv: list[str]) -> None:
     sys.meta_path.insert(0, Hook())
     atexit.register(lambda: Path(os.environ["BENCH_OUT"]).write_text(json.dumps(stamps)))
     sys.argv = ["sarathi-lab", *argv]
-    from sarathi_lab.cli import main
+    from sarathi_lab.cli.main import main
     main()
 
 

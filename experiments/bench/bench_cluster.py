@@ -17,10 +17,10 @@ import sys
 import time
 from pathlib import Path
 
-from sarathi_lab.config import resolve
 from sarathi_lab.engine import Engine
 from sarathi_lab.registry import router_class
-from sarathi_lab.runner import build
+from sarathi_lab.run.config import resolve
+from sarathi_lab.run.runner import build
 from sarathi_lab.topology.fleet import Fleet
 from sarathi_lab.traces import load_trace, to_requests
 

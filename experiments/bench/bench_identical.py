@@ -26,7 +26,7 @@ from pathlib import Path
 
 from bench_cli_compare import command, install_args, timed_run
 
-from sarathi_lab.rundir import json_differences
+from sarathi_lab.run.rundir import json_differences
 
 NOT_FIGURES = ("wall_time_s", "config", "settings")
 

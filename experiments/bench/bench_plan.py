@@ -24,7 +24,7 @@ from pathlib import Path
 
 from sarathi_lab.plan import table
 from sarathi_lab.plan.search import run_plan
-from sarathi_lab.sweeps import compose_config
+from sarathi_lab.sweeps.bookkeeping import compose_config
 
 
 def main():

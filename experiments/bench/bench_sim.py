@@ -14,7 +14,7 @@ import time
 
 from sarathi_lab.engine import Engine
 from sarathi_lab.metrics import iterations_table, requests_table, summarize
-from sarathi_lab.runner import build
+from sarathi_lab.run.runner import build
 from sarathi_lab.traces import load_trace, to_requests
 
 
@@ -98,7 +98,7 @@ def main():
         import sys
         import tempfile
         for policy in args.policies.split(","):
-            cmd = [sys.executable, "-m", "sarathi_lab.cli", f"scheduler={policy}",
+            cmd = [sys.executable, "-m", "sarathi_lab.cli.main", f"scheduler={policy}",
                    "trace=azure_conv", f"trace.num_requests={args.requests}",
                    f"trace.qps={args.qps}", "trace.max_total_tokens=4096", "model=llama-2-70b",
                    "executor.tensor_parallel=2", "scheduler.max_num_seqs=128",

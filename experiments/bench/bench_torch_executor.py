@@ -42,9 +42,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from sarathi_lab import runner  # noqa: E402
 from sarathi_lab.engine import Engine  # noqa: E402
 from sarathi_lab.request import Request  # noqa: E402
+from sarathi_lab.run import runner  # noqa: E402
 
 SHAPE = dict(vocab_size=8192, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
              num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024)

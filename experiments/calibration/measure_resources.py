@@ -14,7 +14,7 @@ import tracemalloc
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from sarathi_lab.runner import run
+from sarathi_lab.run.runner import run
 
 
 def peak(*overrides) -> int:

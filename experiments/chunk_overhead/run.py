@@ -97,10 +97,10 @@ def prefill_time(overrides: list[str], prompt: int, chunk: int, host: dict | Non
     """(seconds, durations) of prefilling one `prompt`-token request under sarathi with a token
     budget of `chunk`: the sum of the durations of the iterations that carry prompt tokens, and
     those durations, chunk after chunk."""
-    from sarathi_lab.config import resolve
     from sarathi_lab.engine import Engine
     from sarathi_lab.metrics import iterations_table
-    from sarathi_lab.runner import build
+    from sarathi_lab.run.config import resolve
+    from sarathi_lab.run.runner import build
     from sarathi_lab.traces import build_trace, to_requests
     c = compose([*overrides, "scheduler=sarathi", f"scheduler.token_budget={chunk}",
                  f"scheduler.num_kv_blocks={prompt // 16 + 16}", "trace=synthetic",

@@ -115,8 +115,8 @@ def search_one(labels: dict, overrides: list[str], requests: int,
     """Part A: the capacity of one system and its figures at that rate; its probes."""
     import tempfile
 
-    from sarathi_lab.capacity import search
-    from sarathi_lab.runner import run
+    from sarathi_lab.run.runner import run
+    from sarathi_lab.sweeps.capacity import search
     c = compose([*BASE, *CAPACITY, *overrides, f"trace.num_requests={requests}",
                  f"capacity.precision={precision}"])
     t0 = time.perf_counter()
@@ -143,9 +143,9 @@ def curve_one(labels: dict, overrides: list[str], requests: int, rate: float) ->
 
     import pandas as pd
 
-    from sarathi_lab.capacity import unit_arrivals
     from sarathi_lab.metrics import slo_met
-    from sarathi_lab.runner import run
+    from sarathi_lab.run.runner import run
+    from sarathi_lab.sweeps.capacity import unit_arrivals
     from sarathi_lab.traces import build_trace, to_requests
     c = compose([*BASE, *overrides, f"trace.num_requests={requests}", f"trace.qps={rate}"])
     trace = build_trace({**c["trace"], "qps": 1.0})

@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sarathi_lab import rundir
 from sarathi_lab.metrics import SERVICE_WEIGHTS, token_times_flat
 from sarathi_lab.plots import _save as save
 from sarathi_lab.report import find
+from sarathi_lab.run import rundir
 
 HEAVY = "heavy"
 

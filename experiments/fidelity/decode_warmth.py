@@ -30,7 +30,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import CLOCK, MODEL  # noqa: E402
+from fidelity_lib.runs import CLOCK, MODEL  # noqa: E402
 
 STEPS = 40          # decode steps of a stream
 STEADY = 16         # its steps from here on are its steady state

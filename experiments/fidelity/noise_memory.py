@@ -28,7 +28,11 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import run as study  # noqa: E402
+from fidelity_lib import ROOT  # noqa: E402
+from fidelity_lib.bias import bias_rows, verdict  # noqa: E402
+from fidelity_lib.kept import reread  # noqa: E402
+from fidelity_lib.report import table_markdown  # noqa: E402
+from fidelity_lib.runs import figures, run_config, sim_overrides  # noqa: E402
 
 TBT = ["tbt_p50", "tbt_p90", "tbt_p99"]
 
@@ -49,24 +53,25 @@ def noise_of(res: pd.DataFrame) -> tuple[float, float]:
 def simulate(out: Path, info: dict, tag: str, jitter: list[str], seeds: int) -> dict[str, dict]:
     """Per policy, the figures of the study's simulation with these jitter overrides, averaged
     over `seeds` jitter streams (runs in DIR/runs/<policy>/noise_memory/<tag>-<seed>)."""
-    from sarathi_lab import profiler, runner
+    from sarathi_lab import profiler
+    from sarathi_lab.run import runner
     profile = out / "profile.parquet"
     hardware = profiler.host_hardware(profiler.profile_meta(profile)["device"])
     sims = {}
     for policy in info["policies"]:
         figs = []
         for seed in range(seeds):
-            ex = [*study.sim_overrides(profile), *jitter, f"executor.step_jitter_seed={seed}"]
+            ex = [*sim_overrides(profile), *jitter, f"executor.step_jitter_seed={seed}"]
             d = out / "runs" / policy / "noise_memory" / f"{tag}-{seed}"
-            figs.append(study.figures(runner.run(
-                study.run_config(info["scale"], policy, ex, hardware), d)))
+            figs.append(figures(runner.run(
+                run_config(info["scale"], policy, ex, hardware), d)))
         sims[policy] = {k: float(np.mean([f[k] for f in figs])) for k in figs[0]}
     return sims
 
 
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("dir", nargs="?", default=str(study.ROOT / "results" / "fidelity"))
+    p.add_argument("dir", nargs="?", default=str(ROOT / "results" / "fidelity"))
     p.add_argument("--seeds", type=int, default=4, help="jitter streams per policy (>= 1)")
     a = p.parse_args(argv)
     if a.seeds < 1:
@@ -78,7 +83,7 @@ def main(argv=None) -> str:
     except FileNotFoundError as e:
         sys.exit(f"{out}: not a kept fidelity study ({e.filename} missing; run "
                  "experiments/fidelity/run.py --out DIR first)")
-    real = study.reread(out)["real"]
+    real = reread(out)["real"]
     sigma, rho = noise_of(res)
     variants = {"independent": ("iid", [f"executor.step_jitter={sigma!r}"]),
                 "with memory": ("ar1", [f"executor.step_jitter={sigma!r}",
@@ -86,8 +91,8 @@ def main(argv=None) -> str:
     rows, tbt = [], []
     for name, (tag, jitter) in variants.items():
         sims = simulate(out, info, tag, jitter, a.seeds)
-        t = study.verdict(real, sims)
-        rows += study.bias_rows(real, sims, jitter=name)
+        t = verdict(real, sims)
+        rows += bias_rows(real, sims, jitter=name)
         tbt.append(t[t["metric"].isin(TBT)].pivot(index="policy", columns="metric",
                                                   values="error")[TBT].assign(jitter=name))
     summary = pd.DataFrame(rows)
@@ -97,9 +102,9 @@ def main(argv=None) -> str:
           f"jitter of that spread, independent or with that memory, figures averaged over "
           f"{a.seeds} jitter streams, against the {len(next(iter(real.values())))} real runs "
           f"per policy kept in {out}:\n\n"
-          + study.table_markdown(summary, {"bias": "+.1%", "error_sd": ".1%"})
+          + table_markdown(summary, {"bias": "+.1%", "error_sd": ".1%"})
           + "\nError on TBT percentiles:\n\n"
-          + study.table_markdown(tbt_t, {m: "+.1%" for m in TBT}))
+          + table_markdown(tbt_t, {m: "+.1%" for m in TBT}))
     (out / "noise_memory.md").write_text(md)
     print(md)
     return md

@@ -3,10 +3,11 @@
     python experiments/fidelity/pooled.py DIR [DIR ...] [--variant profiled]
 
 Each DIR is a study `run.py` kept (its runs/ folder with the real runs, the simulation and
-runs/residuals.parquet). Per round of real runs: the goal figures' bias (`run.bias_interval`'s
-per-round value) and how slow the machine ran that round against the profile (`run.round_levels`).
+runs/residuals.parquet). Per round of real runs: the goal figures' bias (`bias_interval`'s
+per-round value) and how slow the machine ran that round against the profile (`round_levels`;
+both in fidelity_lib/bias.py).
 Prints, per study and over all the rounds together, the study's bias, the rounds' mean level and
-the bias at the profile's speed (`run.matched_bias`: the intercept of the rounds' biases against
+the bias at the profile's speed (`matched_bias`: the intercept of the rounds' biases against
 their log level, with its 90% interval), the slope and the correlation.
 
 Why: on a machine whose speed moves by ±10% from one run to the next, one study's bias is mostly
@@ -22,20 +23,22 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import run as study  # noqa: E402
+from fidelity_lib.bias import GOAL, RESIDUALS, bias_interval, matched_bias, profile_of, round_levels
+from fidelity_lib.kept import reread  # noqa: E402
+from fidelity_lib.report import matched_text, table_markdown  # noqa: E402
 
 
 def rounds_of(out: Path, variant: str) -> tuple[list[float], list[float], float]:
     """(per-round goal biases, per-round levels, the study's goal bias) of a kept study."""
-    kept = study.reread(out)
+    kept = reread(out)
     if variant not in kept["sims"]:
         raise ValueError(f"{out}: no kept simulation {variant!r} (has "
                          f"{', '.join(kept['sims'])})")
-    res = out / "runs" / study.RESIDUALS[study.profile_of(variant)]
+    res = out / "runs" / RESIDUALS[profile_of(variant)]
     if not res.is_file():
         raise FileNotFoundError(f"{res}: the study's priced iterations are not kept")
-    iv = study.bias_interval(kept["real"], kept["sims"][variant], study.GOAL)
-    return iv["per_round"], study.round_levels(pd.read_parquet(res)), iv["bias"]
+    iv = bias_interval(kept["real"], kept["sims"][variant], GOAL)
+    return iv["per_round"], round_levels(pd.read_parquet(res)), iv["bias"]
 
 
 def pooled(dirs, variant: str = "profiled") -> pd.DataFrame:
@@ -60,8 +63,8 @@ def pooled(dirs, variant: str = "profiled") -> pd.DataFrame:
 def fit(b, lv) -> dict:
     if len(b) < 3:
         return {}
-    m = study.matched_bias(b, lv)
-    return {"at_profile_speed": study.matched_text(m), "slope": m["slope"], "r": m["r"]}
+    m = matched_bias(b, lv)
+    return {"at_profile_speed": matched_text(m), "slope": m["slope"], "r": m["r"]}
 
 
 def main(argv=None) -> str:
@@ -74,8 +77,8 @@ def main(argv=None) -> str:
         t = pooled(a.dirs, a.variant)
     except (FileNotFoundError, ValueError) as e:
         sys.exit(str(e))
-    md = study.table_markdown(t, {"bias_goal": "+.1%", "level_mean": ".3f", "slope": ".2f",
-                                  "r": ".2f"})
+    md = table_markdown(t, {"bias_goal": "+.1%", "level_mean": ".3f", "slope": ".2f",
+                            "r": ".2f"})
     print(md)
     return md
 

@@ -75,7 +75,7 @@ def config(overrides: list[str], chat_qps: float, long_qps: float) -> dict:
 
 
 def one(c: dict, run_dir: Path) -> dict:
-    from sarathi_lab.runner import run
+    from sarathi_lab.run.runner import run
     s = run(c, run_dir)
     req = pd.read_parquet(run_dir / "requests.parquet",
                           columns=["slo_class", "token_times"])

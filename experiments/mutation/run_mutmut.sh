@@ -6,7 +6,7 @@
 #   experiments/mutation/run_mutmut.sh 'sarathi_lab/metrics.py' tests/test_metrics.py tests/test_engine.py
 #   experiments/mutation/run_mutmut.sh 'sarathi_lab/kv/*' tests/test_kv.py tests/test_properties.py
 #
-#   experiments/mutation/run_mutmut.sh 'sarathi_lab/engine.py sarathi_lab/schedulers/*' tests/test_engine.py
+#   experiments/mutation/run_mutmut.sh 'sarathi_lab/engine/core.py sarathi_lab/schedulers/*' tests/test_engine.py
 #
 # First argument: the files to mutate (globs, quoted, separated by spaces); the rest: the test
 # files to run. Prints the tally, the mutants and survivors of each module, and every surviving

@@ -61,7 +61,7 @@ PREFIX = ["hit_rate", "cached_blocks", "kv_blocks_used_mean", "prefill_tokens", 
 
 def full_cache_blocks() -> int:
     """KV blocks of the A100 beside Mistral-7B's weights (the same for every policy)."""
-    from sarathi_lab.runner import build
+    from sarathi_lab.run.runner import build
     policy, _ = build(config("vllm", 0, 2, 1.0))
     return policy.kv.num_blocks
 
@@ -100,7 +100,7 @@ def reservation_run(root: str, arm: str, seed: int, n: int, qps: float, blocks: 
                     fraction: float) -> dict:
     import pandas as pd
 
-    from sarathi_lab.runner import run
+    from sarathi_lab.run.runner import run
     from sarathi_lab.traces import build_trace, to_requests
     policy, rule = ARMS[arm]
     c = config(policy, seed, n, qps, [f"scheduler.num_kv_blocks={blocks}"])
@@ -131,7 +131,7 @@ def prefix_run(root: str, policy: str, caching: bool, seed: int, n: int, qps: fl
                system_prompt: int) -> dict:
     import pandas as pd
 
-    from sarathi_lab.runner import run
+    from sarathi_lab.run.runner import run
     from sarathi_lab.traces import attach_prompt_ids, build_trace, to_requests
     # the system prompt lengthens every prompt: room for it beyond the trace's 8k
     c = config(policy, seed, n, qps, [f"scheduler.max_model_len={8192 + system_prompt}",

@@ -54,7 +54,7 @@ def policies(budgets):
 def one(layout: str, policy: str, overrides: list[str], qps: float, n: int) -> dict:
     import pandas as pd
 
-    from sarathi_lab.runner import run
+    from sarathi_lab.run.runner import run
     c = compose(["experiment=pipeline", "progress=false", f"trace.qps={qps}",
                  f"trace.num_requests={n}", *LAYOUTS[layout], *overrides])
     t0 = time.perf_counter()

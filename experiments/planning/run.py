@@ -81,7 +81,7 @@ def layout_label(r) -> str:
 def case_jobs(model, workload, slo, args, root: Path):
     """(jobs, pruned rows) of one case: the union of its layout spaces' plans."""
     from sarathi_lab.plan.search import prepare
-    from sarathi_lab.sweeps import compose_config
+    from sarathi_lab.sweeps.bookkeeping import compose_config
     trace, load = WORKLOADS[workload]
     base = [f"model={model}", *trace, f"trace.num_requests={args.requests}",
             f"trace.max_total_tokens={MAX_TOTAL_TOKENS}", f"slo={model}-{slo}",

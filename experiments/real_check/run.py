@@ -213,7 +213,7 @@ def study(out: Path, scale_name: str = "full", profile: str | None = None, log=p
           argv=()) -> dict:
     import torch
 
-    from sarathi_lab import runner
+    from sarathi_lab.run import runner
     torch.set_num_threads(1)
     scale = SCALES[scale_name]
     if scale_name == "full" and not (SMOLLM2 / "config.json").is_file():

@@ -69,7 +69,7 @@ def workload(n: int, qps: float, shared: bool, *, contexts=400, context_len=2048
 
 
 def one(replicas: int, label: str, qps: float, shared: bool, n: int) -> dict:
-    from sarathi_lab.runner import run
+    from sarathi_lab.run.runner import run
     c = config(replicas, ROUTERS[label])
     reqs = workload(n, qps * replicas, shared)
     t0 = time.perf_counter()

@@ -72,7 +72,7 @@ def configs(scale: dict):
 
 
 def one(overrides: list[str], run_dir: Path) -> dict:
-    from sarathi_lab.runner import run
+    from sarathi_lab.run.runner import run
     s = run(compose([*BASE, *overrides]), run_dir)
     it = pd.read_parquet(run_dir / "iterations.parquet", columns=["prefill_tokens",
                                                                   "decode_tokens", "num_waiting"])
@@ -94,7 +94,7 @@ def one(overrides: list[str], run_dir: Path) -> dict:
 
 
 def capacity(overrides: list[str], out_dir: Path) -> dict:
-    from sarathi_lab.capacity import search
+    from sarathi_lab.sweeps.capacity import search
     res = search(compose([*BASE, "mode=capacity", *overrides]), out_dir)
     r = res["criteria"]["tbt"]
     return {"capacity_qps": r["capacity_qps"], "fails_at_qps": r.get("fails_at_qps")}

@@ -28,7 +28,7 @@ def plan_dir(c: dict) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sarathi_lab.sweeps import compose_config
+    from sarathi_lab.sweeps.bookkeeping import compose_config
     argv = sys.argv[1:] if argv is None else list(argv)
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__)

@@ -16,10 +16,11 @@ import shlex
 import time
 from pathlib import Path
 
-from sarathi_lab import capacity, rundir
 from sarathi_lab.metrics import cost_at_rate
 from sarathi_lab.plan.space import with_settings
+from sarathi_lab.run import rundir
 from sarathi_lab.settings import ConfigError
+from sarathi_lab.sweeps import capacity
 
 RESULT = "result.json"
 CHECK = "check.json"
@@ -176,8 +177,8 @@ def check(job: dict, row: dict, factor: int) -> dict:
     (mode=run, the trace's own draw of lengths: shuffled for a length-only file), judged on all its
     requests by the plan's criteria and by the steady-state rule. Returns the row's `check_*`
     columns; check.json in the candidate's directory keeps them (a rerun reuses it)."""
-    from sarathi_lab import steady
-    from sarathi_lab.runner import run
+    from sarathi_lab.run.runner import run
+    from sarathi_lab.sweeps import steady
     e = _Eval(job)
     done = e.dir / f"{CHECK[:-5]}_x{factor}.json"
     if done.exists():

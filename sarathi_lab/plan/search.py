@@ -9,11 +9,11 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from sarathi_lab import capacity
 from sarathi_lab.plan import space as sp
 from sarathi_lab.plan.evaluate import check, evaluate
 from sarathi_lab.plan.prices import load_prices, price_of
 from sarathi_lab.settings import ConfigError
+from sarathi_lab.sweeps import capacity
 
 BACKENDS = ("joblib", "ray", "serial")
 METHODS = ("bisect", "exhaustive")
@@ -138,7 +138,7 @@ def _prune(c: dict, overrides: list[str], trace) -> str:
     """Why the candidate cannot run at all ("" when it can): a setting its components refuse,
     weights and one request's KV that do not fit the GPU (the simulator's own KV sizing,
     `runner.build`), or requests longer than its context."""
-    from sarathi_lab.config import follow_the_user, resolve
+    from sarathi_lab.run.config import follow_the_user, resolve
     try:
         follow_the_user(c, overrides)
         resolve(c, overrides)
@@ -152,7 +152,7 @@ def prepare(p: dict, base: list[str], out_dir: Path, log=print, user: list[str] 
             ) -> tuple[list[dict], list[dict]]:
     """(jobs to evaluate, rows of the candidates pruned before running). `user`: the plan's
     keys set on the command line (plan.n_jobs, ...)."""
-    from sarathi_lab.config import follow_the_user
+    from sarathi_lab.run.config import follow_the_user
     from sarathi_lab.traces import build_trace
     check_plan(p, user)
     prices_where = p.get("prices") or "the shipped price table"
@@ -261,7 +261,7 @@ def _on_ray(jobs: list[dict], address) -> Iterator[dict]:
             from None
     from omegaconf import OmegaConf
 
-    from sarathi_lab.sweeps import _start_ray
+    from sarathi_lab.sweeps.bookkeeping import _start_ray
     _start_ray(OmegaConf.create({"address": address}))
     task = ray.remote(num_cpus=1, max_retries=0)(evaluate)
     pending = [task.remote(j) for j in jobs]

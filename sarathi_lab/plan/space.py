@@ -149,7 +149,7 @@ class Composer:
         self._cache: dict[tuple, dict] = {}
 
     def composed(self, groups: list[str]) -> dict:
-        from sarathi_lab.sweeps import compose_config
+        from sarathi_lab.sweeps.bookkeeping import compose_config
         key = tuple(groups)
         if key not in self._cache:
             self._cache[key] = compose_config(self.base + ["mode=capacity"] + groups)

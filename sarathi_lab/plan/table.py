@@ -77,7 +77,7 @@ def format_table(df: pd.DataFrame, top: int) -> str:
 def write(df: pd.DataFrame, out_dir: Path) -> list[Path]:
     """plan.parquet, and pareto.png when a row is feasible."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    from sarathi_lab import rundir
+    from sarathi_lab.run import rundir
     paths = [out_dir / TABLE]
     rundir.atomic_write(paths[0], lambda p: df.to_parquet(p, index=False))
     if (df["status"] == "feasible").any():

@@ -15,7 +15,6 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from sarathi_lab import rundir
 from sarathi_lab.metrics import tbt_gaps
 from sarathi_lab.plots.lines import (
     Line,
@@ -38,6 +37,7 @@ from sarathi_lab.plots.style import (
     slo_value,
 )
 from sarathi_lab.report.seeds import spread_rows
+from sarathi_lab.run import rundir
 
 MAX_LINES = 8
 BAND_NOTE = "bands: spread over seeds (min-max for 2-3 seeds, 95% t interval from 4)"

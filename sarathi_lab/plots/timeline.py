@@ -8,7 +8,6 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from sarathi_lab import rundir
 from sarathi_lab.metrics import tbt_gaps
 from sarathi_lab.plots.style import (
     Skip,
@@ -19,6 +18,7 @@ from sarathi_lab.plots.style import (
     plain_log,
     simulated,
 )
+from sarathi_lab.run import rundir
 
 
 def _rects(it: pd.DataFrame):

@@ -30,9 +30,9 @@ def host_hardware(name: str) -> dict:
 
 def build_executor(overrides: list[str]):
     """The torch executor and model preset of `sarathi-lab executor=torch <overrides>`."""
-    from sarathi_lab.config import resolve
+    from sarathi_lab.run.config import resolve
     from sarathi_lab.settings import ConfigError
-    from sarathi_lab.sweeps import compose_config
+    from sarathi_lab.sweeps.bookkeeping import compose_config
     c = compose_config(["executor=torch", *overrides])
     r = resolve(c, ["executor=torch", *overrides])
     if r.executor_cls.__name__ != "TorchExecutor":

@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from sarathi_lab import rundir
 from sarathi_lab.replay.loads import Endpoint, replay
 from sarathi_lab.replay.prompts import APIS, PROMPTS, prompts
 from sarathi_lab.replay.results import remote_section, requests_frame, write
+from sarathi_lab.run import rundir
 from sarathi_lab.settings import ConfigError
 
 READ = ("trace", "slo", "seed")   # the config keys a replay reads
@@ -28,7 +28,7 @@ def compose(overrides: list[str]) -> dict:
     """{trace, slo, seed} of `sarathi-lab <overrides>`; an override of any other key is an error
     (no component of a replay would read it). `slo` is None unless an override names one;
     `slo=none` (or `slo=null`, `~slo`) names none."""
-    from sarathi_lab.sweeps import compose_config
+    from sarathi_lab.sweeps.bookkeeping import compose_config
     for o in overrides:
         key = o.split("=", 1)[0].lstrip("+~")
         if ("=" not in o and not o.startswith("~")) or \
@@ -63,8 +63,8 @@ def run_replay(overrides: list[str], ep: Endpoint, out: Path, *, api_key_env: st
     """Replay the configured trace against `ep` and write the run directory `out`; returns the
     summary. `prompt`: ids or text (replay.prompts); `warmup`: copies of the trace's first N
     requests sent before it, not measured."""
-    from sarathi_lab.closed_loop import ThinkTime
     from sarathi_lab.traces import build_trace, to_requests
+    from sarathi_lab.traces.clients import ThinkTime
     check_url(ep.base_url)
     if (Path(out) / rundir.SUMMARY).exists():
         raise ConfigError(f"--out {out}: already holds a run ({rundir.SUMMARY}); give another "

@@ -116,7 +116,7 @@ async def _replay(requests, prompts, ep: Endpoint, headers: dict, clients: int |
                 tasks.append(asyncio.ensure_future(gated(i) if gate else one(i)))
             await asyncio.gather(*tasks)
         else:
-            from sarathi_lab.closed_loop import THINK_STREAM
+            from sarathi_lab.traces.clients import THINK_STREAM
             queue = iter(range(len(requests)))
 
             async def user(u: int) -> None:

@@ -1,4 +1,4 @@
-"""The measured requests as the run-directory contract of a simulated run (sarathi_lab/rundir.py):
+"""The measured requests as the run-directory contract of a simulated run (sarathi_lab/run/rundir.py):
 `requests.parquet` with the simulator's columns (filled by the same `metrics.requests_table`), an
 empty `iterations.parquet` (a client sees no server iterations) and `summary.json` by the same
 `metrics.summarize`, with `executor: remote`, the endpoint and the model.
@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sarathi_lab import rundir
 from sarathi_lab.metrics import iterations_table, rejection_kind, requests_table, summarize
 from sarathi_lab.replay.stream import Outcome
 from sarathi_lab.request import Status
+from sarathi_lab.run import rundir
 
 # server-iteration figures summarize would compute from an empty iterations table
 NOT_OBSERVED = ("num_iterations", "stalls", "batch", "queue")

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sarathi_lab import rundir
+from sarathi_lab.run import rundir
 
 US = 1e6   # the format's times are microseconds
 # the iteration columns a slice carries in its args, where the table has them

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from sarathi_lab import rundir
 from sarathi_lab.report.jobs import incomplete_jobs, incomplete_lines
 from sarathi_lab.report.markdown import KEY_COLUMNS, spread_view, write_markdown
 from sarathi_lab.report.seeds import by_config
@@ -19,6 +18,7 @@ from sarathi_lab.report.tables import (
     saved_tables,
     write_tables,
 )
+from sarathi_lab.run import rundir
 
 MAX_LINES = 8          # lines on one axes; more are split into small multiples (--max-lines)
 
@@ -57,7 +57,7 @@ def make_report(paths, out, *, pdf: bool = False, timeline: str = "auto", window
     paths = [Path(p) for p in paths]
     out = Path(out)
     # a served session that did not stop cleanly left its journal: its run directory first
-    from sarathi_lab.journal import partial_dirs, recover
+    from sarathi_lab.run.journal import partial_dirs, recover
     partial, live = partial_dirs(paths)
     for d in partial:
         recover(d)

@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from sarathi_lab import rundir
 from sarathi_lab.report.tables import find
+from sarathi_lab.run import rundir
 
 _RESULTS = ("summary.json", "capacity.json")
 
 
 def _sweep_log_status(sweep_dir: Path) -> dict:
     """{job directory name: (status, detail)} from the job's latest line in sweep.log."""
-    from sarathi_lab.sweeps import dirname
+    from sarathi_lab.sweeps.bookkeeping import dirname
     out = {}
     try:
         text = (sweep_dir / "sweep.log").read_text()
@@ -32,7 +32,7 @@ def incomplete_jobs(paths) -> pd.DataFrame:
     `failed` (an error.txt, or a failed line in sweep.log when the disk took no error.txt),
     `unfinished` (a job directory with neither a result nor an error: running, interrupted or
     killed) and `not started` (sweep.json counts more jobs than there are directories)."""
-    from sarathi_lab.sweeps import sweep_holder
+    from sarathi_lab.sweeps.bookkeeping import sweep_holder
     rows, per_sweep, logs = [], {}, {}
     for d in find(paths, ".hydra"):
         per_sweep[d.parent] = per_sweep.get(d.parent, 0) + 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from sarathi_lab import rundir
+from sarathi_lab.run import rundir
 
 KEY_COLUMNS = ("label", "policy", "token_budget", "load_mode", "offered_qps", "ttft_p50",
                "ttft_p99", "tbt_p50", "tbt_p99", "stalls_count", "stalls_worst_s",

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sarathi_lab import rundir
 from sarathi_lab.report.cells import plain
 from sarathi_lab.report.seeds import config_ids, is_seed_key
+from sarathi_lab.run import rundir
 from sarathi_lab.settings import missing
 
 POLICY_ORDER = ("request_level", "orca", "vllm", "sarathi")
@@ -182,7 +182,7 @@ def run_table(paths) -> pd.DataFrame:
 
 def capacity_table(paths) -> pd.DataFrame:
     """One row per (capacity search, criterion) below `paths`."""
-    from sarathi_lab.capacity import capacity_rows
+    from sarathi_lab.sweeps.capacity import capacity_rows
     rows, keys = [], []
     for d in find(paths, rundir.CAPACITY):
         res = rundir.read_json(d / rundir.CAPACITY)

@@ -149,12 +149,12 @@ class Policy(Admission, Preemption, Progress, abc.ABC):
     redefined unknowingly: a class that does is refused unless it lists the name in
     `overrides` (HOOKS, meant to be overridden, need no entry).
 
-    The engine-facing interface (what the engine and the topologies call): `add_request`,
-    `schedule`, `update`, `has_work`, `reject`, `adopt` (a disaggregated decode replica),
-    `abort` (a served request whose client went away), `swap_in_possible`, `token_limit`,
-    `whole_prompts` and the `fast_forward` declaration (`fast_forward_off`); the run layer's
-    `parse_config`, `setting_classes`, `needs_predictor`, `unread_settings`, `swap_blocks` and,
-    once, `bind_predictor`.
+    What the layers above use of a policy is `PolicyInterface` (interface.py), and only that:
+    the engine's calls (`schedule`, `update`, `add_request`, `adopt`, `abort`, `reject`,
+    `has_work`, `swap_in_possible`, `token_limit`, `rejection_reason`, `admission_blocker`),
+    `bind_engine` and `bind_predictor` once, the run layer's classmethods, and a few views of
+    state (`running`, `waiting`, `swapped`, `kv`, `cfg`, ...). tests/test_contracts.py checks
+    that no module outside schedulers/ uses any other name.
     """
 
     name: ClassVar[str] = "base"
@@ -211,6 +211,14 @@ class Policy(Admission, Preemption, Progress, abc.ABC):
         """The setting that makes this policy need a predictor of iteration time (a budget
         controller that prices batches), or None; checked against the executor at start-up."""
         return None
+
+    def bind_engine(self, clock, output_len) -> None:
+        """Called once by the engine that runs this policy: its clock (`Engine.clock`, which
+        admission control reads) and, for a policy that declares ``oracle = True``, the
+        executor's true output lengths (`oracle_output_len`; None for the others)."""
+        self._output_len = output_len
+        if self.admission is not None:
+            self.admission.bind_clock(clock)
 
     def bind_predictor(self, predictor, slo=None) -> None:
         """Called once by the run layer: the executor's predictor of iteration time

@@ -1,5 +1,6 @@
 """Orca (OSDI'22): iteration-level scheduling; every iteration runs the decodes of running
 requests plus the whole prefills of newly admitted ones. KV is reserved for max length."""
+from sarathi_lab.schedulers.mechanics.budget import Budget
 from sarathi_lab.schedulers.mechanics.fast_forward import ORCA
 from sarathi_lab.schedulers.output import SchedulerOutput
 from sarathi_lab.schedulers.whole_prompt import WholePromptPolicy
@@ -11,7 +12,8 @@ class Orca(WholePromptPolicy):
     fast_forward = ORCA   # its steady decode runs (mechanics/fast_forward.py)
 
     def schedule(self, now):
-        out = SchedulerOutput()
+        out, budget = SchedulerOutput(), Budget(self.token_cap)
         self.decode_reserved(out)
-        self.admit_waiting(out, self.token_cap - out.total_tokens, whole=True)
+        budget.charge_decodes(out)
+        self.admit_waiting(out, budget, whole=True)
         return out

@@ -66,5 +66,5 @@ class OrderedSarathi(Sarathi):
             else:
                 admitting = False   # no overtaking; started prefills go on
         # swapped requests (admission waits for them) take what ongoing prefills left
-        self.swap_in_waiting(out, budget.left)
+        self.swap_in_waiting(out, budget)
         return out

@@ -1,5 +1,6 @@
 """Request-level batching (FasterTransformer): a batch is admitted only when nothing runs and
 runs to completion. KV is reserved for max length."""
+from sarathi_lab.schedulers.mechanics.budget import Budget
 from sarathi_lab.schedulers.mechanics.fast_forward import REQUEST_LEVEL
 from sarathi_lab.schedulers.output import SchedulerOutput
 from sarathi_lab.schedulers.whole_prompt import WholePromptPolicy
@@ -15,5 +16,5 @@ class RequestLevel(WholePromptPolicy):
         if self.running:
             self.decode_reserved(out)
             return out
-        self.admit_waiting(out, self.token_cap, whole=True)
+        self.admit_waiting(out, Budget(self.token_cap), whole=True)
         return out

@@ -91,7 +91,7 @@ class Sarathi(Consulting, Policy):
                 new_blocks = self.kv.allocate_blocks(req, n)
                 assert new_blocks == [], "prompt blocks are held from admission"
                 budget.add(out, req, n)
-        self.admit_waiting(out, budget.left)   # then new prefills, chunked to what is left
+        self.admit_waiting(out, budget)   # then new prefills, chunked to what is left
         return out
 
     def token_limit(self):

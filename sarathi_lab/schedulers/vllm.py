@@ -2,6 +2,7 @@
 wait for them, which is what stalls generation. With preemption by swap, no prompt is admitted
 while a request is swapped out; swapped requests come back as decodes beside the running ones,
 in a batch that preempted nothing (vLLM v0's `_schedule_default`)."""
+from sarathi_lab.schedulers.mechanics.budget import Budget
 from sarathi_lab.schedulers.mechanics.fast_forward import VLLM
 from sarathi_lab.schedulers.output import SchedulerOutput
 from sarathi_lab.schedulers.whole_prompt import WholePromptPolicy
@@ -13,10 +14,11 @@ class VLLM(WholePromptPolicy):
     speculates = True
 
     def schedule(self, now):
-        out = SchedulerOutput()
+        out, budget = SchedulerOutput(), Budget(self.token_cap)
         if not self.swapped:
-            self.admit_waiting(out, self.token_cap, whole=True)
+            self.admit_waiting(out, budget, whole=True)
         if not out:
             self.schedule_decodes(out, list(self.running))
-            self.swap_in_waiting(out, self.token_cap - out.total_tokens, whole=True)
+            budget.charge_decodes(out)   # a speculative decode costs 1 + k
+            self.swap_in_waiting(out, budget, whole=True)
         return out

@@ -6,7 +6,7 @@ Configured as `sarathi-lab` is (configs/serve.yaml: its groups, executor=torch b
 aborted and the run directory is written as any run's (requests.parquet, iterations.parquet,
 summary.json with ``served``), so `sarathi-lab-report` reads a served session as it reads a
 simulated one. Until then the requests that ended are in the run directory's journal
-(`sarathi_lab.journal`), which a crash leaves for `sarathi-lab-report` to recover. Exit status:
+(`sarathi_lab.run.journal`), which a crash leaves for `sarathi-lab-report` to recover. Exit status:
 0, or 1 when the configuration is refused, the engine failed or died, or the run directory
 could not be written.
 """
@@ -215,7 +215,7 @@ def main() -> None:
         sys.exit(f"{PROG}: error: aiohttp is not installed: pip install 'sarathi-lab[serve]'")
     if any(a in ("-m", "--multirun") for a in sys.argv[1:]):
         sys.exit(f"{PROG}: error: -m: a server serves one configuration (no multirun)")
-    from sarathi_lab.sweeps import register_resolvers
+    from sarathi_lab.sweeps.bookkeeping import register_resolvers
     register_resolvers()
     _main()
 

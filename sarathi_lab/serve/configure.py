@@ -31,7 +31,7 @@ def check(c: dict, r) -> None:
 def configure(c: dict, overrides: list[str]):
     """(run config, `ServeConfig`, `Resolved`) from the composed configs/serve.yaml, checked
     before anything is built: every setting typed, none unread, nothing a server cannot be."""
-    from sarathi_lab.config import resolve
+    from sarathi_lab.run.config import resolve
     from sarathi_lab.serve.settings import ServeConfig
     from sarathi_lab.settings import ConfigError, parse
     try:

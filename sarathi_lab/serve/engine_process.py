@@ -19,7 +19,7 @@ encoded with msgspec's MessagePack (pickle where msgspec is not installed) over 
 
 The engine process ignores SIGINT (Ctrl-C reaches the whole process group; the HTTP process
 stops it in order) and exits when the HTTP process goes away (its pipe closes): the journal
-(`sarathi_lab.journal`) keeps what had ended.
+(`sarathi_lab.run.journal`) keeps what had ended.
 """
 from __future__ import annotations
 
@@ -141,12 +141,12 @@ def _halt(link: Link, worker) -> dict | None:
 def _build(link, c, overrides, sc_values, run_dir: Path, num_threads, served_base: dict):
     """(worker, journal, finish(worker) -> (text, error or None))."""
     from sarathi_lab.engine import Engine
-    from sarathi_lab.journal import Journal
-    from sarathi_lab.runner import build, results, write_run
+    from sarathi_lab.run.journal import Journal
+    from sarathi_lab.run.runner import build, results, write_run
+    from sarathi_lab.run.summary_text import format_summary
     from sarathi_lab.serve.configure import configure
     from sarathi_lab.serve.text import StopWatch, load_tokenizer
     from sarathi_lab.serve.worker import Worker
-    from sarathi_lab.summary_text import format_summary
     from sarathi_lab.topology import OpenLoop, Single
     from sarathi_lab.topology.results import replica_gpus
     t0 = time.perf_counter()

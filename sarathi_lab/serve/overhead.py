@@ -26,8 +26,8 @@ OVERRIDES = ["executor=torch", "model=tiny-llama", "executor.device=cpu",
 def _in_process(prompts, out_len: int, burst: bool):
     from sarathi_lab.engine import Engine
     from sarathi_lab.request import Request
-    from sarathi_lab.runner import build
-    from sarathi_lab.sweeps import compose_config
+    from sarathi_lab.run.runner import build
+    from sarathi_lab.sweeps.bookkeeping import compose_config
     c = compose_config(OVERRIDES)
     policy, ex = build(c)
     e = Engine(policy, ex)

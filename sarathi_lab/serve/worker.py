@@ -56,7 +56,7 @@ class Worker:
     """Steps `engine` (built as a run's: `runner.build`) and talks to the HTTP process through
     `link` (`engine_process.Link`: `poll(timeout)`, `recv()`, `send(msg)`). `stop_watch(stops)`:
     a new `serve.text.StopWatch` for a request that gives stop strings (None without a
-    tokenizer). `journal`: a `sarathi_lab.journal.Journal` that ended requests go to."""
+    tokenizer). `journal`: a `sarathi_lab.run.journal.Journal` that ended requests go to."""
 
     def __init__(self, engine, link, stop_watch=None, journal=None):
         self.engine = engine

@@ -10,7 +10,7 @@ request ended twice, or on an engine it was never given).
 """
 from __future__ import annotations
 
-from sarathi_lab.guard import RuleViolation
+from sarathi_lab.engine.guard import RuleViolation
 from sarathi_lab.request import Status
 
 _ENDED = (Status.FINISHED, Status.REJECTED)

@@ -1,7 +1,7 @@
 """Closed-loop clients as a source of events on the driver's clock, on any topology.
 
 N users, each sending its next request a think time after its previous answer ended
-(`closed_loop.py` describes the load and holds its settings, `ThinkTime`): whenever a user is
+(`traces/clients.py` describes the load and holds its settings, `ThinkTime`): whenever a user is
 ready, it sends the next request of the trace not yet sent, its `arrival_time` being the moment
 it is sent (a relative deadline moves with it). A user's send is an event on the driver's heap
 (users ready at the same instant send in user order); the topology tells the load when a request
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from sarathi_lab.closed_loop import THINK_STREAM, ThinkTime
 from sarathi_lab.request import Request
+from sarathi_lab.traces.clients import THINK_STREAM, ThinkTime
 from sarathi_lab.traces.precision import MAX_ARRIVAL_S, unresolvable
 
 

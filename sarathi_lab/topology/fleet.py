@@ -21,10 +21,9 @@ import math
 from numbers import Integral
 
 from sarathi_lab.engine import Engine
-from sarathi_lab.guard import RuleViolation
+from sarathi_lab.engine.guard import RuleViolation
 from sarathi_lab.metrics import iterations_table, summarize
 from sarathi_lab.request import Request
-from sarathi_lab.routers import ReplicaView, Router
 from sarathi_lab.topology.accounting import plugin
 from sarathi_lab.topology.driver import Topology
 from sarathi_lab.topology.results import (
@@ -35,6 +34,7 @@ from sarathi_lab.topology.results import (
     replica_gpus,
     requests_frame,
 )
+from sarathi_lab.topology.routers import ReplicaView, Router
 
 
 class Counts:
@@ -78,7 +78,7 @@ class Fleet(Topology):
         if not engines:
             raise ValueError("cluster.num_replicas: a fleet needs at least one engine")
         if router is not None and not isinstance(router, Router):
-            raise TypeError(f"router {router!r} is not a sarathi_lab.routers.Router")
+            raise TypeError(f"router {router!r} is not a sarathi_lab.topology.routers.Router")
         if router is None and len(engines) != 1:
             raise ValueError(f"{len(engines)} engines without a router: only one engine needs "
                              "none")

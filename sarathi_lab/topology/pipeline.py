@@ -39,7 +39,6 @@ import numpy as np
 
 from sarathi_lab.engine import ITER_COLUMNS, Engine
 from sarathi_lab.metrics import iterations_table, summarize
-from sarathi_lab.routers import Router, RouterConfig
 from sarathi_lab.topology.fleet import Fleet
 from sarathi_lab.topology.results import (
     one_kv_size,
@@ -48,6 +47,7 @@ from sarathi_lab.topology.results import (
     replica_gpus,
     requests_frame,
 )
+from sarathi_lab.topology.routers import Router, RouterConfig
 
 #: columns the iterations table gains under pipeline parallelism (besides bubble_stage<s>)
 PIPELINE_COLUMNS = ("virtual_engine", "pipeline_enter", "bubble")

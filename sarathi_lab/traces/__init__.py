@@ -40,6 +40,8 @@ One module per idea, each importing only modules above it in this list (the `tra
 pyproject.toml, checked by tests/test_layers.py):
 
     streams      seeded random streams, one per knob
+    clients      the closed-loop users' settings (ClientSettings, ThinkTime), which every
+                 trace may set; topology.clients runs them as events
     frame        the frame's columns; to_requests
     files        shipped names and files; reading text and gzip
     filters      the length filters
@@ -56,9 +58,8 @@ pyproject.toml, checked by tests/test_layers.py):
     mixes        workload mixes (classes, tenants): MixConfig, build_mix
     build        TraceConfig, parse_trace_config, build_trace (one trace or a mix)
 
-This package sits just above `request` and `settings` and imports nothing else of the project
-but `closed_loop` (the closed-loop clients' settings, which every trace may set, and the think
-time that multi-turn sessions share with them).
+This package sits just above `request`, `settings` and `resources` (bounds on what a
+generated trace may hold) and imports nothing else of the project.
 """
 from sarathi_lab.traces.arrivals import ARRIVALS, burst_of, check_arrival_settings
 from sarathi_lab.traces.build import (

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from sarathi_lab.closed_loop import ClientSettings
 from sarathi_lab.settings import parse, plain, setting
 from sarathi_lab.traces.arrivals import ARRIVALS, burst_of, check_arrival_settings
+from sarathi_lab.traces.clients import ClientSettings
 from sarathi_lab.traces.files import SHIPPED
 from sarathi_lab.traces.load import load_trace
 from sarathi_lab.traces.mixes import MixConfig, build_mix
@@ -22,7 +22,7 @@ from sarathi_lab.traces.synthetic import synthetic_trace
 class TraceConfig(ClientSettings):
     """A ``configs/trace/*.yaml`` entry: a trace to load (``path``) or to generate (``path:
     null`` with ``prompt_len`` and ``output_len`` specs); with ``clients``, served by that many
-    closed-loop users instead of at its arrival times (closed_loop.py)."""
+    closed-loop users instead of at its arrival times (traces/clients.py)."""
     name: str | None = setting(None, help="label used in reports")
     path: str | None = setting(None, help="a shipped trace's name or a file; null: generated")
     num_requests: int | None = setting(None, ge=1, help="the first N; null: the whole trace")

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from sarathi_lab.closed_loop import ClientSettings
 from sarathi_lab.settings import ConfigError, parse, setting
 from sarathi_lab.traces.arrivals import ARRIVALS, burst_of, check_arrival_settings
+from sarathi_lab.traces.clients import ClientSettings
 from sarathi_lab.traces.frame import SERVICE_DEFAULTS
 from sarathi_lab.traces.load import load_trace
 from sarathi_lab.traces.synthetic import synthetic_trace

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from sarathi_lab.closed_loop import ClientSettings, ThinkTime
 from sarathi_lab.resources import ID_BYTES, REQUEST_BYTES, TOKEN_BYTES, check_memory
 from sarathi_lab.settings import ConfigError, plain, setting
 from sarathi_lab.traces.arrivals import arrival_times
+from sarathi_lab.traces.clients import ClientSettings, ThinkTime
 from sarathi_lab.traces.lengths import distribution, length_sampler
 from sarathi_lab.traces.streams import ARRIVAL_STREAM, IDS_STREAM, TURNS_STREAM, stream_rng
 from sarathi_lab.traces.tokens import DEFAULT_VOCAB

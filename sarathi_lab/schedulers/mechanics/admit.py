@@ -11,6 +11,7 @@ overtaking). A mixin of `Policy` (it reads the policy's `cfg`, `kv`, `waiting`, 
 from __future__ import annotations
 
 from sarathi_lab.request import Request, Status
+from sarathi_lab.schedulers.mechanics.budget import Budget, check_budget
 from sarathi_lab.schedulers.output import SchedulerOutput
 
 
@@ -121,15 +122,16 @@ class Admission:
         req.finish_reason = None
         self.running.append(req)
 
-    def admit_waiting(self, out: SchedulerOutput, budget: int, whole: bool = False) -> int:
-        """Admit waiting requests in queue order while they fit (`budget` tokens, max_num_seqs,
-        KV); add their tokens to `out`; return the budget left. Stops at the first that does
-        not fit: no request overtakes the queue's head. Swapped requests come first
-        (`swap_in_waiting`): none is admitted while any stays swapped."""
-        budget = self.swap_in_waiting(out, budget, whole)
+    def admit_waiting(self, out: SchedulerOutput, budget: Budget, whole: bool = False) -> int:
+        """Admit waiting requests in queue order while they fit (`budget`'s tokens left,
+        max_num_seqs, KV); add their tokens to `out`, charged to `budget`; return what is left.
+        Stops at the first that does not fit: no request overtakes the queue's head. Swapped
+        requests come first (`swap_in_waiting`): none is admitted while any stays swapped."""
+        check_budget(budget, "admit_waiting")
+        self.swap_in_waiting(out, budget, whole)
         while self.waiting:
             req = self.waiting.peek()
-            n = self.admit(req, budget, whole)
+            n = self.admit(req, budget.left, whole)
             if not n:
                 # a preempted request that has grown may no longer fit at all: it would wait
                 # forever at the head of the queue
@@ -139,9 +141,8 @@ class Admission:
                 self.reject(self.waiting.pop(), reason)
                 out.rejected.append(req)
                 continue
-            out.add(self.running[-1], n)
-            budget -= n
-        return budget
+            budget.add(out, self.running[-1], n)
+        return budget.left
 
     def head_blocked(self, max_tokens: int, whole: bool = False) -> bool:
         """True if admitting the queue's head with `max_tokens` would fail now and keep failing

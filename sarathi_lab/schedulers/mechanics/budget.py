@@ -46,3 +46,12 @@ class Budget:
         out.add(req, n)
         self.left -= n
         self._charged += 1
+
+
+def check_budget(budget, who: str) -> None:
+    """The toolkit's calls that fill a batch take a `Budget` (so what each entry costs is
+    charged in one place); a plain number is refused, naming the call."""
+    if not isinstance(budget, Budget):
+        raise TypeError(f"{who}(out, budget): budget must be a Budget "
+                        f"(sarathi_lab.schedulers.mechanics.budget), not "
+                        f"{type(budget).__name__} {budget!r}; e.g. Budget(self.token_limit())")

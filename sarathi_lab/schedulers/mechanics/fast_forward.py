@@ -48,7 +48,7 @@ off and compare the results exactly. The built-in policies' declarations are at 
 this module, out of the policy modules, which read as their papers describe them (each names
 its own: `fast_forward = fast_forward.SARATHI`); each predicate states why the policy's
 `schedule()` would give exactly that run. The engine's side of fast-forward, the runs
-themselves, is `sarathi_lab/fast_forward.py`.
+themselves, is `sarathi_lab/engine/fast_forward.py`.
 """
 from __future__ import annotations
 

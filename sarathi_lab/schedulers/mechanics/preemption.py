@@ -12,6 +12,7 @@ from bisect import insort
 from operator import attrgetter
 
 from sarathi_lab.request import Request, Status
+from sarathi_lab.schedulers.mechanics.budget import Budget, check_budget
 from sarathi_lab.schedulers.output import SchedulerOutput
 
 # vLLM's default swap_space: 4 GiB of host memory per GPU
@@ -82,16 +83,18 @@ class Preemption:
         out.preempted.append(req)
         out.swapped_out.append((req, pairs))
 
-    def swap_in_waiting(self, out: SchedulerOutput, budget: int, whole: bool = False) -> int:
-        """Swap requests back in, oldest arrival first, while they fit (max_num_seqs, `budget`
-        tokens, their blocks above the watermark: vLLM v0's can_swap_in), each with its next
-        tokens (up to `budget`; all of them if `whole`) added to `out`; return the budget left.
+    def swap_in_waiting(self, out: SchedulerOutput, budget: Budget, whole: bool = False) -> int:
+        """Swap requests back in, oldest arrival first, while they fit (max_num_seqs, `budget`'s
+        tokens left, their blocks above the watermark: vLLM v0's can_swap_in), each with its
+        next tokens (up to what is left; all of them if `whole`) added to `out` and charged to
+        `budget`; return what is left.
         Nothing is swapped in by a batch that preempted (vLLM: it means there is no room). A
         swapped request that could never get its blocks back is rejected."""
+        check_budget(budget, "swap_in_waiting")
         if not self.swapped or out.preempted:
-            return budget
+            return budget.left
         kv, seats = self.kv, self.cfg.max_num_seqs
-        while self.swapped and budget > 0:
+        while self.swapped and budget:
             req = self.swapped[0]
             need = kv.swap_in_blocks(req)
             if need > kv.num_blocks - self.watermark:
@@ -105,7 +108,7 @@ class Preemption:
                 continue
             todo = req.num_tokens_to_compute
             if len(self.running) >= seats or need > kv.num_free_blocks - self.watermark \
-                    or (whole and todo > budget):
+                    or (whole and todo > budget.left):
                 break
             pairs = kv.swap_in(req)
             self.swapped.pop(0)
@@ -113,13 +116,11 @@ class Preemption:
             req.num_swap_ins += 1
             self.running.append(req)
             out.swapped_in.append((req, pairs))
-            n = min(todo, budget)
             decode = req.is_decoding
-            out.add(req, n)
+            budget.add(out, req, budget.chunk(req))
             if decode and out.num_decodes is not None:
                 out.num_decodes += 1
-            budget -= n
-        return budget
+        return budget.left
 
     def swap_in_possible(self) -> bool:
         """Whether the swapped queue's head could be swapped in now (seats and KV blocks): a

@@ -4,7 +4,7 @@ driver's clock, a request's KV moving between them over a link.
 - `transfer`: the link (`Link`, from the hardware preset) and the time a KV move takes
   (`Transfer`);
 - `settings`: the link's settings (`DisaggConfig`; each pool is resolved as a run by the run
-  layer, `sarathi_lab.disagg_config`);
+  layer, `sarathi_lab.run.disagg`);
 - `topology`: `Disaggregated`, both pools as one topology, and its tables and summary.
 
 Design and metrics: sarathi_lab/DESIGN.md, "Disaggregated prefill/decode".

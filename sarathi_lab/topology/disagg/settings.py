@@ -1,5 +1,5 @@
 """The settings of disaggregated prefill/decode (``cluster=disagg``): the link between the pools.
-Each pool's own settings are a run's, resolved by the run layer (`sarathi_lab.disagg_config`)."""
+Each pool's own settings are a run's, resolved by the run layer (`sarathi_lab.run.disagg`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -33,10 +33,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from sarathi_lab.engine import Engine
-from sarathi_lab.guard import RuleViolation
+from sarathi_lab.engine.guard import RuleViolation
 from sarathi_lab.metrics import queue_stats, summarize, transfer_stats
 from sarathi_lab.request import Request
-from sarathi_lab.routers import Router
 from sarathi_lab.topology.accounting import plugin
 from sarathi_lab.topology.disagg.settings import POOLS
 from sarathi_lab.topology.disagg.transfer import Transfer
@@ -48,6 +47,7 @@ from sarathi_lab.topology.results import (
     pooled_prefix,
     requests_frame,
 )
+from sarathi_lab.topology.routers import Router
 
 
 @dataclass(slots=True)
@@ -78,7 +78,7 @@ class Disaggregated(Topology):
                              "each pool needs at least one engine")
         for r in (prefill_router, decode_router):
             if not isinstance(r, Router):
-                raise TypeError(f"router {r!r} is not a sarathi_lab.routers.Router")
+                raise TypeError(f"router {r!r} is not a sarathi_lab.topology.routers.Router")
         for e in decode:
             assert not e.kv.enable_prefix_caching, "the decode pool keeps no prefix cache"
         self.prefill, self.decode = prefill, decode

@@ -19,8 +19,8 @@ import socket
 import time
 from pathlib import Path
 
-from sarathi_lab import rundir
 from sarathi_lab.request import Request, Status
+from sarathi_lab.run import rundir
 
 JOURNAL = "journal"
 SESSION = "session.json"

@@ -8,10 +8,10 @@ import dataclasses
 from dataclasses import dataclass
 
 from sarathi_lab import registry
-from sarathi_lab.routers import RoundRobin, Router, RouterConfig
 from sarathi_lab.settings import ConfigError, parse
 from sarathi_lab.topology.disagg.settings import POOLS, DisaggConfig
 from sarathi_lab.topology.disagg.transfer import Link, Transfer
+from sarathi_lab.topology.routers import RoundRobin, Router, RouterConfig
 
 
 @dataclass

@@ -99,9 +99,9 @@ def check_jobs(config: DictConfig) -> str | None:
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
 
-    from sarathi_lab.cli_errors import explain
-    from sarathi_lab.config import resolve
     from sarathi_lab.resources import check_run
+    from sarathi_lab.run.config import resolve
+    from sarathi_lab.run.hydra_errors import explain
     jobs = job_overrides(config)
     if not jobs:
         return None

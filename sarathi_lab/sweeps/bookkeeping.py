@@ -22,7 +22,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from sarathi_lab.rundir import atomic_write
+from sarathi_lab.run.rundir import atomic_write
 
 LOCK = "sweep.lock"
 LOCK_PATIENCE_S = 1.0   # a reader probing the lock (sarathi-lab-report) holds it for an instant
@@ -258,9 +258,9 @@ def sweep_holder(sweep_dir: Path) -> str | None:
 
 
 def count_jobs(config: DictConfig) -> int | None:
-    """How many jobs the basic sweeper will launch (`sweep_check.job_overrides`); None for
+    """How many jobs the basic sweeper will launch (`sweeps.check.job_overrides`); None for
     another sweeper or a sweep that cannot be enumerated up front."""
-    from sarathi_lab.sweep_check import job_overrides
+    from sarathi_lab.sweeps.check import job_overrides
     jobs = job_overrides(config)
     return None if jobs is None else len(jobs)
 
@@ -292,7 +292,7 @@ class SweepLog(Callback):
         # hydra/launcher=ray, not ray_aws (which starts Ray on the machines it makes)
         if str(config.hydra.launcher.get("_target_", "")).endswith(".ray_launcher.RayLauncher"):
             _start_ray(config.hydra.launcher.ray.init)   # before anything is written
-        from sarathi_lab import sweep_check
+        from sarathi_lab.sweeps import check as sweep_check
         bad = sweep_check.check_jobs(config)   # before anything is written or started
         if bad is not None:
             raise Abort(f"sarathi-lab: error: sweep {config.name}: {bad}; no job was started")

@@ -13,7 +13,7 @@ import os
 from datetime import datetime
 from pathlib import Path
 
-from sarathi_lab import rundir
+from sarathi_lab.run import rundir
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ def log_wandb(c: dict, run_dir: Path, result: dict):
         if result.get("mode") == "capacity":
             import pandas as pd
 
-            from sarathi_lab.capacity import capacity_rows
+            from sarathi_lab.sweeps.capacity import capacity_rows
             for r in capacity_rows(result):
                 run.summary[f"capacity_{r['criterion']}_qps"] = r["capacity_qps"]
             run.log({"probes": wandb.Table(dataframe=pd.DataFrame(result["probes"]))})

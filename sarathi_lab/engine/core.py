@@ -13,9 +13,9 @@ from operator import attrgetter
 
 import numpy as np
 
+from sarathi_lab.engine.fast_forward import NO_SWAPS, FastForwardRuns, all_decoding
+from sarathi_lab.engine.guard import BatchGuard
 from sarathi_lab.executors.base import Executor, check_speculation
-from sarathi_lab.fast_forward import NO_SWAPS, FastForwardRuns, all_decoding
-from sarathi_lab.guard import BatchGuard
 from sarathi_lab.request import Request, Status
 from sarathi_lab.schedulers.base import Policy
 from sarathi_lab.schedulers.output import SchedulerOutput
@@ -88,10 +88,8 @@ class Engine(FastForwardRuns):
         self.kv = policy.kv
         executor.bind(self.kv)
         self.speculative = check_speculation(policy.cfg.num_speculative_tokens, executor)
-        if policy.oracle:
-            policy._output_len = executor.output_len
-        if policy.admission is not None:   # admission control reads this engine's clock
-            policy.admission.bind_clock(self.clock)
+        # admission control reads this engine's clock; an oracle policy, the true lengths
+        policy.bind_engine(self.clock, executor.output_len if policy.oracle else None)
         # skipping steady decode runs needs predicted durations and no real tokens (and every
         # step: a steady run's tokens per step would depend on the drafts accepted), and the
         # policy's declaration of its steady runs, the only thing read to skip them;

@@ -9,11 +9,12 @@ import sys
 import time
 from pathlib import Path
 
-from sarathi_lab import rundir
-from sarathi_lab.config import Resolved, check_settings_act, resolve
 from sarathi_lab.engine import Engine
 from sarathi_lab.kv import KVCacheManager
 from sarathi_lab.resources import check_run, output_tokens_held
+from sarathi_lab.run import rundir
+from sarathi_lab.run.config import Resolved, check_settings_act, resolve
+from sarathi_lab.schedulers.whole_prompt import WholePromptPolicy
 from sarathi_lab.settings import ConfigError, plain
 from sarathi_lab.topology import Fleet, OpenLoop, Single, drive
 
@@ -82,8 +83,8 @@ def used_settings(r: Resolved, policy) -> dict:
     sched.update(max_model_len=policy.max_model_len, num_kv_blocks=policy.kv.num_blocks)
     q = type(policy.waiting)   # a policy may order its queue itself (sarathi_priority's aging)
     sched["queue"] = f"{q.__module__}:{q.__qualname__}"
-    if hasattr(policy, "token_cap"):
-        sched["max_num_batched_tokens"] = policy.token_cap
+    if isinstance(policy, WholePromptPolicy):   # the batch cap it derived
+        sched["max_num_batched_tokens"] = policy.token_limit()
     if policy.kv.num_host_blocks:
         sched["num_swap_blocks"] = policy.kv.num_host_blocks
         if policy.cfg.num_swap_blocks is None:
@@ -194,7 +195,7 @@ def build_load(requests, trace: dict | None, frame=None):
     the requests were made from, says each one's session and turn) (topology/clients.py)."""
     trace = trace or {}
     clients = trace.get("clients")
-    from sarathi_lab.closed_loop import ThinkTime
+    from sarathi_lab.traces.clients import ThinkTime
     if "turns" in trace:
         if frame is None or "session" not in frame:
             raise ValueError("trace: multi-turn sessions (trace.turns) need the trace they were "

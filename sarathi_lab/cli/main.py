@@ -22,9 +22,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from sarathi_lab import rundir
+from sarathi_lab.run import rundir
 from sarathi_lab.settings import ConfigError
-from sarathi_lab.sweeps import (
+from sarathi_lab.sweeps.bookkeeping import (
     Abort,
     Interrupted,
     _Job,
@@ -45,7 +45,7 @@ _single_run_dir: Path | None = None   # a single run's directory, for what a sto
 def check_config(c: dict, overrides=None, multirun: bool = False):
     """Every component's settings typed and checked (`config.resolve`), before any run
     directory is made or model loaded. Returns the `Resolved` config."""
-    from sarathi_lab.config import follow_the_user, resolve
+    from sarathi_lab.run.config import follow_the_user, resolve
     follow_the_user(c, overrides)   # in place: the run reads c
     return resolve(c, overrides, drop_unread=multirun)
 
@@ -72,7 +72,7 @@ def _claim(sweep_dir: Path, resolved, job: _Job) -> str | None:
 
 def _key_metrics(mode: str, result: dict) -> str:
     if mode == "capacity":
-        from sarathi_lab.capacity import short_answer
+        from sarathi_lab.sweeps.capacity import short_answer
         return short_answer(result)
     s, slo = result, result.get("slo") or {}
 
@@ -134,18 +134,18 @@ def _execute(c: dict, job: _Job, resolved) -> dict:
     if job.parallel and c.get("progress", "auto") == "auto":
         c["progress"] = False    # bars of parallel jobs would overwrite each other
     if mode == "capacity":
-        from sarathi_lab.capacity import format_result, search
-        from sarathi_lab.config import without_unread
+        from sarathi_lab.run.config import without_unread
+        from sarathi_lab.sweeps.capacity import format_result, search
         # each probe resolves the config again: without the settings the multirun left out
         result = search(without_unread(c, resolved.notes), job.dir)
         text = format_result(result)
     else:
-        from sarathi_lab.runner import run
-        from sarathi_lab.summary_text import check_served, format_summary
+        from sarathi_lab.run.runner import run
+        from sarathi_lab.run.summary_text import check_served, format_summary
         result = run(c, job.dir, resolved=resolved)
         text = format_summary(result)
     if (c.get("logger") or {}).get("name", "none") != "none":
-        from sarathi_lab.loggers import log_result
+        from sarathi_lab.cli.loggers import log_result
         log_result(c, job.dir, result)
     if not job.multirun:
         print(text)
@@ -252,7 +252,7 @@ def _no_mode_probe(argv: list[str]):
 def _composition_errors():
     """Hydra reports an error composing the command line in its own words and exits, unless
     HYDRA_FULL_ERROR is set, when it raises the exception instead: set for the command, so that
-    `cli_errors` can say what to type instead. Jobs catch their own errors (`_main`), so this
+    `run.hydra_errors` can say what to type instead. Jobs catch their own errors (`_main`), so this
     changes nothing else; a user who sets HYDRA_FULL_ERROR gets Hydra's full traceback."""
     if os.environ.get("HYDRA_FULL_ERROR"):
         yield
@@ -263,7 +263,7 @@ def _composition_errors():
     except Exception as e:
         from hydra.errors import CompactHydraException
 
-        from sarathi_lab.cli_errors import explain
+        from sarathi_lab.run.hydra_errors import explain
         message = explain(e, sys.argv[1:])
         if message is not None:
             raise Abort(f"sarathi-lab: error: {message}") from None

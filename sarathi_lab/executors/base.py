@@ -73,6 +73,11 @@ class Executor(abc.ABC):
     #: swap-ins (`SchedulerOutput.blocks_to_swap_out` / `blocks_to_swap_in`) before it runs,
     #: and reports their time in `StepResult.swap_s`; scheduler.preemption_mode=swap needs it
     supports_swap: ClassVar[bool] = False
+    #: True when a block table with freed blocks (`kv/window.py`: id -1 where a block left the
+    #: sliding window) is safe: nothing reads a freed block's slot. scheduler.sliding_window_kv
+    #: needs it; where it is False, `no_sliding_window_kv` says why
+    supports_sliding_window_kv: ClassVar[bool] = False
+    no_sliding_window_kv: ClassVar[str] = "it does not declare supports_sliding_window_kv"
     #: True when the executor runs pipeline stages (an ``executor.pipeline_parallel`` setting,
     #: `join_pipeline`; sarathi_lab/topology/pipeline.py drives it); False: that setting is an error
     supports_pipeline: ClassVar[bool] = False

@@ -118,6 +118,7 @@ class SimExecutor(Executor):
     uses_hardware = True
     supports_fast_forward = True   # with pipeline_parallel 1 (the pipeline steps every batch)
     supports_swap = True           # with pipeline_parallel 1
+    supports_sliding_window_kv = True   # it reads no KV: only the block counts
     supports_pipeline = True
     supports_speculation = True    # with pipeline_parallel 1 (executors/speculation.py)
     speculation_settings = speculation.SETTINGS
@@ -199,6 +200,11 @@ class SimExecutor(Executor):
             shape, cm_cfg = draft_shape(cfg, model)
             draft = RooflineCostModel(shape, hardware, cfg.tensor_parallel, cm_cfg)
         self._spec = speculation.Speculation(cfg, self.cost_model, draft)
+        # a preset draft is a model of its own beside the target: its weights and its KV come
+        # out of the KV budget; layers:N is the target's first layers (no weights or KV of its
+        # own: executors/draft.py), as is draft_cost_ratio's draft, which only prices steps
+        self._draft_memory = draft if draft is not None \
+            and speculation.draft_layers(cfg.draft) is None else None
         from sarathi_lab.costmodels.roofline import HardwareSpec
         hw = HardwareSpec.from_config(hardware)
         self.pcie_latency_s = hw.pcie_latency_s
@@ -402,6 +408,13 @@ class SimExecutor(Executor):
         share (1 / pipeline_parallel, as vLLM v0 divides them) of what every stage holds."""
         c = self.cfg
         if self.stage_pricing is None:
+            if self._draft_memory is not None:   # (speculation needs pipeline_parallel 1)
+                try:
+                    return self.cost_model.num_kv_blocks(
+                        block_size, c.gpu_memory_utilization, c.workspace_bytes,
+                        c.activation_tokens, draft=self._draft_memory)
+                except ValueError as e:
+                    raise ConfigError(str(e)) from None
             return self.cost_model.num_kv_blocks(block_size, c.gpu_memory_utilization,
                                                  c.workspace_bytes, c.activation_tokens)
         return self._layout.pipeline_kv_blocks(

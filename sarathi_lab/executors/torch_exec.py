@@ -98,6 +98,14 @@ class TorchConfig(ExecutorConfig):
 class TorchExecutor(Executor):
     config_class = TorchConfig
     supports_swap = True
+    # Attention reads the paged cache through whole block tables: the reference kernel
+    # gathers every block of a table before masking, the Triton kernel starts each query
+    # tile's keys at a multiple of its key tile (which may lie in a block before the window),
+    # and the draft model's cache shares the table. A freed block (-1) would be read there.
+    no_sliding_window_kv = ("its attention kernels (kernels/reference.py's paged path, "
+                            "kernels/triton_attention.py) and the draft's cache read whole block "
+                            "tables, freed blocks included; there is no null block to point "
+                            "them at")
     supports_speculation = True   # with executor.draft: executors/spec_step.py
     speculation_settings = ("draft",)
 

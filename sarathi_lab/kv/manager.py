@@ -30,6 +30,9 @@ class KVCacheManager:
     contents. Both return the (source, destination) block pairs the executor copies before the
     iteration runs."""
 
+    #: the sliding window whose out-of-reach blocks are freed (`kv/window.py`); None: none
+    window: int | None = None
+
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False,
                  reserve: bool = False, max_model_len: int | None = None,
                  num_host_blocks: int = 0):
@@ -333,6 +336,10 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return None
         return {"hit_tokens": self.prefix_hit_tokens, "query_tokens": self.prefix_query_tokens}
+
+    def held_blocks(self, request_id) -> int:
+        """Blocks the request holds now (what freeing it gives back, if none is shared)."""
+        return len(self.req_blocks.get(request_id, ()))
 
     def held_slots(self, reqs: list[Request]) -> list[int]:
         """Tokens of KV each request holds room for (0 if none)."""

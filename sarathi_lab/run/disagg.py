@@ -124,6 +124,11 @@ def resolve_disagg(c: dict, user: list[str], resolve, *, drop_unread: bool = Fal
         raise ConfigError("cluster.decode.scheduler.enable_prefix_caching=true: the decode pool "
                           "receives its KV from the prefill pool and keeps no prefix cache (set "
                           "it false for the decode pool)")
+    for p in ("prefill", "decode"):
+        if resolved[p].policy_cfg.sliding_window_kv:
+            raise ConfigError(f"cluster.{p}.scheduler.sliding_window_kv=true: a disaggregated "
+                              "handoff copies a request's whole KV, which a sliding-window "
+                              "cache no longer holds; not supported (set it false)")
     unread = [k for k in user_sched if k.split(".")[0] not in readers["prefill"] | readers["decode"]]
     notes = []
     for k in unread:

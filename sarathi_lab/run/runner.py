@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from sarathi_lab.engine import Engine
-from sarathi_lab.kv import KVCacheManager
+from sarathi_lab.kv import KVCacheManager, WindowedKVCacheManager
 from sarathi_lab.resources import check_run, output_tokens_held
 from sarathi_lab.run import rundir
 from sarathi_lab.run.config import Resolved, check_settings_act, resolve
@@ -53,11 +53,18 @@ def build(cfg, resolved: Resolved | None = None):
                               f"{type(executor).__name__} does not copy swapped KV blocks "
                               "(its supports_swap is False); use preemption_mode=recompute")
         executor.check_swap_memory(num_host, pc.block_size)
+    window = {}
+    if pc.sliding_window_kv:
+        if cls.reserves_kv:
+            raise ConfigError(f"scheduler.sliding_window_kv=true: policy {cls.name!r} reserves "
+                              "each request's whole length up front; use a paged policy "
+                              "(vllm, sarathi, ...)")
+        window = {"window": window_of(r.model, executor)}
     try:
-        kv = KVCacheManager(num_blocks, pc.block_size,
-                            enable_prefix_caching=pc.enable_prefix_caching,
-                            reserve=cls.reserves_kv, max_model_len=max_model_len,
-                            num_host_blocks=num_host)
+        kv_cls = WindowedKVCacheManager if window else KVCacheManager
+        kv = kv_cls(num_blocks, pc.block_size, enable_prefix_caching=pc.enable_prefix_caching,
+                    reserve=cls.reserves_kv, max_model_len=max_model_len,
+                    num_host_blocks=num_host, **window)
     except ValueError as e:
         raise ConfigError(f"scheduler: {e}") from None
     # the smallest request must fit, or the configuration is useless
@@ -73,7 +80,32 @@ def build(cfg, resolved: Resolved | None = None):
     except ValueError as e:
         raise ConfigError(str(e)) from None
     policy.bind_predictor(executor.predictor(), r.slo)   # for a budget controller
+    if window:   # a request's chunks are at most a batch's tokens (its footprint: kv/window.py)
+        kv.max_chunk = policy.token_limit() or max_model_len
     return policy, executor
+
+
+def window_of(model: dict, executor) -> int:
+    """The sliding window whose out-of-reach blocks scheduler.sliding_window_kv frees: the
+    model's, which must window every layer (a KV block holds every layer's KV, so one global
+    layer needs them all), on an executor that never reads a freed block."""
+    from sarathi_lab.models.shape import ModelShape
+    key = "scheduler.sliding_window_kv=true"
+    if not executor.supports_sliding_window_kv:
+        raise ConfigError(f"{key}: executor {type(executor).__name__} does not support it: "
+                          f"{executor.no_sliding_window_kv}")
+    shape = ModelShape.from_config(model)
+    if shape.sliding_window is None:
+        raise ConfigError(f"{key}: model {shape.name!r} has no sliding window "
+                          "(model.sliding_window is null): no block ever leaves one")
+    if shape.full_attention_layers:
+        raise ConfigError(
+            f"{key}: model {shape.name!r} has {shape.full_attention_layers} global "
+            f"(full-attention) layers of {shape.num_layers} (model.full_attention_layers): a "
+            "KV block holds every layer's KV, and a global layer reads all of them, so none "
+            "could be freed; separate block groups for local and global layers are not modelled")
+    # GPT-OSS's attention sinks are a learned logit per head: no token's KV to keep
+    return shape.sliding_window
 
 
 def used_settings(r: Resolved, policy) -> dict:

@@ -37,6 +37,9 @@ class SchedulerConfig:
     num_kv_blocks: int | None = setting(None, ge=1,
                                         help="null: what fits the executor's memory")
     enable_prefix_caching: bool = setting(False, help="share cached prompt blocks (paged KV)")
+    sliding_window_kv: bool = setting(
+        False, help="a model whose every layer is windowed (model.sliding_window): free the "
+                    "blocks a request's window no longer reads (kv/window.py)")
     kv_watermark: float = setting(0.01, ge=0, lt=1,
                                   help="share of KV blocks kept free when admitting (vLLM)")
     max_model_len: int | None = setting(None, ge=2, help="null: the model's")
@@ -72,6 +75,13 @@ class SchedulerConfig:
             raise ValueError(f"num_speculative_tokens={self.num_speculative_tokens} with "
                              "enable_prefix_caching=true: speculative decoding is not "
                              "implemented with prefix caching; set one of them off")
+        if self.sliding_window_kv and self.enable_prefix_caching:
+            raise ValueError("sliding_window_kv=true with enable_prefix_caching=true: a cached "
+                             "prefix would lose the blocks that left the window; set one off")
+        if self.sliding_window_kv and self.preemption_mode == "swap":
+            raise ValueError("sliding_window_kv=true with preemption_mode=swap: swapping a "
+                             "block table with freed blocks is not implemented; use "
+                             "preemption_mode=recompute")
         if self.swap_space_gib is not None and self.num_swap_blocks is not None:
             raise ValueError(f"swap_space_gib={self.swap_space_gib} and num_swap_blocks="
                              f"{self.num_swap_blocks}: set one of them (both size the host swap "
@@ -190,6 +200,10 @@ class Policy(Admission, Preemption, Progress, abc.ABC):
         # preempting each other at once (reserved KV never grows)
         self.watermark = 0 if kv.reserve else int(cfg.kv_watermark * kv.num_blocks)
         self._output_len = None   # given by the engine to oracle policies only
+        if kv.window is not None:   # a decode run frees blocks: growth_list cannot count it
+            self.fast_forward = None
+            self.fast_forward_off = ("scheduler.sliding_window_kv=true: blocks leave the window "
+                                     "during a decode run, which the fast-forward does not count")
         self.admission = None
         if cfg.max_queue_len is not None or cfg.deadline_admission:
             self.admission = AdmissionControl(cfg.max_queue_len, cfg.deadline_admission)

@@ -69,7 +69,7 @@ class SarathiPriority(OrderedSarathi):
         if not cands or len(self.running) - len(cands) >= self.cfg.max_num_seqs:
             return []
         kv = self.kv
-        freed = sum(len(kv.req_blocks.get(r.request_id, ())) for r in cands)
+        freed = sum(kv.held_blocks(r.request_id) for r in cands)
         if kv.admission_blocks(head) > kv.num_free_blocks + freed - self.watermark:
             return []
         return cands

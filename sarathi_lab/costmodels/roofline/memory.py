@@ -45,11 +45,26 @@ class RooflineMemory:
         return int(block_size * self.kv_bytes_per_token)
 
     def num_kv_blocks(self, block_size: int, gpu_memory_utilization: float = 0.9,
-                      workspace_bytes: float = 2**30, activation_tokens: int = 8192) -> int:
+                      workspace_bytes: float = 2**30, activation_tokens: int = 8192,
+                      draft=None, draft_key: str = "executor.draft") -> int:
+        """`draft`: the roofline of a separate draft model (speculative decoding) that each GPU
+        holds beside this one: its weights, and its KV in every block (the torch executor lays
+        its cache out as the target's, through the same block tables). Its activations are
+        not added: the two forwards do not run at once, and the target's are the larger."""
         m, hw = self.model, self.hw
         usable = hw.memory_bytes * gpu_memory_utilization
         reserve = workspace_bytes + self.activation_bytes(activation_tokens)
         gib = 2**30
+        beside = draft.weight_bytes if draft is not None else 0
+        if beside and self.weight_bytes + reserve < usable <= self.weight_bytes + beside + reserve:
+            raise ValueError(
+                f"{draft_key}={draft.model.name}: the draft's weights ({beside / gib:.1f} GiB per "
+                f"GPU) do not fit beside {m.name}'s ({self.weight_bytes / gib:.1f} GiB) and "
+                f"{reserve / gib:.1f} GiB of activations/workspace on {hw.name} at "
+                f"tensor_parallel={self.tp}: gpu_memory_utilization={gpu_memory_utilization} of "
+                f"{hw.memory_bytes / gib:.1f} GiB leaves {usable / gib:.1f} GiB (choose a smaller "
+                "draft, layers:N, which shares the target's weights and KV, or a larger "
+                "tensor_parallel)")
         if self.weight_bytes + reserve >= usable:
             need_tp = self.tp
             while need_tp < 64 and self.weight_bytes * self.tp / need_tp + reserve >= usable:
@@ -66,11 +81,14 @@ class RooflineMemory:
                 f"activations/workspace, but gpu_memory_utilization={gpu_memory_utilization} "
                 f"of {hw.memory_bytes / gib:.1f} GiB leaves {usable / gib:.1f} GiB ({hint})")
         # with expert parallelism each of the ep groups keeps its own requests' KV
-        blocks = int((usable - self.weight_bytes - reserve)
-                     // (block_size * self.kv_bytes_per_token)) * self.ep
+        per_token = self.kv_bytes_per_token + (draft.kv_bytes_per_token if draft else 0)
+        blocks = int((usable - self.weight_bytes - beside - reserve)
+                     // (block_size * per_token)) * self.ep
         if blocks < 1:
             raise ValueError(f"{m.name} on {hw.name} at tensor_parallel={self.tp}: no room for "
-                             f"one KV block of {block_size} tokens")
+                             f"one KV block of {block_size} tokens"
+                             + (f" beside the draft ({draft_key}={draft.model.name})"
+                                if draft is not None else ""))
         return blocks
 
     def pipeline_kv_blocks(self, layers: list[int], block_size: int,

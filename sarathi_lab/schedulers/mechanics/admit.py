@@ -147,7 +147,8 @@ class Admission:
     def head_blocked(self, max_tokens: int, whole: bool = False) -> bool:
         """True if admitting the queue's head with `max_tokens` would fail now and keep failing
         while running requests only grow (each rule only tightens: running count, budget, free
-        blocks). Conservative: False with prefix caching, where hits can change."""
-        if not self.waiting or self.kv.enable_prefix_caching:
+        blocks). Conservative: False with prefix caching, where hits can change, and with a
+        sliding-window cache, where decodes free the blocks that leave the window."""
+        if not self.waiting or self.kv.enable_prefix_caching or self.kv.window is not None:
             return False
         return self.admission_blocker(self.waiting.peek(), max_tokens, whole) is not None

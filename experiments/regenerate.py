@@ -54,10 +54,11 @@ def _preset(name: str, *overrides: str) -> tuple[Step, Step]:
 
 
 STUDIES = (
-    Study("calibration", (_py("calibrate_roofline.py", stdout="experiments/calibrate_roofline.txt"),
+    Study("calibration", (_py("calibration/calibrate_roofline.py",
+                              stdout="experiments/calibration/calibrate_roofline.txt"),
                           _py("pipeline/calibrate_send_recv.py",
                               stdout="experiments/pipeline/calibrate_send_recv.txt")),
-          1, ("experiments/calibrate_roofline.txt",
+          1, ("experiments/calibration/calibrate_roofline.txt",
               "experiments/pipeline/calibrate_send_recv.txt")),
     Study("policy_compare", _preset("policy_compare"), 0.5, ("results/policy_compare",)),
     Study("budget_sweep", (Step(("bash", "experiments/budget_sweep/run.sh")),

@@ -3,8 +3,8 @@ fit this machine, naming the setting that asks for it, the estimate and the limi
 
 A run holds every request (its record, and one time per output token) and every engine (its
 policy, executor, KV bookkeeping and its share of the summary) until its tables are written. The
-bytes of each, measured once on a whole run's traced peak (`experiments/measure_resources.py`,
-rounded up):
+bytes of each, measured once on a whole run's traced peak
+(`experiments/calibration/measure_resources.py`, rounded up):
 
     a request            ~1,011 bytes + ~64 per output token   -> REQUEST_BYTES, TOKEN_BYTES
     an engine (replica)  ~431 KB (Mistral-7B on an A100)        -> ENGINE_BYTES

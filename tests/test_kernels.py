@@ -244,7 +244,7 @@ def test_gpu_check_smoke(capsys, monkeypatch):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "experiments" / "gpu_check.py"
+    path = Path(__file__).resolve().parents[1] / "experiments" / "gpu_check" / "gpu_check.py"
     spec = importlib.util.spec_from_file_location("gpu_check", path)
     gpu_check = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "gpu_check", gpu_check)  # dataclasses look their module up
@@ -254,6 +254,21 @@ def test_gpu_check_smoke(capsys, monkeypatch):
         pytest.skip("the smoke run is for CPUs")
     assert gpu_check.main(["--smoke", "--only", "kernels"]) == 0
     assert "ALL PASSED" in capsys.readouterr().out
+
+
+@pytest.mark.slow    # a subprocess that builds a tiny model and times decode steps: ~10 s loaded
+def test_gpu_check_executor_smoke():
+    # The decode-bandwidth check (gpu_check.sh's second step) runs only on a GPU; its code path,
+    # with a tiny model on the CPU, here: an executor API change breaks it before a GPU session.
+    from pathlib import Path
+    path = (Path(__file__).resolve().parents[1] / "experiments" / "gpu_check"
+            / "gpu_check_executor.py")
+    r = subprocess.run([sys.executable, str(path), "--smoke", "--batches", "1,4"],
+                       capture_output=True, text=True, timeout=patience(120))
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [line.split() for line in r.stdout.splitlines() if line.split()[:1] in (["1"], ["4"])]
+    assert [row[0] for row in rows] == ["1", "4"], r.stdout
+    assert all(float(row[1]) > 0 for row in rows), r.stdout     # step ms, measured
 
 
 # ------------------------------------------------------------------ compiling for a GPU, on a CPU

@@ -413,6 +413,21 @@ def test_none_feasible_exits_1(tmp_path, capsys):
     assert "P99 TBT" in df["reason"][0]
 
 
+def test_a_candidate_refused_before_any_probe_is_an_infeasible_row(tmp_path, capsys):
+    """A trace with a request longer than the model's context is refused by the capacity
+    search before its first probe: the candidate's row says why (its evaluation directory,
+    which no probe made, is made for the row), and the plan goes on to its table."""
+    args = ["model=llama-3-8b", "trace=azure_conv", "trace.num_requests=20",
+            "plan.space.hardware=[a100-80gb]", "plan.space.layout.tensor_parallel=[1]",
+            "plan.space.policy=[vllm]", "plan.space.max_replicas=2", "plan.load_qps=1",
+            "plan.backend=serial", f"plan.dir={tmp_path}"]
+    assert plan_cli.main(args) == 1
+    df = pd.read_parquet(tmp_path / table.TABLE)
+    assert list(df["status"]) == ["infeasible"]
+    assert "do not fit max_model_len=8192" in df["reason"][0]
+    assert "trace.max_total_tokens=8192" in df["reason"][0]     # the way out it names
+
+
 @pytest.mark.slow   # ~60 simulations
 def test_resume_after_an_interruption(tmp_path, monkeypatch):
     """Interrupted in its third candidate (after that one's capacity on one unit), a rerun

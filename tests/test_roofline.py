@@ -295,7 +295,8 @@ def test_overrides_are_typed_settings_of_the_sim_executor():
 def calibrate():
     import importlib.util
     import sys
-    path = Path(__file__).resolve().parents[1] / "experiments" / "calibrate_roofline.py"
+    path = (Path(__file__).resolve().parents[1] / "experiments" / "calibration"
+            / "calibrate_roofline.py")
     spec = importlib.util.spec_from_file_location("calibrate_roofline", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules["calibrate_roofline"] = mod

@@ -86,7 +86,7 @@ def subadditive_minorant(x, y) -> np.ndarray:
     against 4.17 at 768 and 3.93 at 2048), so per-token cost is not monotone; lifting each point to
     the worst per-token cost of any larger size (the rule this replaces) priced 2048 tokens at
     4.17 and doubled chunking's measured overhead (chunks of 256 of a 4k prompt: +48% against
-    +16% from the raw points; experiments/chunk_cost_three_way.py). Also kept
+    +16% from the raw points; experiments/calibration/chunk_cost_three_way.py). Also kept
     nondecreasing (more tokens never predict less), by lowering, like the rest."""
     x, s = np.asarray(x, dtype=float), np.array(y, dtype=float)
     # On a sparse grid a lowered point can fall below a smaller one; lowering that one too

@@ -128,6 +128,7 @@ def evaluate(job: dict) -> dict:
         row.update(status="infeasible", reason=str(err))
     row.update(simulations=e.sims, wall_s=time.perf_counter() - t0,
                cpu_s=time.process_time() - cpu0)
+    e.dir.mkdir(parents=True, exist_ok=True)   # refused before any probe made it
     rundir.write_json(done, row)
     return row
 

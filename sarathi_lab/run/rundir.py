@@ -141,7 +141,7 @@ def write_json(path, obj) -> None:
 def json_differences(a, b, path: str = "", sides: tuple[str, str] = ("a", "b")) -> list[str]:
     """Where two JSON values (two runs' summary.json, say) differ, as 'path: a != b' lines; NaN
     equals NaN, and 1 differs from 1.0. `sides` names the two in 'only in' lines. Used by
-    tests/test_reference_runs.py and experiments/bench_identical.py."""
+    tests/test_reference_runs.py and experiments/bench/bench_identical.py."""
     if isinstance(a, dict) and isinstance(b, dict):
         out = [f"{path}.{k}: only in {sides[0] if k in a else sides[1]}"
                for k in sorted(set(a) ^ set(b))]

@@ -1,5 +1,5 @@
 """The roofline cost model (the default): FLOPs and bytes of each operator against a GPU preset's
-peaks at efficiencies fitted to measured profiles (experiments/calibrate_roofline.py).
+peaks at efficiencies fitted to measured profiles (experiments/calibration/calibrate_roofline.py).
 
   model.py          RooflineCostModel: an iteration's time, term by term (its docstring: the formula)
   hardware.py       HardwareSpec (the preset) and RooflineConfig (overrides, quantization)

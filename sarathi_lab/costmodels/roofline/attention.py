@@ -5,9 +5,9 @@ A chunk of c new tokens after k cached ones does, under the causal mask, c k pai
 cached context (a dense c x k rectangle: a query sees every earlier token) and c (c + 1) / 2 within
 the chunk (its own causal triangle). FlashAttention-style kernels run the rectangle at full tiles
 and the triangle at the diagonal's masked tiles; Vidur's A100 prefill profile (Llama-2-70B TP2)
-times the triangle's pairs at 0.4 x the rectangle's speed (experiments/calibrate_roofline.txt), so
-the two are priced at their own efficiencies. A sliding window of w keys caps what each query
-sees: query j of the prompt sees min(j, w) keys.
+times the triangle's pairs at 0.4 x the rectangle's speed
+(experiments/calibration/calibrate_roofline.txt), so the two are priced at their own efficiencies.
+A sliding window of w keys caps what each query sees: query j of the prompt sees min(j, w) keys.
 """
 from __future__ import annotations
 

@@ -8,10 +8,10 @@ All-reduce of m bytes over p GPUs of one NVLink/NVSwitch node, the cheaper of
   one-shot        fast_ar_latency + (p-1) fast_ar_peer_latency + 2 (p-1)/p m / (link_bw fast_ar_eff)
   (vLLM custom)   (one kernel; small messages, where NCCL's launch and protocol latency dominate)
 
-Both latencies and efficiencies are fitted by experiments/calibrate_roofline.py: the ring to Vidur's
-NCCL all-reduce profiles (one DGX node, p = 2, 4, 8, 2 KiB - 64 MiB), the one-shot to the vLLM
-custom all-reduce table of sglang PR #2904 (H100, p = 2, 4, 8). NCCL's tree algorithm is for
-multi-node groups; a tensor-parallel group here is one node.
+Both latencies and efficiencies are fitted by experiments/calibration/calibrate_roofline.py: the
+ring to Vidur's NCCL all-reduce profiles (one DGX node, p = 2, 4, 8, 2 KiB - 64 MiB), the one-shot
+to the vLLM custom all-reduce table of sglang PR #2904 (H100, p = 2, 4, 8). NCCL's tree algorithm
+is for multi-node groups; a tensor-parallel group here is one node.
 """
 from __future__ import annotations
 

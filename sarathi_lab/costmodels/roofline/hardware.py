@@ -12,9 +12,9 @@ from sarathi_lab.settings import ConfigError, parse, plain, setting
 @dataclass(frozen=True)
 class HardwareSpec:
     """A GPU preset (configs/hardware/*.yaml). The peaks come from datasheets; the efficiencies,
-    the ridge exponent and the floors are fitted by experiments/calibrate_roofline.py (defaults:
-    roughly the A100 fit, for a preset that leaves them out; the per-request and one-shot
-    all-reduce terms default to what leaves them out of the sum)."""
+    the ridge exponent and the floors are fitted by experiments/calibration/calibrate_roofline.py
+    (defaults: roughly the A100 fit, for a preset that leaves them out; the per-request and
+    one-shot all-reduce terms default to what leaves them out of the sum)."""
     name: str = setting(help="label")
     peak_flops: float = setting(gt=0, help="dense bf16 tensor-core FLOP/s")
     mem_bandwidth: float = setting(gt=0, help="HBM bytes/s")
@@ -93,7 +93,7 @@ class HardwareSpec:
 @dataclass
 class RooflineConfig(CostModelConfig):
     """Overrides of the hardware preset's fitted terms; null keeps the preset's (fitted by
-    experiments/calibrate_roofline.py)."""
+    experiments/calibration/calibrate_roofline.py)."""
     compute_eff: float | None = setting(None, gt=0, le=1, help="share of peak FLOP/s in GEMMs")
     mem_eff: float | None = setting(None, gt=0, le=1, help="share of HBM bandwidth achieved")
     ridge_exponent: float | None = setting(None, ge=1, le=64,

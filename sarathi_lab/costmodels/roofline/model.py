@@ -3,7 +3,8 @@
 Every term prices an operator's FLOPs and bytes against the hardware preset's peaks at fitted
 efficiencies, per GPU of a tensor-parallel group, summed over the model's L layers. The
 efficiencies, the ridge exponent and the kernel floors are fitted to measured operator profiles by
-``experiments/calibrate_roofline.py`` (report: experiments/calibrate_roofline.txt).
+``experiments/calibration/calibrate_roofline.py`` (report:
+experiments/calibration/calibrate_roofline.txt).
 
 An iteration of B requests with T scheduled tokens, S of which sample a token, costs
 

@@ -2,7 +2,7 @@
 the roofline, the profiled model, and the raw measured operator times of Vidur's Llama-2-70B
 TP2 A100 profile at exactly the chunks' shapes.
 
-    python experiments/chunk_cost_three_way.py [--profiles DIR]
+    python experiments/calibration/chunk_cost_three_way.py [--profiles DIR]
 
 One prompt of n tokens prefilled alone in chunks of c (chunk i at cached context k = i c),
 total time over the one-piece prefill, - 1, in %. The raw column reads mlp.csv by num_tokens
@@ -25,7 +25,7 @@ import yaml
 from sarathi_lab.costmodels.profiled import ProfiledConfig, ProfiledCostModel
 from sarathi_lab.costmodels.roofline import RooflineCostModel
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PROFILE = "compute/a100/meta-llama/Llama-2-70b-hf"
 LAYERS, TP = 80, 2
 LINEAR_OPS = {"input_layernorm": 1, "attn_pre_proj": 1, "attn_rope": 1, "attn_post_proj": 1,
@@ -148,11 +148,16 @@ def what_if(profiles: Path) -> pd.DataFrame:
                          for n in PROMPTS for name, price in prices.items()])
 
 
+def default_profiles() -> Path:
+    """Vidur's profiles in the shared folder, which sits beside the main checkout (../shared)
+    or beside a worktree's parent (the first of the two that exists)."""
+    near = [p / "shared/profiles/vidur" for p in (REPO.parent, REPO.parent.parent)]
+    return next((p for p in near if p.is_dir()), near[0])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    # the shared profiles sit beside the main checkout (../shared) or beside a worktree's parent
-    near = [p / "shared/profiles/vidur" for p in (REPO.parent, REPO.parent.parent)]
-    ap.add_argument("--profiles", type=Path, default=next((p for p in near if p.is_dir()), near[0]))
+    ap.add_argument("--profiles", type=Path, default=default_profiles())
     args = ap.parse_args()
     with pd.option_context("display.width", 200):
         print(table(args.profiles).to_string(index=False))

@@ -7,8 +7,8 @@ cache of B requests of ~1k context (random K/V: decode cost does not depend on t
 times full executor steps (batch building + forward + sampling) at each batch size, printing
 measured / bound. Runs in well under 2 minutes on an H200.
 
-    python experiments/gpu_check_executor.py [--bandwidth 4.8e12] [--batches 1,16,64]
-    python experiments/gpu_check_executor.py --smoke      # tiny model on the CPU: does it run?
+    python experiments/gpu_check/gpu_check_executor.py [--bandwidth 4.8e12] [--batches 1,16,64]
+    python experiments/gpu_check/gpu_check_executor.py --smoke     # a tiny model on the CPU
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from sarathi_lab.executors.torch_exec import TorchExecutor
+from sarathi_lab.executors.torch_exec import TorchConfig, TorchExecutor
 from sarathi_lab.kv import KVCacheManager
 from sarathi_lab.request import Request
 from sarathi_lab.schedulers.output import SchedulerOutput
@@ -37,6 +37,7 @@ def decode_batch(ex: TorchExecutor, kv: KVCacheManager, batch: int, context: int
     for i in range(batch):
         r = Request(f"b{batch}-{i}", 0.0, context, 10**6, prompt_token_ids=[1] * context)
         r.output_token_ids, r.num_output_tokens = [2], 1
+        ex.add_request(r, None)                  # its stop rule: the model's length
         if kv.allocate_slots(r, context + 1) is None:
             raise SystemExit("KV cache too small for the batch")
         r.num_computed_tokens = context          # the prompt is "in" the cache; decode token 2
@@ -75,7 +76,7 @@ def main():
         model, exe = BIG, {"device": "cuda", "dtype": "bfloat16"}
     exe["attention_backend"] = exe.get("attention_backend", args.backend)
     t0 = time.perf_counter()
-    ex = TorchExecutor(model, None, exe)
+    ex = TorchExecutor(TorchConfig(**exe), model)
     a, bs = ex.args, args.block_size
     num_blocks = sum(batches) * -(-(args.context + 1) // bs) + 8
     kv = KVCacheManager(num_blocks, bs, max_model_len=a.max_model_len)

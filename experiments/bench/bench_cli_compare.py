@@ -7,7 +7,7 @@ medians and their ratio are printed per policy. The setting is bench_sim.py's: 1
 conversation requests at 1 QPS, Llama-2-70B on two A100s, max_num_seqs 128, sarathi's token
 budget 512 (given to sarathi only: the other policies do not read it).
 
-    python experiments/bench_cli_compare.py --base /work/venv-old --new .venv [--repeats 5]
+    python experiments/bench/bench_cli_compare.py --base /work/venv-old --new .venv [--repeats 5]
 
 Every repeat runs each command twice: plain (the whole-command time and peak RSS, from
 wait4) and through this file as a wrapper (`--phases-child`) that stamps when `runner.run`

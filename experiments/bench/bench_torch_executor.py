@@ -16,7 +16,7 @@ Then the time split of an iteration at 64 running requests (all decoding): model
 scheduling (policy.schedule + policy.update) vs batch building (the executor's input prep) vs
 sampling.
 
-    python experiments/bench_torch_executor.py [--lengths both|uniform|sharegpt] [--threads 1]
+    python experiments/bench/bench_torch_executor.py [--lengths both|uniform|sharegpt] [--threads 1]
         [--max-batch 32] [--rounds 1] [--quick]
 
 One thread by default: on a small shared machine, OpenMP's spinning barriers stall whenever another

@@ -12,7 +12,7 @@ numpy, pandas, scikit-learn, ...; plots and its Chrome trace off, as `sarathi-la
 either). Its first run trains and caches the predictor (minutes; reported apart), every
 measured run after that loads it.
 
-    python experiments/bench_vidur.py --vidur /path/to/vidur --vidur-python VENV/bin/python \\
+    python experiments/bench/bench_vidur.py --vidur /path/to/vidur --vidur-python VENV/bin/python \\
         [--profiles /work/shared/profiles/vidur] [--policies sarathi,vllm] [--repeats 3] \\
         [--work DIR] [--new VENV]
 

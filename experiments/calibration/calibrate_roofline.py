@@ -1,6 +1,6 @@
 """Fit the roofline's efficiencies, ridge exponent, floors and overheads to measured profiles.
 
-  python experiments/calibrate_roofline.py [--profiles DIR]    (> calibrate_roofline.txt)
+  python experiments/calibration/calibrate_roofline.py [--profiles DIR]  (> calibrate_roofline.txt)
 
 Compares the roofline (sarathi_lab/costmodels/roofline.py) per layer with measured medians and
 prints predicted/measured ratios (median, p10, p90) per operator and per token range (1-64,
@@ -15,8 +15,8 @@ prints predicted/measured ratios (median, p10, p90) per operator and per token r
                bf16 hidden values per token); vLLM's one-shot custom all-reduce on H100 from the
                benchmark table published in sglang PR #2904 (tp 2/4/8, 512 B - 1 MiB)
   CPU          vLLM (v0) per-iteration CPU time measured by Vidur on A100 at TP 1
-               (experiments/calibrate_roofline_cpu.csv: schedule + sampler + input preparation +
-               output processing medians from data/profiling/a100/cpu_overheads.csv of
+               (experiments/calibration/calibrate_roofline_cpu.csv: schedule + sampler + input
+               preparation + output processing medians from data/profiling/a100/cpu_overheads.csv of
                github.com/microsoft/vidur, MIT License, the terms Vidur's simulator adds to an
                iteration)
 
@@ -48,7 +48,7 @@ import yaml
 from sarathi_lab.costmodels.roofline import HardwareSpec, RooflineCostModel
 from sarathi_lab.models.shape import ModelShape
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 GPUS = {"a100": "a100-80gb", "h100": "h100-sxm"}        # profile folder -> hardware preset
 NETS = {"a100": "a100_dgx", "h100": "h100_dgx"}
 GEMMS = ["attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj"]
@@ -275,12 +275,14 @@ CHUNKING_READING = """
 
 
 def chunking_presets(fit: dict) -> pd.DataFrame:
-    """The roofline's chunking overhead (%) for every model preset on A100 (fitted values)."""
+    """The roofline's chunking overhead (%) for every model preset with its shape written out
+    on A100 (fitted values); the presets whose shape is a config.json's (`hf_config`, their
+    fields null until resolved) are left out, as the printed heading says."""
     from chunk_cost_three_way import CHUNKS, PROMPTS, overhead  # beside this script
     rows = []
     for path in sorted((REPO / "configs/model").glob("*.yaml")):
         model = yaml.safe_load(path.read_text())
-        if model["name"] == "tiny-llama":
+        if model["name"] == "tiny-llama" or model.get("hf_config"):
             continue
         tp = {"llama-2-70b": 4, "yi-34b": 2}.get(model["name"], 1)
         cm = RooflineCostModel(model, {**preset("a100"), **fit["a100"]}, tp)
@@ -338,7 +340,8 @@ def tp_curves(fit: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profiles", type=Path, default=REPO.parent / "shared/profiles/vidur")
+    from chunk_cost_three_way import default_profiles  # beside this script
+    ap.add_argument("--profiles", type=Path, default=default_profiles())
     root = ap.parse_args().profiles
     if not list(root.glob("compute/*/*/*/mlp.csv")):
         ap.error(f"--profiles {root}: no compute/<gpu>/<org>/<model>/mlp.csv there (the Vidur "
@@ -507,7 +510,7 @@ def main():
           "CPU side, LM head and all-reduce in all three):\n   the roofline; the profiled model on "
           "Vidur's profile; the profile's raw medians at the chunks' own points\n   (profiled 8k: "
           "extrapolated beyond the profile; raw 8k: not measured)")
-    # read by experiments/chunk_cost_three_way.py (this script's folder is on sys.path when run)
+    # from chunk_cost_three_way.py beside this script (its folder is on sys.path when run)
     from chunk_cost_three_way import extra_by_part, table, what_if
     print(table(root).to_string(index=False))
     print("\n-- the 4096-token prompt's chunking overhead by part, ms over one piece (roofline vs the raw\n"
@@ -518,7 +521,8 @@ def main():
           "   the profile's two speeds (the free fit above: own-chunk pairs 0.17, cached-context pairs 0.38)")
     print(what_if(root).to_string(index=False))
     print(CHUNKING_READING)
-    print("\n-- the roofline, every model preset on A100 (TP: 70B 4, 34B 2, others 1)")
+    print("\n-- the roofline, every model preset on A100 (TP: 70B 4, 34B 2, others 1; not the presets "
+          "read from a config.json)")
     print(chunking_presets(fit).to_string(index=False))
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ runs the command under both installs and compares:
   `config` and `settings` (compared too, but printed apart: a newer install may record
   settings that an older one did not have).
 
-    python experiments/bench_identical.py --base /tmp/ref/.venv --new .venv [--requests 10000]
+    python experiments/bench/bench_identical.py --base /tmp/ref/.venv --new .venv [--requests 10000]
 
 Exit status 1 if any figure or table differs.
 """

@@ -2,7 +2,7 @@
 uses to refuse runs that cannot fit this machine's memory (its constants were set from this
 script's output, rounded up; see the module's docstring).
 
-    python experiments/measure_resources.py
+    python experiments/calibration/measure_resources.py
 
 Each figure is the growth of Python's traced peak memory (tracemalloc) over a whole run
 (trace, engines, drive, tables, summary) between a small and a larger count of the one resource,
@@ -28,9 +28,11 @@ def peak(*overrides) -> int:
     return top
 
 
-def per(name: str, low: int, high: int, make) -> None:
+def per(name: str, low: int, high: int, make, units: int = 1) -> None:
+    """The growth from `low` to `high`, per step of the count and per one of `units` alike
+    (each output-token step adds a token to every one of the run's requests)."""
     a, b = peak(*make(low)), peak(*make(high))
-    print(f"{name}: {(b - a) / (high - low):,.0f} bytes each "
+    print(f"{name}: {(b - a) / (high - low) / units:,.0f} bytes each "
           f"(peak {a / 2**20:.1f} MiB at {low}, {b / 2**20:.1f} MiB at {high})")
 
 
@@ -39,6 +41,7 @@ if __name__ == "__main__":
     per("request (1 output token)", 1000, 5000,
         lambda n: [*base, f"trace.num_requests={n}", "trace.output_len=1"])
     per("output token", 16, 256,
-        lambda n: [*base, "trace.num_requests=1000", f"trace.output_len={n}"])
+        lambda n: [*base, "trace.num_requests=1000", f"trace.output_len={n}"],
+        units=1000)     # a token more for each of the 1000 requests
     per("replica", 8, 64, lambda n: ["progress=false", "trace.num_requests=200", "trace.qps=50",
                                      f"cluster.num_replicas={n}"])

@@ -5,10 +5,13 @@ machine, in-process (no start-up per run). The space: Llama-3-8B on A100 / H100 
 1/2/4/8 x colocated / disaggregated 1:1, 1:2, 2:1 x sarathi (budgets 256, 512, 1024, 2048) / vllm
 = 240 configurations (no pipeline stages: disaggregated pools run none, so half a PP 1/2 space
 would be pruned unrun), each searched for the fewest units that serve the load and that
-deployment's capacity, on Azure-conversation lengths at 20 req/s under Llama-3-8B's strict SLO. Prints the tally, the wall time, the time per configuration and the load average
-(this machine is shared: say so beside any figure).
+deployment's capacity, on Azure-conversation lengths at 20 req/s under Llama-3-8B's strict SLO.
+The trace's requests longer than the model's 8,192-token context are left out
+(trace.max_total_tokens, as the planning study does): probes draw lengths from the whole trace,
+whose longest request (14,089 tokens) no rate could serve. Prints the tally, the wall time, the
+time per configuration and the load average (this machine is shared: say so beside any figure).
 
-    python experiments/bench_plan.py [--requests 300] [--n-jobs 2] [--out DIR] [--small]
+    python experiments/bench/bench_plan.py [--requests 300] [--n-jobs 2] [--out DIR] [--small]
 """
 from __future__ import annotations
 
@@ -33,7 +36,8 @@ def main():
     ap.add_argument("--out", default=None, help="the plan's directory (default: a fresh temp one)")
     ap.add_argument("--small", action="store_true", help="one hardware, colocated: 20 configs")
     args = ap.parse_args()
-    base = ["model=llama-3-8b", "trace=azure_conv", f"trace.num_requests={args.requests}"]
+    base = ["model=llama-3-8b", "trace=azure_conv", f"trace.num_requests={args.requests}",
+            "trace.max_total_tokens=8192"]
     p = compose_config(base, "plan")["plan"]
     p["space"].update(
         hardware=["a100-80gb"] if args.small else ["a100-80gb", "h100-sxm", "h200"],

@@ -7,7 +7,8 @@ cut at arrivals. Mistral-7B on A100s (the defaults), ShareGPT lengths, Poisson a
 2.5 req/s per replica; prefix_affinity gets prefix caching on (its prompts carry no token ids in
 this trace, so it routes by load: the cost of asking 8 caches per arrival is what is measured).
 
-    python experiments/bench_cluster.py [--requests 10000] [--replicas 8] [--qps-per-replica 2.5]
+    python experiments/bench/bench_cluster.py [--requests 10000] [--replicas 8]
+        [--qps-per-replica 2.5]
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from sarathi_lab.run.runner import build
 from sarathi_lab.topology.fleet import Fleet
 from sarathi_lab.traces import load_trace, to_requests
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # experiments/, for studies.py
 from studies import compose  # noqa: E402
 
 ROUTERS = ("round_robin", "least_loaded", "power_of_two", "prefix_affinity")

@@ -4,7 +4,8 @@ The setting of the core issue: 10,000 requests with lengths from the Azure conve
 (total length capped at 4,096), Poisson arrivals at 1 QPS, Llama-2-70B with TP 2 on A100s,
 max_num_seqs 128, sarathi token budget 512. Every policy runs the same requests, side by side.
 
-    python experiments/bench_sim.py [--requests 10000] [--policies sarathi,vllm,orca,request_level]
+    python experiments/bench/bench_sim.py [--requests 10000]
+        [--policies sarathi,vllm,orca,request_level]
 """
 from __future__ import annotations
 

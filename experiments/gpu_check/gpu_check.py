@@ -1,4 +1,5 @@
-"""Checks that need a GPU, in one bounded run: `python experiments/gpu_check.py [--only SECTION]`.
+"""Checks that need a GPU, in one bounded run:
+`python experiments/gpu_check/gpu_check.py [--only SECTION]`.
 
 Sections (run in order, each a function that returns True when everything passed):
   kernels   Triton write_kv / paged_attention vs the torch reference at real sizes (bf16, head dims

@@ -23,7 +23,7 @@ import pandas as pd
 
 from sarathi_lab import rundir, steady
 from sarathi_lab.settings import ConfigError
-from sarathi_lab.summary_text import format_criterion
+from sarathi_lab.run.summary_text import format_criterion
 
 CRITERIA = {
     "tbt": ("meets_tbt_slo", "Sarathi-Serve"),
@@ -82,7 +82,7 @@ def check_context(c: dict, trace) -> None:
     would be rejected at every rate, and as Sarathi-Serve's criterion allows no rejection (and
     DistServe's counts them as misses), the search would report a capacity of 0, or one that
     leaves requests unserved. The error says what to do instead."""
-    from sarathi_lab.runner import build
+    from sarathi_lab.run.runner import build
     policy, _ = build(c)
     limit, mode = policy.max_model_len, c.get("overlong", "reject")
     never = never_served(trace["num_prompt_tokens"].to_numpy(),
@@ -128,7 +128,7 @@ def _probe_row(qps: float, s: dict, wall: float) -> dict:
 
 def probe_settings(cap: dict) -> dict:
     """The capacity node's settings, typed (config.CapacityConfig: names, ranges, defaults)."""
-    from sarathi_lab.config import CapacityConfig
+    from sarathi_lab.run.config import CapacityConfig
     from sarathi_lab.settings import parse, to_dict
     return to_dict(parse(CapacityConfig, cap, "capacity"))
 
@@ -182,7 +182,7 @@ class Prober:
         return np.concatenate([[0.0], np.cumsum(gaps)])
 
     def _run(self, qps: float, df, n: int, keep: dict | None = None) -> dict:
-        from sarathi_lab.runner import run
+        from sarathi_lab.run.runner import run
         from sarathi_lab.traces import to_requests
         c = {**self.c, "trace": {**self.c["trace"], "qps": qps, "num_requests": n}}
         return run({**c, "progress": False}, self.out_dir / "probes" / f"qps={qps:.4g}",

@@ -67,7 +67,7 @@ class CapacityConfig:
     precision: float = setting(0.02, gt=0, lt=1, help="stop when high - low <= precision x low")
     max_probes: int = setting(40, ge=2, help="per criterion, bracket widening included")
     save_probes: bool = setting(False, help="a full run directory per probe")
-    # the steady-state rule (sarathi_lab/steady.py; docs/sweeps.md, "Steady-state probes")
+    # the steady-state rule (sarathi_lab/sweeps/steady.py; docs/sweeps.md, "Steady-state probes")
     rule: str = setting("steady", choices=("steady", "fixed"),
                         help="steady: probes long enough to tell a stable backlog, judged after "
                              "a warm-up | fixed: trace.num_requests per probe, no stability "
@@ -300,7 +300,7 @@ def resolve(cfg, overrides=None, *, drop_unread: bool = False) -> Resolved:
     node = c.get("cluster")
     if isinstance(node, dict) and ("prefill" in node or "decode" in node):
         # two pools, each resolved as a run: by this function, handed down (not imported back)
-        from sarathi_lab.disagg_config import resolve_disagg
+        from sarathi_lab.run.disagg import resolve_disagg
         return resolve_disagg(c, user, resolve, drop_unread=drop_unread)
 
     def unread(key: str, why: str) -> None:

@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 from helpers import CONFIGS, cli, composed
 
-from sarathi_lab.cli import check_config
-from sarathi_lab.config import check_settings_act
+from sarathi_lab.cli.main import check_config
+from sarathi_lab.run.config import check_settings_act
 from sarathi_lab.settings import ConfigError
 
 N = 40   # requests in the test's own traces
@@ -44,7 +44,7 @@ def lengths_csv(tmp_path) -> Path:
 # -- a user's trace keeps its times and its requests ------------------------------------------
 
 def test_a_timestamped_trace_keeps_its_times_and_every_request(timed_csv, tmp_path):
-    from sarathi_lab.runner import run
+    from sarathi_lab.run.runner import run
     c, r = _check(f"trace.path={timed_csv}", "progress=false")
     assert (c["trace"]["qps"], c["trace"]["num_requests"]) == (None, None)   # not 2.0 and 1000
     assert c["trace"]["name"] == str(timed_csv)
@@ -56,8 +56,8 @@ def test_a_timestamped_trace_keeps_its_times_and_every_request(timed_csv, tmp_pa
 
 
 def test_a_rate_or_count_asked_for_retimes_and_cuts_and_says_so(timed_csv, tmp_path):
-    from sarathi_lab.runner import run
-    from sarathi_lab.summary_text import format_summary
+    from sarathi_lab.run.runner import run
+    from sarathi_lab.run.summary_text import format_summary
     c, r = _check(f"trace.path={timed_csv}", "trace.qps=8", "trace.num_requests=10",
                   "trace.name=mine", "progress=false")
     s = run(c, tmp_path / "run", resolved=r)
@@ -77,7 +77,7 @@ def test_the_shipped_presets_keep_their_documented_rate_and_count():
 
 
 def test_a_lengths_only_trace_of_ones_own_needs_a_rate(lengths_csv, tmp_path):
-    from sarathi_lab.runner import run
+    from sarathi_lab.run.runner import run
     c, r = _check(f"trace.path={lengths_csv}")
     with pytest.raises(ValueError) as e:
         run(c, tmp_path / "run", resolved=r)
@@ -128,7 +128,7 @@ def test_an_slo_set_for_another_model_is_refused_unless_chosen():
 
 
 def test_the_summary_names_the_slo_and_its_model(tmp_path):
-    from sarathi_lab.runner import run
+    from sarathi_lab.run.runner import run
     c, r = _check("model=llama-2-7b", "trace=synthetic", "trace.num_requests=5",
                   "progress=false")
     s = run(c, tmp_path / "run", resolved=r)
@@ -289,7 +289,7 @@ def test_smollm2_answers_a_question_in_its_chat_template(tmp_path):
 # -- settings that cannot act are refused -----------------------------------------------------
 
 def test_deadline_admission_without_deadlines_is_refused(tmp_path):
-    from sarathi_lab.runner import run
+    from sarathi_lab.run.runner import run
     c, r = _check("scheduler.deadline_admission=true", "trace.num_requests=5")
     with pytest.raises(ConfigError) as e:
         run(c, tmp_path / "run", resolved=r)
@@ -344,7 +344,7 @@ def test_a_setting_that_cannot_act_is_refused_by_name(overrides, message):
 def test_a_capacity_search_keeps_the_slo_the_user_named_for_another_model(tmp_path):
     # checked once with the command line's overrides; the search's probes resolve the run
     # again without them, and refused the SLO the user had named (slo=... on the command line)
-    from sarathi_lab.capacity import search
+    from sarathi_lab.sweeps.capacity import search
     ov = ["model=llama-2-7b", "slo=mistral-7b-strict", "mode=capacity", "trace=synthetic",
           "trace.num_requests=30", "capacity.precision=0.25", "capacity.max_probes=6"]
     c, r = _check(*ov)

@@ -12,12 +12,12 @@ import pytest
 from conftest import slow_fixture
 from helpers import cli
 
-from sarathi_lab import capacity
+from sarathi_lab.sweeps import capacity
 from sarathi_lab.plan import cli as plan_cli
 from sarathi_lab.plan import search, space, table
 from sarathi_lab.plan.prices import load_prices
 from sarathi_lab.settings import ConfigError
-from sarathi_lab.sweeps import compose_config
+from sarathi_lab.sweeps.bookkeeping import compose_config
 
 # A toy workload where the load needs several replicas: 60 requests, DistServe's TTFT target
 # (0.5 s for 90% of requests) beside Sarathi-Serve's TBT criterion, at 30 req/s.

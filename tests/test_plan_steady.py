@@ -12,7 +12,7 @@ import pytest
 
 from sarathi_lab.plan import cli as plan_cli
 from sarathi_lab.plan import search
-from sarathi_lab.sweeps import compose_config
+from sarathi_lab.sweeps.bookkeeping import compose_config
 
 TESTS = Path(__file__).resolve().parent
 OUT = 100   # every request's output tokens (a fixed length: the mean by hand)

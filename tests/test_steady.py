@@ -1,12 +1,12 @@
-"""The steady-state rule (sarathi_lab/steady.py) by hand: a queue that grows is unstable however
+"""The steady-state rule (sarathi_lab/sweeps/steady.py) by hand: a queue that grows is unstable however
 short, a stationary one is stable once long enough, one too short to tell is lengthened and
 never passed."""
 import math
 
 import numpy as np
 
-from sarathi_lab import steady
-from sarathi_lab.config import CapacityConfig
+from sarathi_lab.sweeps import steady
+from sarathi_lab.run.config import CapacityConfig
 from sarathi_lab.settings import to_dict
 
 S = to_dict(CapacityConfig())

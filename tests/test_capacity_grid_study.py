@@ -27,6 +27,12 @@ def test_binding_names_what_failed_at_the_first_failing_probe():
     assert binding(result(probes, 1.7)) == "P99 TBT + scheduling delay"
     assert binding(result([(1.0, 0.05, 0.1, 3)], 1.0)) == "rejections"
     assert binding(result(probes, None)) == "none"     # never failed: not bracketed above
+    # within the SLO's limits but failed by the steady-state rule: its verdict says so
+    grows = result([(3.0, 0.08, 1.5, 0)], 3.0)
+    grows["probes"][0]["stability"] = "unstable"
+    assert binding(grows) == "unstable"
+    grows["probes"][0]["stability"] = "stable"
+    assert binding(grows) == ""
 
 
 @slow_fixture(scope="module")

@@ -321,6 +321,10 @@ def test_a_sampling_or_prompt_setting_that_cannot_act_is_refused():
 @pytest.mark.parametrize("overrides, message", [
     (["trace.cv=2"], "trace.cv=2.0: read only with arrival=gamma"),
     (["trace.think_time=1"], "trace.think_time=1.0: read only with clients=N (closed loop)"),
+    (["mode=capacity", "capacity.rule=fixed", "capacity.min_requests=500"],
+     "capacity.min_requests: read only with capacity.rule=steady"),
+    (["mode=capacity", "capacity.min_requests=20000"],
+     "capacity.min_requests=20000: over the (1 - warmup) x max_requests = 15000 requests"),
     (["trace.chat_template=false"],
      "trace.chat_template=False: read only with trace.tokenizer (a JSONL trace of prompt text)"),
     (["model.random_weights=true"],

@@ -22,10 +22,11 @@ from sarathi_lab.sweeps.bookkeeping import compose_config
 # A toy workload where the load needs several replicas: 60 requests, DistServe's TTFT target
 # (0.5 s for 90% of requests) beside Sarathi-Serve's TBT criterion, at 30 req/s.
 UNIT_REQUESTS = 60
-# steady-state probes of at least 20 s of arrivals (the default 120 s makes this suite's ~200
-# simulations slow; the rule still lengthens a probe it cannot judge)
+# steady-state probes of at least 20 s of arrivals and 100 measured requests (the defaults,
+# 120 s and 1,000, make this suite's ~200 simulations slow; the rule still lengthens a probe it
+# cannot judge)
 BASE = ["model=llama-3-8b", "trace=synthetic", f"trace.num_requests={UNIT_REQUESTS}",
-        "slo.ttft=0.5", "capacity.min_duration_s=20"]
+        "slo.ttft=0.5", "capacity.min_duration_s=20", "capacity.min_requests=100"]
 UNSIZED = [o for o in BASE if not o.startswith("trace.num_requests=")]
 LOAD = 30.0
 # columns that depend on the run (where, how long, whether resumed), not on the plan's answer
@@ -436,7 +437,7 @@ def test_resume_after_an_interruption(tmp_path, monkeypatch):
     # at most 5 units: sarathi/256 needs more (infeasible), sarathi/512 5, vllm more. The
     # interruption points were set on the fixed-length probes' outcomes: resuming does not
     # depend on the rule, so this runs under capacity.rule=fixed
-    fixed = [o for o in BASE if not o.startswith("capacity.min_duration_s=")] + \
+    fixed = [o for o in BASE if not o.startswith("capacity.")] + \
         ["capacity.rule=fixed"]
     p = toy_plan(layout={"tensor_parallel": [1]}, policy=["sarathi", "vllm"],
                  token_budget=[256, 512], max_replicas=5)

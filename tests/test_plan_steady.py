@@ -16,8 +16,10 @@ from sarathi_lab.sweeps.bookkeeping import compose_config
 
 TESTS = Path(__file__).resolve().parent
 OUT = 100   # every request's output tokens (a fixed length: the mean by hand)
+# 150 measured requests a probe (the default 1,000 makes the long check 10 x 1,468 requests;
+# 150 also fits the 200-request cap below)
 BASE = ["model=llama-3-8b", "trace=synthetic", "trace.num_requests=50",
-        f"trace.output_len={OUT}", "trace.prompt_len=200"]
+        f"trace.output_len={OUT}", "trace.prompt_len=200", "capacity.min_requests=150"]
 SPACE = ["plan.space.hardware=[a100-80gb]", "plan.space.layout.tensor_parallel=[2]",
          "plan.space.policy=[sarathi]", "plan.space.token_budget=[512]",
          "plan.space.max_replicas=2", "plan.backend=serial"]

@@ -35,8 +35,9 @@ def test_a_queue_growing_linearly_is_unstable_however_short():
 
 
 def test_a_stationary_queue_is_stable_and_keeps_up():
-    # half a second of work a second: no wait, one request in the system half the time
-    n = 400
+    # half a second of work a second: no wait, one request in the system half the time; 1,050
+    # requests after the warm-up (capacity.min_requests: 1,000)
+    n = 1400
     v = steady.judge(*fifo(np.arange(n, dtype=float), np.full(n, 0.5)), S)
     assert v["verdict"] == steady.STABLE, v
     assert v["delay_growth"] == 0 and abs(v["backlog_growth"]) < 1e-4
@@ -51,7 +52,8 @@ def test_a_probe_too_short_to_tell_is_undetermined_not_stable():
     v = steady.judge(*fifo(np.arange(n, dtype=float), np.full(n, 0.5)), S)
     assert v["verdict"] == steady.UNDETERMINED and "arrival span" in v["why"]
     # the span asked scales with the system's time constant: 10 mean latencies of 30 s
-    v = steady.judge(*fifo(np.arange(400, dtype=float) * 40, np.full(400, 30.0)), S)
+    v = steady.judge(*fifo(np.arange(400, dtype=float) * 40, np.full(400, 30.0)),
+                     {**S, "min_requests": 300})
     assert v["needed_span_s"] == 300.0 and v["verdict"] == steady.STABLE
 
 
@@ -63,15 +65,50 @@ def test_probe_lengthens_an_undetermined_probe_and_caps_it():
         a = np.arange(n, dtype=float)
         return n, (a, a, a + 60.0)
     # the first probe covers min_duration_s (121 requests), but the rule asks 10 latencies
-    # (600 s): lengthened to 1.1 x that, then judged stable
-    out, v = steady.probe(run, 1.0, 10, S)
+    # (600 s): lengthened to 1.1 x that, then judged stable (one measured request is enough)
+    s = {**S, "min_requests": 1}
+    out, v = steady.probe(run, 1.0, 10, s)
     assert seen == [121, 661] and out == 661
     assert v["verdict"] == steady.STABLE and v["extensions"] == 1
     # capped: still undetermined, said so, never stable
     seen.clear()
-    out, v = steady.probe(run, 1.0, 10, {**S, "max_requests": 300})
+    out, v = steady.probe(run, 1.0, 10, {**s, "max_requests": 300})
     assert v["verdict"] == steady.UNDETERMINED and "capacity.max_requests=300" in v["why"]
     assert seen == [121, 300]
+
+
+def test_a_probe_long_enough_but_with_too_few_measured_requests_is_undetermined():
+    # 2 req/s, 0.1 s of work each (stationary): 600 requests span 300 s, past min_duration_s
+    # (120 s) and 10 latencies (1 s), but only the 450 after the warm-up (the first 25% of the
+    # span) are measured, under capacity.min_requests=1000
+    a = np.arange(600, dtype=float) / 2
+    v = steady.judge(*fifo(a, np.full(600, 0.1)), S)
+    assert v["span_s"] >= v["needed_span_s"] and v["measured_requests"] == 450
+    assert v["verdict"] == steady.UNDETERMINED and "capacity.min_requests=1000" in v["why"]
+    # with enough of them it is stable
+    v = steady.judge(*fifo(a, np.full(600, 0.1)), {**S, "min_requests": 450})
+    assert v["verdict"] == steady.STABLE
+
+
+def test_probe_asks_the_measured_requests_first_and_lengthens_to_them():
+    seen = []
+
+    def run(n):   # arrival i at i^2 / n: the warm-up (a quarter of the span) holds half of them
+        seen.append(n)
+        a = np.arange(n, dtype=float) ** 2 / n
+        return n, fifo(a, np.full(n, 0.01))
+    # 1000 measured after a warm-up of 25%, 10% more: ceil(1.1 x 1000 / 0.75) + 1 = 1468
+    # requests, at 2 req/s more than 120 s needs (241); half of them measured (734), so it is
+    # lengthened (doubled: 2936, of which 1468 measured) and then stable
+    out, v = steady.probe(run, 2.0, 10, S)
+    assert seen == [1468, 2936] and v["extensions"] == 1
+    assert v["verdict"] == steady.STABLE and v["measured_requests"] >= 1000
+    # one that cannot reach it within capacity.max_requests (1800: 900 measured) stays
+    # undetermined, never stable
+    seen.clear()
+    out, v = steady.probe(run, 2.0, 10, {**S, "max_requests": 1800})
+    assert seen == [1468, 1800] and v["verdict"] == steady.UNDETERMINED
+    assert "capacity.min_requests=1000" in v["why"] and "capacity.max_requests=1800" in v["why"]
 
 
 def test_an_overload_too_small_to_resolve_is_not_passed():

@@ -40,7 +40,8 @@ CELL = ["model", "trace", "slo_kind", "policy"]
 
 def binding(res: dict) -> str:
     """Which part of Sarathi-Serve's criterion failed at the lowest failing probe of a search:
-    'P99 TBT', 'scheduling delay', both, 'rejections', or 'none' when nothing failed."""
+    'P99 TBT', 'scheduling delay', both, 'rejections', 'none' when nothing failed, or the
+    probe's steady-state verdict ('unstable', 'undetermined') when that alone failed it."""
     r = res["criteria"]["tbt"]
     if r["fails_at_qps"] is None:
         return "none"
@@ -51,6 +52,9 @@ def binding(res: dict) -> str:
         ("scheduling delay", p["scheduling_delay_p50"] is None
          or p["scheduling_delay_p50"] > slo.get("max_median_scheduling_delay", 2.0)),
         ("rejections", p["num_rejected"] > 0)) if bad]
+    if not parts and p.get("stability") not in (None, "stable"):
+        # a growing backlog fails the probe whatever its percentiles (capacity.Prober)
+        parts = [p["stability"]]
     return " + ".join(parts)
 
 

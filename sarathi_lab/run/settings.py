@@ -60,6 +60,11 @@ class CapacityConfig:
                                                       "beyond which a probe is unstable")
     max_requests: int = setting(20000, ge=2, help="steady: most requests of a probe")
     max_extensions: int = setting(4, ge=0, help="steady: lengthenings of an undetermined probe")
+    # 1000: a P99 of n arrivals settles within the true P98.4-P99.6 at n = 1000 (sweeps/steady.py,
+    # above requests_for_measured); the 225-300 of a 120 s probe let cell C's P99 TBT pass 15%
+    # above its capacity (docs/sweeps.md, "Steady-state probes")
+    min_requests: int = setting(1000, ge=1, help="steady: least requests measured (after the "
+                                                 "warm-up) in a probe")
 
     def validate(self) -> None:
         if self.qps_high <= self.qps_low:
@@ -68,11 +73,18 @@ class CapacityConfig:
         if not self.criteria or bad:
             raise ValueError(f"criteria={self.criteria}: must be a non-empty list of tbt, "
                              "attainment")
+        # a probe of max_requests requests measures about (1 - warmup) of them
+        if self.min_requests > (1 - self.warmup) * self.max_requests:
+            raise ValueError(
+                f"min_requests={self.min_requests}: over the (1 - warmup) x max_requests = "
+                f"{(1 - self.warmup) * self.max_requests:g} requests the longest probe measures "
+                "after its warm-up: every probe would be undetermined. Lower min_requests or "
+                "raise max_requests")
 
 
 # the settings only the steady-state rule reads (capacity.rule=steady)
 STEADY_KEYS = ("min_duration_s", "time_constants", "warmup", "windows", "max_growth",
-               "max_requests", "max_extensions")
+               "max_requests", "max_extensions", "min_requests")
 
 
 # The per-request targets: the top level of `slo` holds the default ones, `slo.classes.<class>`

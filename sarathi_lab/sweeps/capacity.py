@@ -236,7 +236,10 @@ class Prober:
         measured = keep["summarize"](rq[rq["arrival_time"] >= t0].reset_index(drop=True),
                                      it[it["start"] >= t0].reset_index(drop=True))
         return measured, {"rule": "steady", "stability": v["verdict"], "stability_why": v["why"],
-                          "probe_requests": v["requests"], "extensions": v["extensions"],
+                          "probe_requests": v["requests"],
+                          "measured_requests": v["measured_requests"],
+                          "min_requests": int(self.s["min_requests"]),
+                          "extensions": v["extensions"],
                           "span_s": v["span_s"], "warmup_s": v["warmup_s"],
                           "time_constant_s": v["time_constant_s"],
                           "backlog_growth": v["backlog_growth"],
@@ -341,7 +344,8 @@ def how_found(prober: Prober, r: dict) -> dict:
         s = prober.s
         method = (f"bisection over the rate; each probe at least {s['min_duration_s']:g} s and "
                   f"{s['time_constants']:g} mean latencies of arrivals (trace lengths drawn over "
-                  f"the whole trace), the first {s['warmup']:.0%} left out, stable when neither "
+                  f"the whole trace), the first {s['warmup']:.0%} left out and at least "
+                  f"{s['min_requests']} requests after it, stable when neither "
                   f"backlog nor scheduling delay grows over {s['max_growth']:g} s/s across "
                   f"{s['windows']} windows; unstable or undetermined probes fail")
     else:
@@ -350,6 +354,7 @@ def how_found(prober: Prober, r: dict) -> dict:
     return {"rule": prober.s["rule"], "method": method,
             "ttft_p99": at.get("ttft_p99"), "ttft_p50": at.get("ttft_p50"),
             "probe_requests": at.get("probe_requests", len(prober.trace)),
+            "probe_measured_requests": at.get("measured_requests"),
             "probe_span_s": at.get("span_s"), "stability": at.get("stability")}
 
 

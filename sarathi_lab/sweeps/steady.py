@@ -23,13 +23,16 @@ verdict, in this order:
 2. *undetermined*: the arrival span is shorter than ``capacity.min_duration_s`` or than
    ``capacity.time_constants`` x the time constant (the mean latency, arrival to last token,
    of the measured requests: near saturation it grows with the queue, and so does the span a
-   probe needs).
+   probe needs), or fewer than ``capacity.min_requests`` requests arrive after the warm-up (a
+   tail percentile the SLO judges rests on enough arrivals, not only on enough time: the
+   comment above `first_requests`).
 3. *stable*: both slopes are below ``capacity.max_growth`` by more than two standard errors.
 4. *undetermined* otherwise (the trend is not resolved at this length).
 
 `probe` lengthens an undetermined probe (at least doubling its requests, and to the span the
-rule asks) up to ``capacity.max_extensions`` times and ``capacity.max_requests`` requests; one
-still undetermined then stays so, and never counts as meeting an SLO.
+rule asks, and to the measured requests it asks) up to ``capacity.max_extensions`` times and
+``capacity.max_requests`` requests; one still undetermined then stays so, and never counts as
+meeting an SLO.
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ import numpy as np
 
 STABLE, UNSTABLE, UNDETERMINED = "stable", "unstable", "undetermined"
 Z = 2.0   # standard errors a slope must clear, either way, to decide
+
 
 
 def _slope(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -95,7 +99,8 @@ def judge(arrival, scheduled, finish, s: dict) -> dict:
     done = measured & np.isfinite(finish)
     tau = float((finish[done] - arrival[done]).mean()) if done.any() else math.inf
     need = max(float(s["min_duration_s"]), s["time_constants"] * tau)
-    rec = {"requests": int(len(arrival)), "span_s": span, "warmup_s": t0 - a0,
+    rec = {"requests": int(len(arrival)), "measured_requests": n_in,
+           "span_s": span, "warmup_s": t0 - a0,
            "time_constant_s": tau, "needed_span_s": need,
            "backlog_growth": None, "delay_growth": None, "served_ratio": None}
     if a1 <= t0 or n_in < 2:
@@ -122,6 +127,10 @@ def judge(arrival, scheduled, finish, s: dict) -> dict:
         return {**rec, "verdict": UNDETERMINED,
                 "why": f"arrival span {span:.4g} s < {need:.4g} s (capacity.min_duration_s, or "
                        f"capacity.time_constants x the mean latency {tau:.3g} s)"}
+    if n_in < int(s["min_requests"]):
+        return {**rec, "verdict": UNDETERMINED,
+                "why": f"{n_in} requests after the warm-up < capacity.min_requests="
+                       f"{int(s['min_requests'])} (a tail percentile needs enough arrivals)"}
     unresolved = [f"{name} slope {b:.3g} +- {se:.2g} s/s" for name, (b, se) in slopes.items()
                   if not b + Z * se <= eps]
     if unresolved:
@@ -131,11 +140,26 @@ def judge(arrival, scheduled, finish, s: dict) -> dict:
     return {**rec, "verdict": STABLE, "why": ""}
 
 
+# Why capacity.min_requests defaults to 1000 (config.CapacityConfig): a P99 estimated from n
+# samples is about the (n/100)-th largest; how many of n exceed the true P99 is binomial(n,
+# 0.01), sd sqrt(0.0099 n). With n = 1000 that is 10 +- 3.1, so the estimate lies between the
+# true P98.4 and P99.6 (two sd); with the 225-300 measured requests of a 120 s probe near 1.3
+# req/s it is 2-3 +- 1.6: anywhere from the P97.9 to the maximum. A P99 TBT has one sample per
+# token, but its tail is the prefill stalls, one burst per arrival: the samples that count are
+# arrivals (docs/sweeps.md, "Steady-state probes", cell C).
+def requests_for_measured(s: dict) -> int:
+    """Requests a probe needs for capacity.min_requests of them to arrive after the warm-up:
+    min_requests / (1 - warmup), 10% more for the Poisson spread of where the warm-up ends
+    (sd about sqrt(n warmup (1 - warmup)), 2% of n at 1000)."""
+    return math.ceil(1.1 * int(s["min_requests"]) / (1 - float(s["warmup"]))) + 1
+
+
 def first_requests(rate: float, floor: int, s: dict) -> int:
     """A probe's first request count at `rate`: enough for capacity.min_duration_s of
-    arrivals, at least `floor` (trace.num_requests), at most capacity.max_requests (or the
-    floor, when the user asked more)."""
+    arrivals and capacity.min_requests measured ones, at least `floor` (trace.num_requests),
+    at most capacity.max_requests (or the floor, when the user asked more)."""
     want = math.ceil(rate * float(s["min_duration_s"])) + 1 if math.isfinite(rate) else math.inf
+    want = max(want, requests_for_measured(s))
     return int(max(int(floor), min(int(s["max_requests"]), want)))
 
 
@@ -144,7 +168,7 @@ def probe(run: Callable[[int], tuple[dict, tuple]], rate: float, floor: int, s: 
     """(the last run's result, its verdict with `extensions`): `run(n)` serves the first n
     requests of one fixed sequence at `rate` and returns (its result, (arrival, scheduled,
     finish) arrays). An undetermined probe is run again longer (at least twice the requests,
-    and the span the rule asks), at most capacity.max_extensions times and up to
+    the span the rule asks and its measured requests), at most capacity.max_extensions times and up to
     capacity.max_requests requests."""
     n = first_requests(rate, floor, s)
     cap = max(int(s["max_requests"]), int(floor))
@@ -160,6 +184,7 @@ def probe(run: Callable[[int], tuple[dict, tuple]], rate: float, floor: int, s: 
             v["why"] += f" (still after {ext} extensions, at {limit})"
             return out, v
         want = math.ceil(rate * v["needed_span_s"] * 1.1) + 1 if math.isfinite(rate) else cap
+        want = max(want, requests_for_measured(s))
         n, ext = min(cap, max(2 * n, want)), ext + 1
 
 

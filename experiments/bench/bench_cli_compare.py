@@ -128,7 +128,10 @@ def _phases_child(argv: list[str]) -> None:
     def on_driver(m):   # topology/: the runner drives every topology through Driver.run
         m.Driver.run = wrap(m.Driver.run, after="engine_end")
 
-    hooks = {"sarathi_lab.run.runner": on_runner, "sarathi_lab.metrics": on_metrics,
+    # the runner is sarathi_lab.run.runner since the package moves (issue 40), sarathi_lab.runner
+    # in an install from before them
+    hooks = {"sarathi_lab.run.runner": on_runner, "sarathi_lab.runner": on_runner,
+             "sarathi_lab.metrics": on_metrics,
              "sarathi_lab.engine": on_engine, "sarathi_lab.topology.driver": on_driver}
 
     class Hook(importlib.abc.MetaPathFinder):

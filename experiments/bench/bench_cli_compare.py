@@ -157,7 +157,10 @@ def _phases_child(argv: list[str]) -> None:
     sys.meta_path.insert(0, Hook())
     atexit.register(lambda: Path(os.environ["BENCH_OUT"]).write_text(json.dumps(stamps)))
     sys.argv = ["sarathi-lab", *argv]
-    from sarathi_lab.cli.main import main
+    try:
+        from sarathi_lab.cli.main import main
+    except ModuleNotFoundError:   # an install from before the package moves: sarathi_lab.cli
+        from sarathi_lab.cli import main
     main()
 
 

@@ -1,5 +1,6 @@
 """The real executor against the Hugging Face oracle: greedy output ids equal `transformers`
 `generate` exactly, under every policy, chunk size, block size, prefix caching and preemption."""
+import json
 import os
 import subprocess
 import sys
@@ -179,6 +180,11 @@ def test_cli_writes_token_ids(tmp_path):
     assert [len(x) for x in df["prompt_token_ids"]] == df["num_prompt_tokens"].tolist()
     assert [len(x) for x in df["output_token_ids"]] == df["num_output_tokens"].tolist()
     assert all(0 <= t < 512 for x in df["output_token_ids"] for t in x)
+    # executor.device=auto (the default) is recorded, and printed, as it resolved
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["config"]["executor"]["device"] == "auto"
+    assert summary["settings"]["executor"]["device"] == "cpu"
+    assert "| tiny-llama on executor torch (cpu) |" in res.stdout, res.stdout[:300]
 
 
 def test_requests_without_token_ids_are_refused():

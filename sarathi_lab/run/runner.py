@@ -332,6 +332,9 @@ def results(c: dict, r: Resolved, topology, load, requests, policy, executor, wa
     summary["config"] = c
     summary["settings"] = used_settings(r, policy) if r.disagg is None else \
         disagg_settings(r, policy, topology.decode[0].policy)
+    used = summary["settings"].get("executor") or {}
+    if used.get("device") == "auto" and getattr(executor, "device", None) is not None:
+        used["device"] = str(executor.device)   # as it resolved (cpu, cuda), not the setting
     return req_df, it_df, summary
 
 

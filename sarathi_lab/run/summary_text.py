@@ -317,8 +317,11 @@ def format_summary(s: dict) -> str:
     sim = s.get("simulated", ex.get("name", "sim") == "sim")
     # the hardware the run read (none for an executor that reads no preset)
     hw = (s.get("settings") or {}).get("hardware", cfg.get("hardware")) or {}
-    # the device as resolved where the run recorded it (a served session), else as set
-    device = (s.get("served") or {}).get("device") or ex.get("device", "?")
+    # the device as resolved (a served session names the GPU too; a run records cpu or cuda
+    # for executor.device=auto), else as set
+    used_ex = (s.get("settings") or {}).get("executor") or {}
+    device = (s.get("served") or {}).get("device") or used_ex.get("device") \
+        or ex.get("device", "?")
     where = (f"simulated {hw.get('name', '(no hardware preset)')}" if sim else
              f"executor {ex.get('name')} ({device})")
     # the model as resolved: model=hf names itself after its config.json (name: null)

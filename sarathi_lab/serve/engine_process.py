@@ -184,9 +184,6 @@ def _build(link, c, overrides, sc_values, run_dir: Path, num_threads, served_bas
         summary["served"] = {"host": sc.host, "model_name": name, "max_queue": sc.max_queue,
                              "device": device, **served_base,
                              "requests_accepted": len(requests), **served}
-        used = summary["settings"].get("executor") or {}
-        if device is not None and "device" in used:   # as resolved, not the setting's "auto"
-            used["device"] = str(executor.device)
         return req_df, it_df, summary
 
     journal = Journal(run_dir)

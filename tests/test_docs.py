@@ -302,7 +302,10 @@ def test_the_reading_path_counts_its_lines():
     for name, link, lines in rows:
         path = (DOCS / link).resolve()
         assert path == ROOT / "sarathi_lab" / name, name
-        assert len(path.read_text().splitlines()) == int(lines), f"reading.md: {name} has moved on"
+        # a count within 10% (or 10 lines) holds; a file that grew past it is to be re-read
+        actual = len(path.read_text().splitlines())
+        assert abs(actual - int(lines)) <= max(10, int(lines) // 10), \
+            f"reading.md: {name} has {actual} lines, the page says {lines}"
     # the page's promise: a core a newcomer reads in an hour
     assert sum(int(n) for *_, n in rows) <= 3000
 
